@@ -1,0 +1,109 @@
+//! The plugin's own configuration (TOML). It comes from `--config` and, for a plugin the runtime
+//! pre-registers, from the text the runtime passes in `Configure`; when both exist, the runtime's
+//! text overrides the file key by key. Unknown keys are errors, so a typo never goes unnoticed.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Why a configuration could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("invalid config from {origin}: {message}")]
+    Parse { origin: String, message: String },
+    #[error("invalid config from {origin}: {message}")]
+    Invalid { origin: String, message: String },
+}
+
+/// nri-resize configuration. Every key is optional.
+///
+/// ```toml
+/// # how many recent NRI events the status API keeps (nri-resize events)
+/// journal_size = 1024
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Number of recent events kept for `nri-resize events` (1..=1_000_000).
+    pub journal_size: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config { journal_size: 1024 }
+    }
+}
+
+impl Config {
+    /// Parses TOML text; `origin` names where it came from, for the error message.
+    pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        Self::default().overlay(text, origin)
+    }
+
+    /// Reads and parses a file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// Applies the keys present in `text` on top of `self`.
+    pub fn overlay(&self, text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let parse_err = |e: &dyn std::fmt::Display| ConfigError::Parse { origin: origin.to_string(), message: e.to_string().trim().to_string() };
+        let overlay: toml::Table = toml::from_str(text).map_err(|e| parse_err(&e))?;
+        let mut base = toml::Table::try_from(self).map_err(|e| parse_err(&e))?;
+        for (k, v) in overlay {
+            base.insert(k, v);
+        }
+        let cfg: Config = base.try_into().map_err(|e: toml::de::Error| parse_err(&e))?;
+        cfg.validate(origin)?;
+        Ok(cfg)
+    }
+
+    fn validate(&self, origin: &str) -> Result<(), ConfigError> {
+        if !(1..=1_000_000).contains(&self.journal_size) {
+            return Err(ConfigError::Invalid {
+                origin: origin.to_string(),
+                message: format!("journal_size must be within 1..=1000000, got {}", self.journal_size),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_text_gives_defaults() {
+        assert_eq!(Config::parse("", "test").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn overlay_replaces_only_given_keys() {
+        let base = Config::parse("journal_size = 10", "file").unwrap();
+        assert_eq!(base.journal_size, 10);
+        assert_eq!(base.overlay("", "runtime").unwrap().journal_size, 10);
+        assert_eq!(base.overlay("journal_size = 20", "runtime").unwrap().journal_size, 20);
+    }
+
+    #[test]
+    fn bad_input_names_origin_and_problem() {
+        let typo = Config::parse("jurnal_size = 3", "runtime").unwrap_err().to_string();
+        assert!(typo.contains("runtime") && typo.contains("jurnal_size"), "{typo}");
+        let syntax = Config::parse("journal_size = ", "f.toml").unwrap_err().to_string();
+        assert!(syntax.contains("f.toml"), "{syntax}");
+        let ty = Config::parse("journal_size = \"big\"", "x").unwrap_err().to_string();
+        assert!(ty.contains("journal_size") || ty.contains("invalid type"), "{ty}");
+        let range = Config::parse("journal_size = 0", "x").unwrap_err().to_string();
+        assert!(range.contains("1..=1000000"), "{range}");
+    }
+
+    #[test]
+    fn missing_file_is_a_read_error() {
+        let err = Config::load(Path::new("/nonexistent/nri-resize.toml")).unwrap_err();
+        assert!(matches!(err, ConfigError::Read { .. }), "{err}");
+    }
+}

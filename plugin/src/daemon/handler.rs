@@ -1,0 +1,205 @@
+//! The daemon's NRI handler: keeps the [`Model`] and the event [`Journal`] in step with the
+//! runtime. Every call is in-memory work under short locks (microseconds), far inside NRI's 2 s.
+
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+use async_trait::async_trait;
+use tracing::{debug, info};
+
+use crate::config::Config;
+use crate::model::{Container, ContainerState, EventKind, EventRecord, Journal, LinuxResources, Model, Pod};
+use crate::nri::{ContainerUpdate, CreateReply, EventSet, Handler, Rejection, RuntimeInfo, UpdateReply};
+
+/// State shared by the handler, the API and the daemon.
+#[derive(Debug)]
+pub struct NodeState {
+    pub model: RwLock<Model>,
+    pub journal: Mutex<Journal>,
+    /// Configuration from `--config` (before the runtime's overlay).
+    pub file_config: Config,
+    /// Configuration in effect.
+    pub config: RwLock<Config>,
+}
+
+impl NodeState {
+    pub fn new(file_config: Config) -> Arc<Self> {
+        Arc::new(NodeState {
+            model: RwLock::new(Model::default()),
+            journal: Mutex::new(Journal::new(file_config.journal_size)),
+            config: RwLock::new(file_config.clone()),
+            file_config,
+        })
+    }
+
+    pub fn read_model<R>(&self, f: impl FnOnce(&Model) -> R) -> R {
+        f(&self.model.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    pub fn write_model<R>(&self, f: impl FnOnce(&mut Model) -> R) -> R {
+        f(&mut self.model.write().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    pub fn journal<R>(&self, f: impl FnOnce(&mut Journal) -> R) -> R {
+        f(&mut self.journal.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    fn record(&self, event: EventKind, pod: &Pod, ctr: Option<&Container>, resources: Option<LinuxResources>) {
+        let rec = EventRecord {
+            seq: 0,
+            time_ms: 0,
+            event,
+            pod_id: pod.id.clone(),
+            pod: pod.full_name(),
+            container_id: ctr.map(|c| c.id.clone()).unwrap_or_default(),
+            container: ctr.map(|c| c.name.clone()).unwrap_or_default(),
+            resources,
+        };
+        self.journal(|j| j.push(rec));
+    }
+}
+
+/// See the module docs.
+#[derive(Debug, Clone)]
+pub struct ModelHandler {
+    state: Arc<NodeState>,
+}
+
+impl ModelHandler {
+    pub fn new(state: Arc<NodeState>) -> Self {
+        ModelHandler { state }
+    }
+
+    fn container_event(&self, event: EventKind, pod: Pod, ctr: Container) {
+        debug!(event = event.as_str(), pod = %pod.full_name(), container = %ctr.name, id = %ctr.id, "container event");
+        self.state.record(event, &pod, Some(&ctr), ctr.resources.clone());
+        self.state.write_model(|m| {
+            m.upsert_pod(pod);
+            m.upsert_container(ctr);
+        });
+    }
+
+    fn pod_event(&self, event: EventKind, pod: Pod) {
+        debug!(event = event.as_str(), pod = %pod.full_name(), id = %pod.id, "pod event");
+        self.state.record(event, &pod, None, pod.resources.clone());
+        self.state.write_model(|m| m.upsert_pod(pod));
+    }
+}
+
+#[async_trait]
+impl Handler for ModelHandler {
+    fn events(&self) -> EventSet {
+        use EventKind as E;
+        [
+            E::RunPodSandbox,
+            E::StopPodSandbox,
+            E::RemovePodSandbox,
+            E::UpdatePodSandbox,
+            E::PostUpdatePodSandbox,
+            E::CreateContainer,
+            E::PostCreateContainer,
+            E::StartContainer,
+            E::PostStartContainer,
+            E::UpdateContainer,
+            E::PostUpdateContainer,
+            E::StopContainer,
+            E::RemoveContainer,
+        ]
+        .into_iter()
+        .collect()
+    }
+
+    async fn configure(&self, runtime: &RuntimeInfo, config: &str) -> Result<(), Rejection> {
+        let effective = if config.trim().is_empty() {
+            self.state.file_config.clone()
+        } else {
+            let origin = format!("the runtime ({} {})", runtime.name, runtime.version);
+            self.state.file_config.overlay(config, &origin).map_err(|e| Rejection(e.to_string()))?
+        };
+        info!(journal_size = effective.journal_size, "configuration in effect");
+        *self.state.config.write().unwrap_or_else(PoisonError::into_inner) = effective;
+        Ok(())
+    }
+
+    async fn synchronize(&self, pods: Vec<Pod>, containers: Vec<Container>) -> Result<Vec<ContainerUpdate>, Rejection> {
+        let sync_pod = Pod { id: String::new(), name: format!("{} pods, {} containers", pods.len(), containers.len()), ..Pod::default() };
+        self.state.write_model(|m| m.rebuild(pods, containers));
+        self.state.record(EventKind::Synchronize, &sync_pod, None, None);
+        Ok(Vec::new())
+    }
+
+    async fn run_pod_sandbox(&self, pod: Pod) -> Result<(), Rejection> {
+        self.pod_event(EventKind::RunPodSandbox, pod);
+        Ok(())
+    }
+
+    async fn update_pod_sandbox(&self, mut pod: Pod, overhead: Option<LinuxResources>, resources: Option<LinuxResources>) -> Result<(), Rejection> {
+        if resources.is_some() {
+            pod.resources = resources;
+        }
+        if overhead.is_some() {
+            pod.overhead = overhead;
+        }
+        self.pod_event(EventKind::UpdatePodSandbox, pod);
+        Ok(())
+    }
+
+    async fn post_update_pod_sandbox(&self, pod: Pod) {
+        self.pod_event(EventKind::PostUpdatePodSandbox, pod);
+    }
+
+    async fn stop_pod_sandbox(&self, pod: Pod) {
+        self.pod_event(EventKind::StopPodSandbox, pod);
+    }
+
+    async fn remove_pod_sandbox(&self, pod: Pod) {
+        debug!(pod = %pod.full_name(), id = %pod.id, "pod removed");
+        self.state.record(EventKind::RemovePodSandbox, &pod, None, None);
+        self.state.write_model(|m| m.remove_pod(&pod.id));
+    }
+
+    async fn create_container(&self, pod: Pod, mut ctr: Container) -> Result<CreateReply, Rejection> {
+        if ctr.state == ContainerState::Unknown {
+            ctr.state = ContainerState::Created;
+        }
+        self.container_event(EventKind::CreateContainer, pod, ctr);
+        Ok(CreateReply::default())
+    }
+
+    async fn post_create_container(&self, pod: Pod, ctr: Container) {
+        self.container_event(EventKind::PostCreateContainer, pod, ctr);
+    }
+
+    async fn start_container(&self, pod: Pod, ctr: Container) {
+        self.container_event(EventKind::StartContainer, pod, ctr);
+    }
+
+    async fn post_start_container(&self, pod: Pod, ctr: Container) {
+        self.container_event(EventKind::PostStartContainer, pod, ctr);
+    }
+
+    async fn update_container(&self, pod: Pod, ctr: Container, resources: LinuxResources) -> Result<UpdateReply, Rejection> {
+        debug!(pod = %pod.full_name(), container = %ctr.name, "update requested");
+        self.state.record(EventKind::UpdateContainer, &pod, Some(&ctr), Some(resources));
+        self.state.write_model(|m| {
+            m.upsert_pod(pod);
+            m.upsert_container(ctr);
+        });
+        Ok(UpdateReply::default())
+    }
+
+    async fn post_update_container(&self, pod: Pod, ctr: Container) {
+        self.container_event(EventKind::PostUpdateContainer, pod, ctr);
+    }
+
+    async fn stop_container(&self, pod: Pod, mut ctr: Container) -> Vec<ContainerUpdate> {
+        ctr.state = ContainerState::Stopped;
+        self.container_event(EventKind::StopContainer, pod, ctr);
+        Vec::new()
+    }
+
+    async fn remove_container(&self, pod: Pod, ctr: Container) {
+        debug!(pod = %pod.full_name(), container = %ctr.name, id = %ctr.id, "container removed");
+        self.state.record(EventKind::RemoveContainer, &pod, Some(&ctr), None);
+        self.state.write_model(|m| m.remove_container(&ctr.id));
+    }
+}

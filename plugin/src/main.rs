@@ -1,0 +1,246 @@
+//! `nri-resize`: the daemon (`run`) and its command-line client (`status`, `events`, `update`).
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Args, Parser, Subcommand};
+use nri_resize::api::{ApiClient, Status};
+use nri_resize::daemon::{self, Exit, RunOptions, EXIT_DISCONNECTED};
+use nri_resize::model::{CpuResources, LinuxResources, MemoryResources};
+use nri_resize::nri::PluginIdentity;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+const DEFAULT_API_SOCKET: &str = "/run/nri-resize/api.sock";
+
+#[derive(Debug, Parser)]
+#[command(name = "nri-resize", version, about = "containerd NRI plugin for safe, observable in-place pod resize")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the plugin daemon.
+    Run(RunArgs),
+    /// Show pods and containers as the plugin sees them.
+    Status {
+        #[command(flatten)]
+        api: ApiArgs,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show the latest NRI events the plugin received.
+    Events {
+        #[command(flatten)]
+        api: ApiArgs,
+        /// Only events with a sequence number above this.
+        #[arg(long, default_value_t = 0)]
+        since: u64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Ask the runtime, through NRI, to update one container's resources.
+    Update {
+        #[command(flatten)]
+        api: ApiArgs,
+        /// Container id (as in `nri-resize status`).
+        container: String,
+        /// CFS quota in microseconds per period (-1: unlimited).
+        #[arg(long, allow_hyphen_values = true)]
+        cpu_quota: Option<i64>,
+        /// CFS period in microseconds.
+        #[arg(long)]
+        cpu_period: Option<u64>,
+        /// CPU shares.
+        #[arg(long)]
+        cpu_shares: Option<u64>,
+        /// Memory limit in bytes.
+        #[arg(long)]
+        memory_limit: Option<i64>,
+    },
+}
+
+#[derive(Debug, Args)]
+struct ApiArgs {
+    /// The daemon's status API socket.
+    #[arg(long, env = "NRI_RESIZE_API_SOCKET", default_value = DEFAULT_API_SOCKET)]
+    api_socket: PathBuf,
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// containerd's NRI socket.
+    #[arg(long, env = "NRI_RESIZE_NRI_SOCKET", default_value = "/var/run/nri/nri.sock")]
+    nri_socket: PathBuf,
+    /// Name to register with.
+    #[arg(long, env = "NRI_RESIZE_PLUGIN_NAME", default_value = "nri-resize")]
+    plugin_name: String,
+    /// Invocation index, two digits; lower runs first.
+    #[arg(long, env = "NRI_RESIZE_PLUGIN_IDX", default_value = "50")]
+    plugin_idx: String,
+    /// Plugin configuration file (TOML); the runtime's plugin config, if any, overrides it.
+    #[arg(long, env = "NRI_RESIZE_CONFIG")]
+    config: Option<PathBuf>,
+    /// Root of the cgroup filesystem.
+    #[arg(long, env = "NRI_RESIZE_CGROUP_ROOT", default_value = "/sys/fs/cgroup")]
+    cgroup_root: PathBuf,
+    /// Status API socket.
+    #[arg(long, env = "NRI_RESIZE_API_SOCKET", default_value = DEFAULT_API_SOCKET)]
+    api_socket: PathBuf,
+    /// Exit with status 3 when the runtime connection is lost instead of reconnecting.
+    #[arg(long, env = "NRI_RESIZE_EXIT_ON_DISCONNECT")]
+    exit_on_disconnect: bool,
+    /// Log format.
+    #[arg(long, env = "NRI_RESIZE_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+}
+
+fn init_tracing(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("NRI_RESIZE_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// First SIGTERM/SIGINT: graceful stop; a second one: immediate exit.
+fn spawn_signal_handler(cancel: CancellationToken) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("install SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("install SIGINT handler")?;
+    tokio::spawn(async move {
+        for round in 0.. {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            if round == 0 {
+                info!("signal received; shutting down (send again to force)");
+                cancel.cancel();
+            } else {
+                warn!("second signal; exiting now");
+                std::process::exit(130);
+            }
+        }
+    });
+    Ok(())
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    init_tracing(args.log_format == "json");
+    let cancel = CancellationToken::new();
+    spawn_signal_handler(cancel.clone())?;
+    let opts = RunOptions {
+        identity: PluginIdentity { socket: args.nri_socket, name: args.plugin_name, idx: args.plugin_idx },
+        config_path: args.config,
+        cgroup_root: args.cgroup_root,
+        api_socket: args.api_socket,
+        exit_on_disconnect: args.exit_on_disconnect,
+    };
+    match daemon::run(opts, cancel).await? {
+        Exit::Stopped => {
+            info!("stopped");
+            Ok(ExitCode::SUCCESS)
+        }
+        Exit::Disconnected => Ok(ExitCode::from(u8::try_from(EXIT_DISCONNECTED).unwrap_or(1))),
+    }
+}
+
+fn fmt_resources(r: Option<&LinuxResources>) -> (String, String) {
+    let Some(r) = r else { return ("-".into(), "-".into()) };
+    let cpu = match (r.cpu_quota(), r.cpu_period(), r.cpu_shares()) {
+        (Some(q), Some(p), s) if q > 0 && p > 0 => format!("{}m ({q}/{p}) sh={}", r.cpu_limit_millis().unwrap_or(0), s.map_or("-".into(), |s| s.to_string())),
+        (_, _, Some(s)) => format!("unlimited sh={s}"),
+        _ => "-".into(),
+    };
+    let mem = match r.memory_limit() {
+        Some(l) if l > 0 => format!("{}Mi", l >> 20),
+        _ => "unlimited".into(),
+    };
+    (cpu, mem)
+}
+
+fn print_status(s: &Status) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "runtime: {} {} ({}){}",
+        s.runtime.name.as_deref().unwrap_or("?"),
+        s.runtime.version.as_deref().unwrap_or("?"),
+        if s.runtime.connected { "connected" } else { "DISCONNECTED" },
+        if s.runtime.connected && !s.runtime.synchronized { ", not synchronized" } else { "" }
+    )?;
+    writeln!(out, "{:<40} {:<20} {:<14} {:<10} {:<32} {:<10}", "POD", "CONTAINER", "ID", "STATE", "CPU", "MEMORY")?;
+    for p in &s.pods {
+        if p.containers.is_empty() {
+            writeln!(out, "{:<40} {:<20}", p.pod.full_name(), "-")?;
+        }
+        for c in &p.containers {
+            let (cpu, mem) = fmt_resources(c.resources.as_ref());
+            let id: String = c.id.chars().take(13).collect();
+            writeln!(out, "{:<40} {:<20} {:<14} {:<10} {:<32} {:<10}", p.pod.full_name(), c.name, id, format!("{:?}", c.state).to_lowercase(), cpu, mem)?;
+        }
+    }
+    Ok(())
+}
+
+async fn client_command(cmd: Command) -> anyhow::Result<ExitCode> {
+    match cmd {
+        Command::Run(_) => unreachable!("handled by main"),
+        Command::Status { api, json } => {
+            let status = ApiClient::new(&api.api_socket).status().await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&status)?);
+            } else {
+                print_status(&status)?;
+            }
+        }
+        Command::Events { api, since, json } => {
+            let events = ApiClient::new(&api.api_socket).events(since).await?;
+            for e in &events {
+                if json {
+                    println!("{}", serde_json::to_string(e)?);
+                } else {
+                    let (cpu, mem) = fmt_resources(e.resources.as_ref());
+                    println!("{:>6} {:<24} {:<40} {:<20} cpu={cpu} mem={mem}", e.seq, e.event.as_str(), e.pod, e.container);
+                }
+            }
+        }
+        Command::Update { api, container, cpu_quota, cpu_period, cpu_shares, memory_limit } => {
+            let cpu = (cpu_quota.is_some() || cpu_period.is_some() || cpu_shares.is_some())
+                .then(|| CpuResources { quota: cpu_quota, period: cpu_period, shares: cpu_shares, ..Default::default() });
+            let memory = memory_limit.map(|l| MemoryResources { limit: Some(l), ..Default::default() });
+            anyhow::ensure!(cpu.is_some() || memory.is_some(), "nothing to update: give --cpu-quota, --cpu-period, --cpu-shares or --memory-limit");
+            let res = LinuxResources { cpu, memory, ..Default::default() };
+            let result = ApiClient::new(&api.api_socket).update_resources(&container, &res).await?;
+            if !result.failed.is_empty() {
+                anyhow::bail!("the runtime could not apply the update to {container}");
+            }
+            println!("updated {container}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => run(args).await,
+        other => client_command(other).await,
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("nri-resize: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

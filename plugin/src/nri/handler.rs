@@ -1,0 +1,194 @@
+//! What domain code implements to hear from the runtime: a [`Handler`] whose methods all have
+//! no-op defaults, and an explicit [`EventSet`] naming the events it implements. The set becomes the
+//! NRI subscription mask, so the runtime never calls the plugin for events it ignores.
+
+use std::fmt;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Container, EventKind, LinuxResources, Pod};
+
+/// A set of subscribed events.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EventSet(u32);
+
+impl EventSet {
+    pub const fn empty() -> Self {
+        EventSet(0)
+    }
+
+    #[must_use]
+    pub const fn with(self, e: EventKind) -> Self {
+        EventSet(self.0 | Self::bit(e))
+    }
+
+    const fn bit(e: EventKind) -> u32 {
+        1 << (e as u32 - 1)
+    }
+
+    pub fn contains(self, e: EventKind) -> bool {
+        e != EventKind::Synchronize && self.0 & Self::bit(e) != 0
+    }
+
+    /// NRI's subscription mask (`ConfigureResponse.events`).
+    pub fn mask(self) -> i32 {
+        i32::try_from(self.0).unwrap_or(0)
+    }
+
+    /// The set as a runtime that predates `since_v0_10` events can honour: such runtimes reject
+    /// unknown bits, so they are dropped when the runtime does not announce a newer NRI.
+    #[must_use]
+    pub fn for_runtime(self, supports_v0_10: bool) -> Self {
+        if supports_v0_10 {
+            self
+        } else {
+            EventSet(self.0 & ((1 << 11) - 1))
+        }
+    }
+}
+
+impl FromIterator<EventKind> for EventSet {
+    fn from_iter<I: IntoIterator<Item = EventKind>>(iter: I) -> Self {
+        iter.into_iter().fold(EventSet::empty(), EventSet::with)
+    }
+}
+
+/// What the runtime told us about itself in `Configure`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuntimeInfo {
+    pub name: String,
+    pub version: String,
+    /// NRI version of the runtime, when it says (NRI v0.10+).
+    pub nri_version: String,
+    /// Per-request deadline the runtime enforces, in milliseconds (0 when not announced).
+    pub request_timeout_ms: i64,
+    pub registration_timeout_ms: i64,
+}
+
+/// A resource update for an existing container.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerUpdate {
+    pub container_id: String,
+    pub resources: LinuxResources,
+    /// Ask the runtime not to fail the whole request if this update fails.
+    #[serde(default)]
+    pub ignore_failure: bool,
+}
+
+/// A container the runtime should stop (the orchestrator restarts it).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Eviction {
+    pub container_id: String,
+    pub reason: String,
+}
+
+/// Answer to `CreateContainer`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CreateReply {
+    /// Resources to change on the container being created (`None`: as requested).
+    pub adjust: Option<LinuxResources>,
+    pub updates: Vec<ContainerUpdate>,
+    pub evictions: Vec<Eviction>,
+}
+
+/// Answer to `UpdateContainer`: further updates (possibly of the same container, to change what
+/// is applied) and evictions.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UpdateReply {
+    pub updates: Vec<ContainerUpdate>,
+    pub evictions: Vec<Eviction>,
+}
+
+/// A refusal the runtime sees as the failed request (creation or update fails with this text).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection(pub String);
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Rejection {}
+
+/// Domain-side NRI callbacks. Every method has a no-op default; [`Handler::events`] must name
+/// the events the implementation cares about (only those are subscribed). `configure`,
+/// `synchronize` and `shutdown` are always called.
+///
+/// Each call must finish within the runtime's deadline (2 s by default); the transport cuts a
+/// call off at three quarters of it and answers fail-open, so work that may take longer belongs
+/// in a task of its own that reports back through [`super::RuntimeLink`].
+#[async_trait]
+#[expect(unused_variables, reason = "default no-op bodies ignore their arguments")]
+pub trait Handler: Send + Sync + 'static {
+    /// The events this handler implements.
+    fn events(&self) -> EventSet;
+
+    /// The runtime passed its info and the plugin's configuration text (may be empty).
+    async fn configure(&self, runtime: &RuntimeInfo, config: &str) -> Result<(), Rejection> {
+        Ok(())
+    }
+
+    /// The runtime's full state, on every (re)connect (split replies are already joined).
+    async fn synchronize(&self, pods: Vec<Pod>, containers: Vec<Container>) -> Result<Vec<ContainerUpdate>, Rejection> {
+        Ok(Vec::new())
+    }
+
+    /// The runtime is shutting down.
+    async fn shutdown(&self) {}
+
+    async fn run_pod_sandbox(&self, pod: Pod) -> Result<(), Rejection> {
+        Ok(())
+    }
+    async fn update_pod_sandbox(&self, pod: Pod, overhead: Option<LinuxResources>, resources: Option<LinuxResources>) -> Result<(), Rejection> {
+        Ok(())
+    }
+    async fn post_update_pod_sandbox(&self, pod: Pod) {}
+    async fn stop_pod_sandbox(&self, pod: Pod) {}
+    async fn remove_pod_sandbox(&self, pod: Pod) {}
+
+    async fn create_container(&self, pod: Pod, container: Container) -> Result<CreateReply, Rejection> {
+        Ok(CreateReply::default())
+    }
+    async fn post_create_container(&self, pod: Pod, container: Container) {}
+    async fn start_container(&self, pod: Pod, container: Container) {}
+    async fn post_start_container(&self, pod: Pod, container: Container) {}
+    /// `resources` is what the update asks for; `container` still holds the current resources.
+    async fn update_container(&self, pod: Pod, container: Container, resources: LinuxResources) -> Result<UpdateReply, Rejection> {
+        Ok(UpdateReply::default())
+    }
+    async fn post_update_container(&self, pod: Pod, container: Container) {}
+    async fn stop_container(&self, pod: Pod, container: Container) -> Vec<ContainerUpdate> {
+        Vec::new()
+    }
+    async fn remove_container(&self, pod: Pod, container: Container) {}
+    /// Another plugin's adjustments to a container being created; `Err` rejects the creation.
+    async fn validate_container_adjustment(&self, pod: Pod, container: Container, adjusted: Option<LinuxResources>) -> Result<(), Rejection> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mask_bits_follow_nri_numbering() {
+        let set: EventSet = [EventKind::RunPodSandbox, EventKind::CreateContainer, EventKind::UpdateContainer].into_iter().collect();
+        assert_eq!(set.mask(), 0b1000_1001);
+        assert!(set.contains(EventKind::CreateContainer));
+        assert!(!set.contains(EventKind::StopContainer));
+        assert!(!set.contains(EventKind::Synchronize));
+    }
+
+    #[test]
+    fn old_runtimes_get_only_events_they_know() {
+        let set: EventSet = EventKind::ALL.into_iter().collect();
+        assert_eq!(set.mask(), (1 << 14) - 1);
+        let old = set.for_runtime(false);
+        assert_eq!(old.mask(), (1 << 11) - 1);
+        assert!(!old.contains(EventKind::UpdatePodSandbox));
+        assert_eq!(set.for_runtime(true), set);
+    }
+}

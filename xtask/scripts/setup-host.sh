@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Installs what nri-resize's build, demo and tests need on a fresh Debian 12 (bookworm) machine.
+# Idempotent: every step checks first. Never upgrades the system (trixie is pinned low).
+# Usage: setup-host.sh [--ebpf]
+set -euo pipefail
+
+want_ebpf=0
+[[ "${1:-}" == "--ebpf" ]] && want_ebpf=1
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
+
+[[ $(id -u) -eq 0 ]] || die "must run as root (installs Debian packages, runs containerd)"
+command -v apt-get >/dev/null || die "apt-get not found: this script targets Debian 12 (bookworm)"
+
+CACHE=${NRI_RESIZE_CACHE:-/var/cache/nri-resize}
+mkdir -p "$CACHE"
+
+apt_updated=0
+apt_update() {
+  if [[ $apt_updated -eq 0 ]]; then
+    log "apt-get update"
+    apt-get update -qq -o Acquire::Retries=3 >/dev/null
+    apt_updated=1
+  fi
+}
+
+# 1. trixie source at low priority (only containerd 1.7.24 comes from it), sid for 2.x download only.
+if [[ ! -f /etc/apt/sources.list.d/nri-resize-trixie.sources ]]; then
+  log "adding Debian trixie apt source at Pin-Priority 100 (for containerd 1.7)"
+  cat >/etc/apt/sources.list.d/nri-resize-trixie.sources <<'SRC'
+Types: deb
+URIs: http://deb.debian.org/debian
+Suites: trixie
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+  cat >/etc/apt/preferences.d/nri-resize-trixie <<'PIN'
+Package: *
+Pin: release n=trixie
+Pin-Priority: 100
+PIN
+  apt_updated=0
+fi
+
+need_pkgs=()
+for p in protobuf-compiler busybox-static gcc libc6-dev; do
+  dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
+done
+dpkg -s runc >/dev/null 2>&1 || need_pkgs+=("runc/bookworm")
+if ! dpkg -s containerd 2>/dev/null | grep -q '^Version: 1\.7\.'; then
+  need_pkgs+=("containerd/trixie")
+fi
+if [[ ${#need_pkgs[@]} -gt 0 ]]; then
+  apt_update
+  log "installing ${need_pkgs[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
+fi
+
+# 2. containerd 2.x from sid, unpacked beside the system (never installed).
+C2_DIR="$CACHE/containerd-2"
+if [[ ! -x "$C2_DIR/usr/bin/containerd" ]]; then
+  log "fetching containerd 2.x from Debian sid (unpacked into $C2_DIR, not installed)"
+  tmp=$(mktemp -d)
+  mkdir -p "$tmp/etc/apt/sources.list.d" "$tmp/etc/apt/preferences.d" "$tmp/state/lists/partial" "$tmp/cache/archives/partial"
+  cat >"$tmp/etc/apt/sources.list" <<'SRC'
+deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian sid main
+SRC
+  opts=(-o Dir::Etc::SourceList="$tmp/etc/apt/sources.list" -o Dir::Etc::SourceParts="$tmp/etc/apt/sources.list.d"
+        -o Dir::Etc::Preferences="$tmp/etc/apt/preferences" -o Dir::Etc::PreferencesParts="$tmp/etc/apt/preferences.d"
+        -o Dir::State::Lists="$tmp/state/lists" -o Dir::Cache="$tmp/cache" -o Acquire::Retries=3)
+  apt-get "${opts[@]}" update -qq >/dev/null
+  (cd "$tmp" && apt-get "${opts[@]}" download containerd >/dev/null)
+  deb=$(ls "$tmp"/containerd_*.deb | head -1)
+  [[ -n "$deb" ]] || die "could not download containerd from sid"
+  rm -rf "$C2_DIR.tmp" && mkdir -p "$C2_DIR.tmp"
+  dpkg-deb -x "$deb" "$C2_DIR.tmp"
+  rm -rf "$C2_DIR" && mv "$C2_DIR.tmp" "$C2_DIR"
+  basename "$deb" >"$C2_DIR/.deb"
+  rm -rf "$tmp"
+fi
+
+# 3. eBPF toolchain (Debian's rustc-web with precompiled core for bpfel, bpf-linker on LLVM 22).
+if [[ $want_ebpf -eq 1 ]]; then
+  e_pkgs=()
+  for p in rustc-web cargo-web libstd-rust-web-dev-bpf llvm-22-dev; do
+    dpkg -s "$p" >/dev/null 2>&1 || e_pkgs+=("$p")
+  done
+  if [[ ${#e_pkgs[@]} -gt 0 ]]; then
+    apt_update
+    log "installing eBPF toolchain ${e_pkgs[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${e_pkgs[@]}" >/dev/null
+  fi
+  if ! command -v bpf-linker >/dev/null 2>&1 || ! bpf-linker --version 2>/dev/null | grep -q '0\.13\.0'; then
+    log "building bpf-linker 0.13.0 against LLVM 22 (about a minute)"
+    LLVM_PREFIX=/usr/lib/llvm-22 LLVM_SYS_221_PREFIX=/usr/lib/llvm-22 \
+      cargo install --quiet --locked bpf-linker@0.13.0 --no-default-features --features llvm-22
+  fi
+fi
+
+log "containerd 1.7: $(containerd --version 2>/dev/null | awk '{print $3}')"
+log "containerd 2.x: $("$C2_DIR/usr/bin/containerd" --version 2>/dev/null | awk '{print $3}')"
+log "runc: $(runc --version 2>/dev/null | head -1 | awk '{print $3}')"
