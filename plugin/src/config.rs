@@ -10,7 +10,10 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("invalid config from {origin}: {message}")]
     Parse { origin: String, message: String },
     #[error("invalid config from {origin}: {message}")]
@@ -44,19 +47,27 @@ impl Config {
 
     /// Reads and parses a file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
         Self::parse(&text, &path.display().to_string())
     }
 
     /// Applies the keys present in `text` on top of `self`.
     pub fn overlay(&self, text: &str, origin: &str) -> Result<Config, ConfigError> {
-        let parse_err = |e: &dyn std::fmt::Display| ConfigError::Parse { origin: origin.to_string(), message: e.to_string().trim().to_string() };
+        let parse_err = |e: &dyn std::fmt::Display| ConfigError::Parse {
+            origin: origin.to_string(),
+            message: e.to_string().trim().to_string(),
+        };
         let overlay: toml::Table = toml::from_str(text).map_err(|e| parse_err(&e))?;
         let mut base = toml::Table::try_from(self).map_err(|e| parse_err(&e))?;
         for (k, v) in overlay {
             base.insert(k, v);
         }
-        let cfg: Config = base.try_into().map_err(|e: toml::de::Error| parse_err(&e))?;
+        let cfg: Config = base
+            .try_into()
+            .map_err(|e: toml::de::Error| parse_err(&e))?;
         cfg.validate(origin)?;
         Ok(cfg)
     }
@@ -65,7 +76,10 @@ impl Config {
         if !(1..=1_000_000).contains(&self.journal_size) {
             return Err(ConfigError::Invalid {
                 origin: origin.to_string(),
-                message: format!("journal_size must be within 1..=1000000, got {}", self.journal_size),
+                message: format!(
+                    "journal_size must be within 1..=1000000, got {}",
+                    self.journal_size
+                ),
             });
         }
         Ok(())
@@ -86,18 +100,37 @@ mod tests {
         let base = Config::parse("journal_size = 10", "file").unwrap();
         assert_eq!(base.journal_size, 10);
         assert_eq!(base.overlay("", "runtime").unwrap().journal_size, 10);
-        assert_eq!(base.overlay("journal_size = 20", "runtime").unwrap().journal_size, 20);
+        assert_eq!(
+            base.overlay("journal_size = 20", "runtime")
+                .unwrap()
+                .journal_size,
+            20
+        );
     }
 
     #[test]
     fn bad_input_names_origin_and_problem() {
-        let typo = Config::parse("jurnal_size = 3", "runtime").unwrap_err().to_string();
-        assert!(typo.contains("runtime") && typo.contains("jurnal_size"), "{typo}");
-        let syntax = Config::parse("journal_size = ", "f.toml").unwrap_err().to_string();
+        let typo = Config::parse("jurnal_size = 3", "runtime")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            typo.contains("runtime") && typo.contains("jurnal_size"),
+            "{typo}"
+        );
+        let syntax = Config::parse("journal_size = ", "f.toml")
+            .unwrap_err()
+            .to_string();
         assert!(syntax.contains("f.toml"), "{syntax}");
-        let ty = Config::parse("journal_size = \"big\"", "x").unwrap_err().to_string();
-        assert!(ty.contains("journal_size") || ty.contains("invalid type"), "{ty}");
-        let range = Config::parse("journal_size = 0", "x").unwrap_err().to_string();
+        let ty = Config::parse("journal_size = \"big\"", "x")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            ty.contains("journal_size") || ty.contains("invalid type"),
+            "{ty}"
+        );
+        let range = Config::parse("journal_size = 0", "x")
+            .unwrap_err()
+            .to_string();
         assert!(range.contains("1..=1000000"), "{range}");
     }
 

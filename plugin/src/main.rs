@@ -16,7 +16,11 @@ use tracing::{info, warn};
 const DEFAULT_API_SOCKET: &str = "/run/nri-resize/api.sock";
 
 #[derive(Debug, Parser)]
-#[command(name = "nri-resize", version, about = "containerd NRI plugin for safe, observable in-place pod resize")]
+#[command(
+    name = "nri-resize",
+    version,
+    about = "containerd NRI plugin for safe, observable in-place pod resize"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -75,7 +79,11 @@ struct ApiArgs {
 #[derive(Debug, Args)]
 struct RunArgs {
     /// containerd's NRI socket.
-    #[arg(long, env = "NRI_RESIZE_NRI_SOCKET", default_value = "/var/run/nri/nri.sock")]
+    #[arg(
+        long,
+        env = "NRI_RESIZE_NRI_SOCKET",
+        default_value = "/var/run/nri/nri.sock"
+    )]
     nri_socket: PathBuf,
     /// Name to register with.
     #[arg(long, env = "NRI_RESIZE_PLUGIN_NAME", default_value = "nri-resize")]
@@ -101,8 +109,13 @@ struct RunArgs {
 }
 
 fn init_tracing(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("NRI_RESIZE_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let filter = tracing_subscriber::EnvFilter::try_from_env("NRI_RESIZE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr);
     if json {
         builder.json().init();
     } else {
@@ -138,7 +151,11 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let cancel = CancellationToken::new();
     spawn_signal_handler(cancel.clone())?;
     let opts = RunOptions {
-        identity: PluginIdentity { socket: args.nri_socket, name: args.plugin_name, idx: args.plugin_idx },
+        identity: PluginIdentity {
+            socket: args.nri_socket,
+            name: args.plugin_name,
+            idx: args.plugin_idx,
+        },
         config_path: args.config,
         cgroup_root: args.cgroup_root,
         api_socket: args.api_socket,
@@ -154,9 +171,15 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn fmt_resources(r: Option<&LinuxResources>) -> (String, String) {
-    let Some(r) = r else { return ("-".into(), "-".into()) };
+    let Some(r) = r else {
+        return ("-".into(), "-".into());
+    };
     let cpu = match (r.cpu_quota(), r.cpu_period(), r.cpu_shares()) {
-        (Some(q), Some(p), s) if q > 0 && p > 0 => format!("{}m ({q}/{p}) sh={}", r.cpu_limit_millis().unwrap_or(0), s.map_or("-".into(), |s| s.to_string())),
+        (Some(q), Some(p), s) if q > 0 && p > 0 => format!(
+            "{}m ({q}/{p}) sh={}",
+            r.cpu_limit_millis().unwrap_or(0),
+            s.map_or("-".into(), |s| s.to_string())
+        ),
         (_, _, Some(s)) => format!("unlimited sh={s}"),
         _ => "-".into(),
     };
@@ -174,10 +197,22 @@ fn print_status(s: &Status) -> std::io::Result<()> {
         "runtime: {} {} ({}){}",
         s.runtime.name.as_deref().unwrap_or("?"),
         s.runtime.version.as_deref().unwrap_or("?"),
-        if s.runtime.connected { "connected" } else { "DISCONNECTED" },
-        if s.runtime.connected && !s.runtime.synchronized { ", not synchronized" } else { "" }
+        if s.runtime.connected {
+            "connected"
+        } else {
+            "DISCONNECTED"
+        },
+        if s.runtime.connected && !s.runtime.synchronized {
+            ", not synchronized"
+        } else {
+            ""
+        }
     )?;
-    writeln!(out, "{:<40} {:<20} {:<14} {:<10} {:<32} {:<10}", "POD", "CONTAINER", "ID", "STATE", "CPU", "MEMORY")?;
+    writeln!(
+        out,
+        "{:<40} {:<20} {:<14} {:<10} {:<32} {:<10}",
+        "POD", "CONTAINER", "ID", "STATE", "CPU", "MEMORY"
+    )?;
     for p in &s.pods {
         if p.containers.is_empty() {
             writeln!(out, "{:<40} {:<20}", p.pod.full_name(), "-")?;
@@ -185,7 +220,16 @@ fn print_status(s: &Status) -> std::io::Result<()> {
         for c in &p.containers {
             let (cpu, mem) = fmt_resources(c.resources.as_ref());
             let id: String = c.id.chars().take(13).collect();
-            writeln!(out, "{:<40} {:<20} {:<14} {:<10} {:<32} {:<10}", p.pod.full_name(), c.name, id, format!("{:?}", c.state).to_lowercase(), cpu, mem)?;
+            writeln!(
+                out,
+                "{:<40} {:<20} {:<14} {:<10} {:<32} {:<10}",
+                p.pod.full_name(),
+                c.name,
+                id,
+                format!("{:?}", c.state).to_lowercase(),
+                cpu,
+                mem
+            )?;
         }
     }
     Ok(())
@@ -209,17 +253,49 @@ async fn client_command(cmd: Command) -> anyhow::Result<ExitCode> {
                     println!("{}", serde_json::to_string(e)?);
                 } else {
                     let (cpu, mem) = fmt_resources(e.resources.as_ref());
-                    println!("{:>6} {:<24} {:<40} {:<20} cpu={cpu} mem={mem}", e.seq, e.event.as_str(), e.pod, e.container);
+                    println!(
+                        "{:>6} {:<24} {:<40} {:<20} cpu={cpu} mem={mem}",
+                        e.seq,
+                        e.event.as_str(),
+                        e.pod,
+                        e.container
+                    );
                 }
             }
         }
-        Command::Update { api, container, cpu_quota, cpu_period, cpu_shares, memory_limit } => {
-            let cpu = (cpu_quota.is_some() || cpu_period.is_some() || cpu_shares.is_some())
-                .then(|| CpuResources { quota: cpu_quota, period: cpu_period, shares: cpu_shares, ..Default::default() });
-            let memory = memory_limit.map(|l| MemoryResources { limit: Some(l), ..Default::default() });
-            anyhow::ensure!(cpu.is_some() || memory.is_some(), "nothing to update: give --cpu-quota, --cpu-period, --cpu-shares or --memory-limit");
-            let res = LinuxResources { cpu, memory, ..Default::default() };
-            let result = ApiClient::new(&api.api_socket).update_resources(&container, &res).await?;
+        Command::Update {
+            api,
+            container,
+            cpu_quota,
+            cpu_period,
+            cpu_shares,
+            memory_limit,
+        } => {
+            let cpu =
+                (cpu_quota.is_some() || cpu_period.is_some() || cpu_shares.is_some()).then(|| {
+                    CpuResources {
+                        quota: cpu_quota,
+                        period: cpu_period,
+                        shares: cpu_shares,
+                        ..Default::default()
+                    }
+                });
+            let memory = memory_limit.map(|l| MemoryResources {
+                limit: Some(l),
+                ..Default::default()
+            });
+            anyhow::ensure!(
+                cpu.is_some() || memory.is_some(),
+                "nothing to update: give --cpu-quota, --cpu-period, --cpu-shares or --memory-limit"
+            );
+            let res = LinuxResources {
+                cpu,
+                memory,
+                ..Default::default()
+            };
+            let result = ApiClient::new(&api.api_socket)
+                .update_resources(&container, &res)
+                .await?;
             if !result.failed.is_empty() {
                 anyhow::bail!("the runtime could not apply the update to {container}");
             }

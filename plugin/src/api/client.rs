@@ -17,7 +17,10 @@ use crate::model::{EventRecord, LinuxResources};
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("cannot reach the nri-resize API at {path}: {source} (is the daemon running? are you root?)")]
-    Connect { path: PathBuf, source: std::io::Error },
+    Connect {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("API transport error: {0}")]
     Http(#[from] hyper::Error),
     #[error("API request could not be built: {0}")]
@@ -36,12 +39,26 @@ pub struct ApiClient {
 
 impl ApiClient {
     pub fn new(socket: impl AsRef<Path>) -> Self {
-        ApiClient { socket: socket.as_ref().to_path_buf() }
+        ApiClient {
+            socket: socket.as_ref().to_path_buf(),
+        }
     }
 
-    async fn call(&self, method: Method, path: &str, body: Option<Vec<u8>>) -> Result<(StatusCode, Bytes), ClientError> {
-        let stream = UnixStream::connect(&self.socket).await.map_err(|source| ClientError::Connect { path: self.socket.clone(), source })?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(StatusCode, Bytes), ClientError> {
+        let stream =
+            UnixStream::connect(&self.socket)
+                .await
+                .map_err(|source| ClientError::Connect {
+                    path: self.socket.clone(),
+                    source,
+                })?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
         let conn_task = tokio::spawn(conn);
         let req = Request::builder()
             .method(method)
@@ -56,10 +73,18 @@ impl ApiClient {
         Ok((status, bytes))
     }
 
-    async fn json<T: DeserializeOwned>(&self, method: Method, path: &str, body: Option<Vec<u8>>) -> Result<T, ClientError> {
+    async fn json<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<T, ClientError> {
         let (status, bytes) = self.call(method, path, body).await?;
         if !status.is_success() {
-            let message = serde_json::from_slice::<ApiError>(&bytes).map_or_else(|_| String::from_utf8_lossy(&bytes).into_owned(), |e| e.error);
+            let message = serde_json::from_slice::<ApiError>(&bytes).map_or_else(
+                |_| String::from_utf8_lossy(&bytes).into_owned(),
+                |e| e.error,
+            );
             return Err(ClientError::Status { status, message });
         }
         Ok(serde_json::from_slice(&bytes)?)
@@ -74,12 +99,18 @@ impl ApiClient {
     }
 
     pub async fn events(&self, since: u64) -> Result<Vec<EventRecord>, ClientError> {
-        self.json(Method::GET, &format!("/v1/events?since={since}"), None).await
+        self.json(Method::GET, &format!("/v1/events?since={since}"), None)
+            .await
     }
 
-    pub async fn update_resources(&self, container_id: &str, resources: &LinuxResources) -> Result<UpdateResult, ClientError> {
+    pub async fn update_resources(
+        &self,
+        container_id: &str,
+        resources: &LinuxResources,
+    ) -> Result<UpdateResult, ClientError> {
         let path = format!("/v1/containers/{container_id}/resources");
-        self.json(Method::POST, &path, Some(Self::encode(resources)?)).await
+        self.json(Method::POST, &path, Some(Self::encode(resources)?))
+            .await
     }
 
     /// `true` when `/readyz` answers 200.

@@ -106,7 +106,10 @@ fn router(state: Arc<NodeState>, link: RuntimeLink) -> Router {
 }
 
 async fn status(State(ctx): State<Ctx>) -> Json<Status> {
-    Json(Status { runtime: ctx.link.status().into(), pods: ctx.state.read_model(crate::model::Model::snapshot) })
+    Json(Status {
+        runtime: ctx.link.status().into(),
+        pods: ctx.state.read_model(crate::model::Model::snapshot),
+    })
 }
 
 async fn events(State(ctx): State<Ctx>, Query(q): Query<EventsQuery>) -> Json<Vec<EventRecord>> {
@@ -118,9 +121,15 @@ async fn readyz(State(ctx): State<Ctx>) -> (StatusCode, &'static str) {
     if s.connected && s.synchronized {
         (StatusCode::OK, "ready")
     } else if s.connected {
-        (StatusCode::SERVICE_UNAVAILABLE, "registered, not yet synchronized")
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "registered, not yet synchronized",
+        )
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not connected to the runtime")
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not connected to the runtime",
+        )
     }
 }
 
@@ -130,20 +139,34 @@ async fn update_resources(
     Json(resources): Json<LinuxResources>,
 ) -> ApiResult<UpdateResult> {
     if ctx.state.read_model(|m| m.container(&id).is_none()) {
-        return Err(api_err(StatusCode::NOT_FOUND, format!("no container {id:?} known to the plugin")));
+        return Err(api_err(
+            StatusCode::NOT_FOUND,
+            format!("no container {id:?} known to the plugin"),
+        ));
     }
-    let update = ContainerUpdate { container_id: id.clone(), resources: resources.clone(), ignore_failure: false };
-    match ctx.link.update_containers(std::slice::from_ref(&update), &[]).await {
+    let update = ContainerUpdate {
+        container_id: id.clone(),
+        resources: resources.clone(),
+        ignore_failure: false,
+    };
+    match ctx
+        .link
+        .update_containers(std::slice::from_ref(&update), &[])
+        .await
+    {
         Ok(failed) => {
             if failed.is_empty() {
-                ctx.state.write_model(|m| m.apply_resources(&id, &resources));
+                ctx.state
+                    .write_model(|m| m.apply_resources(&id, &resources));
                 info!(container = %id, "plugin-initiated update applied");
             } else {
                 warn!(container = %id, "runtime reported the update as failed");
             }
             Ok(Json(UpdateResult { failed }))
         }
-        Err(e @ LinkError::NotConnected) => Err(api_err(StatusCode::SERVICE_UNAVAILABLE, e.to_string())),
+        Err(e @ LinkError::NotConnected) => {
+            Err(api_err(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))
+        }
         Err(e) => Err(api_err(StatusCode::BAD_GATEWAY, e.to_string())),
     }
 }
@@ -155,17 +178,26 @@ pub async fn serve(
     link: RuntimeLink,
     cancel: CancellationToken,
 ) -> std::io::Result<JoinHandle<std::io::Result<()>>> {
-    let with_path = |e: std::io::Error| std::io::Error::new(e.kind(), format!("status API socket {}: {e}", socket.display()));
+    let with_path = |e: std::io::Error| {
+        std::io::Error::new(
+            e.kind(),
+            format!("status API socket {}: {e}", socket.display()),
+        )
+    };
     if let Some(dir) = socket.parent() {
         if !dir.exists() {
             std::fs::create_dir_all(dir).map_err(with_path)?;
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(with_path)?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                .map_err(with_path)?;
         }
     }
     if socket.exists() {
         // A live daemon answers on it; a stale file from a crash does not.
         if std::os::unix::net::UnixStream::connect(socket).is_ok() {
-            return Err(with_path(std::io::Error::new(std::io::ErrorKind::AddrInUse, "another nri-resize is serving on it")));
+            return Err(with_path(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                "another nri-resize is serving on it",
+            )));
         }
         std::fs::remove_file(socket).map_err(with_path)?;
     }
@@ -175,7 +207,9 @@ pub async fn serve(
     let app = router(state, link);
     let path = socket.to_path_buf();
     Ok(tokio::spawn(async move {
-        let r = axum::serve(listener, app).with_graceful_shutdown(async move { cancel.cancelled().await }).await;
+        let r = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { cancel.cancelled().await })
+            .await;
         let _ = std::fs::remove_file(&path);
         r
     }))

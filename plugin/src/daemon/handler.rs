@@ -7,8 +7,12 @@ use async_trait::async_trait;
 use tracing::{debug, info};
 
 use crate::config::Config;
-use crate::model::{Container, ContainerState, EventKind, EventRecord, Journal, LinuxResources, Model, Pod};
-use crate::nri::{ContainerUpdate, CreateReply, EventSet, Handler, Rejection, RuntimeInfo, UpdateReply};
+use crate::model::{
+    Container, ContainerState, EventKind, EventRecord, Journal, LinuxResources, Model, Pod,
+};
+use crate::nri::{
+    ContainerUpdate, CreateReply, EventSet, Handler, Rejection, RuntimeInfo, UpdateReply,
+};
 
 /// State shared by the handler, the API and the daemon.
 #[derive(Debug)]
@@ -43,7 +47,13 @@ impl NodeState {
         f(&mut self.journal.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
-    fn record(&self, event: EventKind, pod: &Pod, ctr: Option<&Container>, resources: Option<LinuxResources>) {
+    fn record(
+        &self,
+        event: EventKind,
+        pod: &Pod,
+        ctr: Option<&Container>,
+        resources: Option<LinuxResources>,
+    ) {
         let rec = EventRecord {
             seq: 0,
             time_ms: 0,
@@ -71,7 +81,8 @@ impl ModelHandler {
 
     fn container_event(&self, event: EventKind, pod: Pod, ctr: Container) {
         debug!(event = event.as_str(), pod = %pod.full_name(), container = %ctr.name, id = %ctr.id, "container event");
-        self.state.record(event, &pod, Some(&ctr), ctr.resources.clone());
+        self.state
+            .record(event, &pod, Some(&ctr), ctr.resources.clone());
         self.state.write_model(|m| {
             m.upsert_pod(pod);
             m.upsert_container(ctr);
@@ -113,17 +124,36 @@ impl Handler for ModelHandler {
             self.state.file_config.clone()
         } else {
             let origin = format!("the runtime ({} {})", runtime.name, runtime.version);
-            self.state.file_config.overlay(config, &origin).map_err(|e| Rejection(e.to_string()))?
+            self.state
+                .file_config
+                .overlay(config, &origin)
+                .map_err(|e| Rejection(e.to_string()))?
         };
-        info!(journal_size = effective.journal_size, "configuration in effect");
-        *self.state.config.write().unwrap_or_else(PoisonError::into_inner) = effective;
+        info!(
+            journal_size = effective.journal_size,
+            "configuration in effect"
+        );
+        *self
+            .state
+            .config
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = effective;
         Ok(())
     }
 
-    async fn synchronize(&self, pods: Vec<Pod>, containers: Vec<Container>) -> Result<Vec<ContainerUpdate>, Rejection> {
-        let sync_pod = Pod { id: String::new(), name: format!("{} pods, {} containers", pods.len(), containers.len()), ..Pod::default() };
+    async fn synchronize(
+        &self,
+        pods: Vec<Pod>,
+        containers: Vec<Container>,
+    ) -> Result<Vec<ContainerUpdate>, Rejection> {
+        let sync_pod = Pod {
+            id: String::new(),
+            name: format!("{} pods, {} containers", pods.len(), containers.len()),
+            ..Pod::default()
+        };
         self.state.write_model(|m| m.rebuild(pods, containers));
-        self.state.record(EventKind::Synchronize, &sync_pod, None, None);
+        self.state
+            .record(EventKind::Synchronize, &sync_pod, None, None);
         Ok(Vec::new())
     }
 
@@ -132,7 +162,12 @@ impl Handler for ModelHandler {
         Ok(())
     }
 
-    async fn update_pod_sandbox(&self, mut pod: Pod, overhead: Option<LinuxResources>, resources: Option<LinuxResources>) -> Result<(), Rejection> {
+    async fn update_pod_sandbox(
+        &self,
+        mut pod: Pod,
+        overhead: Option<LinuxResources>,
+        resources: Option<LinuxResources>,
+    ) -> Result<(), Rejection> {
         if resources.is_some() {
             pod.resources = resources;
         }
@@ -153,11 +188,16 @@ impl Handler for ModelHandler {
 
     async fn remove_pod_sandbox(&self, pod: Pod) {
         debug!(pod = %pod.full_name(), id = %pod.id, "pod removed");
-        self.state.record(EventKind::RemovePodSandbox, &pod, None, None);
+        self.state
+            .record(EventKind::RemovePodSandbox, &pod, None, None);
         self.state.write_model(|m| m.remove_pod(&pod.id));
     }
 
-    async fn create_container(&self, pod: Pod, mut ctr: Container) -> Result<CreateReply, Rejection> {
+    async fn create_container(
+        &self,
+        pod: Pod,
+        mut ctr: Container,
+    ) -> Result<CreateReply, Rejection> {
         if ctr.state == ContainerState::Unknown {
             ctr.state = ContainerState::Created;
         }
@@ -177,9 +217,19 @@ impl Handler for ModelHandler {
         self.container_event(EventKind::PostStartContainer, pod, ctr);
     }
 
-    async fn update_container(&self, pod: Pod, ctr: Container, resources: LinuxResources) -> Result<UpdateReply, Rejection> {
+    async fn update_container(
+        &self,
+        pod: Pod,
+        ctr: Container,
+        resources: LinuxResources,
+    ) -> Result<UpdateReply, Rejection> {
         debug!(pod = %pod.full_name(), container = %ctr.name, "update requested");
-        self.state.record(EventKind::UpdateContainer, &pod, Some(&ctr), Some(resources));
+        self.state.record(
+            EventKind::UpdateContainer,
+            &pod,
+            Some(&ctr),
+            Some(resources),
+        );
         self.state.write_model(|m| {
             m.upsert_pod(pod);
             m.upsert_container(ctr);
@@ -199,7 +249,8 @@ impl Handler for ModelHandler {
 
     async fn remove_container(&self, pod: Pod, ctr: Container) {
         debug!(pod = %pod.full_name(), container = %ctr.name, id = %ctr.id, "container removed");
-        self.state.record(EventKind::RemoveContainer, &pod, Some(&ctr), None);
+        self.state
+            .record(EventKind::RemoveContainer, &pod, Some(&ctr), None);
         self.state.write_model(|m| m.remove_container(&ctr.id));
     }
 }

@@ -53,7 +53,11 @@ pub struct Backoff {
 
 impl Backoff {
     pub fn new(min: Duration, max: Duration) -> Self {
-        Backoff { next: min, min, max }
+        Backoff {
+            next: min,
+            min,
+            max,
+        }
     }
 
     /// The delay to wait now; doubles the next one up to the maximum.
@@ -85,7 +89,13 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
     );
     let state = NodeState::new(file_config);
     let link = RuntimeLink::default();
-    let api_server = api::serve(&opts.api_socket, state.clone(), link.clone(), cancel.clone()).await?;
+    let api_server = api::serve(
+        &opts.api_socket,
+        state.clone(),
+        link.clone(),
+        cancel.clone(),
+    )
+    .await?;
 
     let handler = Arc::new(ModelHandler::new(state.clone()));
     let exit = session_loop(&opts, handler, &link, &cancel).await;
@@ -96,7 +106,12 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
     Ok(exit)
 }
 
-async fn session_loop(opts: &RunOptions, handler: Arc<ModelHandler>, link: &RuntimeLink, cancel: &CancellationToken) -> Exit {
+async fn session_loop(
+    opts: &RunOptions,
+    handler: Arc<ModelHandler>,
+    link: &RuntimeLink,
+    cancel: &CancellationToken,
+) -> Exit {
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     let mut failures: u64 = 0;
     loop {
@@ -104,7 +119,11 @@ async fn session_loop(opts: &RunOptions, handler: Arc<ModelHandler>, link: &Runt
         let outcome = nri::run_session(&opts.identity, handler.clone(), link, None, cancel).await;
         match &outcome {
             Ok(SessionEnd::Cancelled) => return Exit::Stopped,
-            Ok(end) => warn!(?end, connected_for_s = started.elapsed().as_secs(), "runtime connection ended"),
+            Ok(end) => warn!(
+                ?end,
+                connected_for_s = started.elapsed().as_secs(),
+                "runtime connection ended"
+            ),
             Err(err) => {
                 failures += 1;
                 // A missing socket while containerd restarts is expected: say it once, then quietly.

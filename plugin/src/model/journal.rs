@@ -113,7 +113,11 @@ pub struct Journal {
 
 impl Journal {
     pub fn new(capacity: usize) -> Self {
-        Journal { capacity: capacity.max(1), next_seq: 1, records: VecDeque::with_capacity(capacity.clamp(1, 4096)) }
+        Journal {
+            capacity: capacity.max(1),
+            next_seq: 1,
+            records: VecDeque::with_capacity(capacity.clamp(1, 4096)),
+        }
     }
 
     /// Appends a record, assigning its sequence number and time.
@@ -121,7 +125,9 @@ impl Journal {
         record.seq = self.next_seq;
         self.next_seq += 1;
         if record.time_ms == 0 {
-            record.time_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+            record.time_ms = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         }
         if self.records.len() == self.capacity {
             self.records.pop_front();
@@ -147,7 +153,16 @@ mod tests {
     use super::*;
 
     fn rec(event: EventKind) -> EventRecord {
-        EventRecord { seq: 0, time_ms: 0, event, pod_id: "p".into(), pod: "ns/p".into(), container_id: String::new(), container: String::new(), resources: None }
+        EventRecord {
+            seq: 0,
+            time_ms: 0,
+            event,
+            pod_id: "p".into(),
+            pod: "ns/p".into(),
+            container_id: String::new(),
+            container: String::new(),
+            resources: None,
+        }
     }
 
     #[test]

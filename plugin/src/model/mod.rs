@@ -102,7 +102,9 @@ impl Model {
     pub fn apply_resources(&mut self, id: &str, update: &LinuxResources) -> bool {
         match self.containers.get_mut(id) {
             Some(c) => {
-                c.resources.get_or_insert_with(LinuxResources::default).merge(update);
+                c.resources
+                    .get_or_insert_with(LinuxResources::default)
+                    .merge(update);
                 true
             }
             None => false,
@@ -137,20 +139,35 @@ impl Model {
             .map(|p| {
                 let mut containers = by_pod.remove(p.id.as_str()).unwrap_or_default();
                 containers.sort_by(|a, b| a.name.cmp(&b.name).then_with(|| a.id.cmp(&b.id)));
-                PodView { pod: p.clone(), containers }
+                PodView {
+                    pod: p.clone(),
+                    containers,
+                }
             })
             .collect();
         // Containers whose pod is unknown (should not happen; shown rather than hidden).
         for (pod_id, mut containers) in by_pod {
             containers.sort_by(|a, b| a.name.cmp(&b.name));
             pods.push(PodView {
-                pod: Pod { id: pod_id.to_string(), name: "<unknown pod>".into(), ..Pod::default() },
+                pod: Pod {
+                    id: pod_id.to_string(),
+                    name: "<unknown pod>".into(),
+                    ..Pod::default()
+                },
                 containers,
             });
         }
         pods.sort_by(|a, b| {
-            (a.pod.namespace.as_str(), a.pod.name.as_str(), a.pod.id.as_str())
-                .cmp(&(b.pod.namespace.as_str(), b.pod.name.as_str(), b.pod.id.as_str()))
+            (
+                a.pod.namespace.as_str(),
+                a.pod.name.as_str(),
+                a.pod.id.as_str(),
+            )
+                .cmp(&(
+                    b.pod.namespace.as_str(),
+                    b.pod.name.as_str(),
+                    b.pod.id.as_str(),
+                ))
         });
         pods
     }
@@ -169,10 +186,20 @@ mod tests {
     use super::*;
 
     fn pod(id: &str, ns: &str, name: &str) -> Pod {
-        Pod { id: id.into(), namespace: ns.into(), name: name.into(), ..Pod::default() }
+        Pod {
+            id: id.into(),
+            namespace: ns.into(),
+            name: name.into(),
+            ..Pod::default()
+        }
     }
     fn ctr(id: &str, pod: &str, name: &str) -> Container {
-        Container { id: id.into(), pod_id: pod.into(), name: name.into(), ..Container::default() }
+        Container {
+            id: id.into(),
+            pod_id: pod.into(),
+            name: name.into(),
+            ..Container::default()
+        }
     }
 
     #[test]
@@ -189,7 +216,10 @@ mod tests {
     #[test]
     fn removing_a_pod_removes_its_containers() {
         let mut m = Model::default();
-        m.rebuild(vec![pod("p1", "ns", "a"), pod("p2", "ns", "b")], vec![ctr("c1", "p1", "x"), ctr("c2", "p2", "y")]);
+        m.rebuild(
+            vec![pod("p1", "ns", "a"), pod("p2", "ns", "b")],
+            vec![ctr("c1", "p1", "x"), ctr("c2", "p2", "y")],
+        );
         m.remove_pod("p1");
         assert!(m.container("c1").is_none());
         assert!(m.container("c2").is_some());
@@ -200,7 +230,12 @@ mod tests {
         let mut m = Model::default();
         m.rebuild(
             vec![pod("p2", "b", "z"), pod("p1", "a", "y")],
-            vec![ctr("c3", "p2", "web"), ctr("c1", "p1", "sidecar"), ctr("c2", "p1", "app"), ctr("c9", "gone", "orphan")],
+            vec![
+                ctr("c3", "p2", "web"),
+                ctr("c1", "p1", "sidecar"),
+                ctr("c2", "p1", "app"),
+                ctr("c9", "gone", "orphan"),
+            ],
         );
         let snap = m.snapshot();
         let names: Vec<_> = snap.iter().map(|v| v.pod.full_name()).collect();
@@ -213,9 +248,20 @@ mod tests {
     fn apply_resources_merges_into_known_container_only() {
         let mut m = Model::default();
         m.upsert_container(ctr("c1", "p1", "x"));
-        let upd = LinuxResources { pids_limit: Some(5), ..Default::default() };
+        let upd = LinuxResources {
+            pids_limit: Some(5),
+            ..Default::default()
+        };
         assert!(m.apply_resources("c1", &upd));
         assert!(!m.apply_resources("nope", &upd));
-        assert_eq!(m.container("c1").unwrap().resources.as_ref().unwrap().pids_limit, Some(5));
+        assert_eq!(
+            m.container("c1")
+                .unwrap()
+                .resources
+                .as_ref()
+                .unwrap()
+                .pids_limit,
+            Some(5)
+        );
     }
 }

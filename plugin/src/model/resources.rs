@@ -159,13 +159,29 @@ mod tests {
     #[test]
     fn merge_overlays_only_specified_fields() {
         let mut base = LinuxResources {
-            cpu: Some(CpuResources { shares: Some(512), quota: Some(50_000), period: Some(100_000), cpus: "0-1".into(), ..Default::default() }),
-            memory: Some(MemoryResources { limit: Some(64 << 20), swap: Some(64 << 20), ..Default::default() }),
+            cpu: Some(CpuResources {
+                shares: Some(512),
+                quota: Some(50_000),
+                period: Some(100_000),
+                cpus: "0-1".into(),
+                ..Default::default()
+            }),
+            memory: Some(MemoryResources {
+                limit: Some(64 << 20),
+                swap: Some(64 << 20),
+                ..Default::default()
+            }),
             ..Default::default()
         };
         let update = LinuxResources {
-            cpu: Some(CpuResources { quota: Some(150_000), ..Default::default() }),
-            memory: Some(MemoryResources { limit: Some(128 << 20), ..Default::default() }),
+            cpu: Some(CpuResources {
+                quota: Some(150_000),
+                ..Default::default()
+            }),
+            memory: Some(MemoryResources {
+                limit: Some(128 << 20),
+                ..Default::default()
+            }),
             pids_limit: Some(100),
             ..Default::default()
         };
@@ -181,7 +197,13 @@ mod tests {
 
     #[test]
     fn unlimited_quota_has_no_cpu_limit() {
-        let r = LinuxResources { cpu: Some(CpuResources { quota: Some(-1), ..Default::default() }), ..Default::default() };
+        let r = LinuxResources {
+            cpu: Some(CpuResources {
+                quota: Some(-1),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
         assert_eq!(r.cpu_limit_millis(), None);
         assert_eq!(LinuxResources::default().cpu_limit_millis(), None);
     }

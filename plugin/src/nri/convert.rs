@@ -44,7 +44,10 @@ pub(crate) fn resources_from_pb(r: &pb::LinuxResources) -> LinuxResources {
         hugepage_limits: r
             .hugepage_limits
             .iter()
-            .map(|h| HugepageLimit { page_size: h.page_size.clone(), limit: h.limit })
+            .map(|h| HugepageLimit {
+                page_size: h.page_size.clone(),
+                limit: h.limit,
+            })
             .collect(),
         blockio_class: r.blockio_class.as_ref().map(|v| v.value.clone()),
         rdt_class: r.rdt_class.as_ref().map(|v| v.value.clone()),
@@ -58,15 +61,30 @@ fn some<T>(v: T) -> MessageField<T> {
 }
 
 fn i64_field(v: Option<i64>) -> MessageField<pb::OptionalInt64> {
-    v.map_or_else(MessageField::none, |value| some(pb::OptionalInt64 { value, ..Default::default() }))
+    v.map_or_else(MessageField::none, |value| {
+        some(pb::OptionalInt64 {
+            value,
+            ..Default::default()
+        })
+    })
 }
 
 fn u64_field(v: Option<u64>) -> MessageField<pb::OptionalUInt64> {
-    v.map_or_else(MessageField::none, |value| some(pb::OptionalUInt64 { value, ..Default::default() }))
+    v.map_or_else(MessageField::none, |value| {
+        some(pb::OptionalUInt64 {
+            value,
+            ..Default::default()
+        })
+    })
 }
 
 fn bool_field(v: Option<bool>) -> MessageField<pb::OptionalBool> {
-    v.map_or_else(MessageField::none, |value| some(pb::OptionalBool { value, ..Default::default() }))
+    v.map_or_else(MessageField::none, |value| {
+        some(pb::OptionalBool {
+            value,
+            ..Default::default()
+        })
+    })
 }
 
 pub(crate) fn resources_to_pb(r: &LinuxResources) -> pb::LinuxResources {
@@ -99,16 +117,41 @@ pub(crate) fn resources_to_pb(r: &LinuxResources) -> pb::LinuxResources {
         hugepage_limits: r
             .hugepage_limits
             .iter()
-            .map(|h| pb::HugepageLimit { page_size: h.page_size.clone(), limit: h.limit, ..Default::default() })
+            .map(|h| pb::HugepageLimit {
+                page_size: h.page_size.clone(),
+                limit: h.limit,
+                ..Default::default()
+            })
             .collect(),
-        blockio_class: r.blockio_class.clone().map_or_else(MessageField::none, |value| {
-            some(pb::OptionalString { value, ..Default::default() })
+        blockio_class: r
+            .blockio_class
+            .clone()
+            .map_or_else(MessageField::none, |value| {
+                some(pb::OptionalString {
+                    value,
+                    ..Default::default()
+                })
+            }),
+        rdt_class: r
+            .rdt_class
+            .clone()
+            .map_or_else(MessageField::none, |value| {
+                some(pb::OptionalString {
+                    value,
+                    ..Default::default()
+                })
+            }),
+        unified: r
+            .unified
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        pids: r.pids_limit.map_or_else(MessageField::none, |limit| {
+            some(pb::LinuxPids {
+                limit,
+                ..Default::default()
+            })
         }),
-        rdt_class: r.rdt_class.clone().map_or_else(MessageField::none, |value| {
-            some(pb::OptionalString { value, ..Default::default() })
-        }),
-        unified: r.unified.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-        pids: r.pids_limit.map_or_else(MessageField::none, |limit| some(pb::LinuxPids { limit, ..Default::default() })),
         ..Default::default()
     }
 }
@@ -124,8 +167,12 @@ pub(crate) fn pod_from_pb(p: &pb::PodSandbox) -> Pod {
         annotations: sorted(&p.annotations),
         runtime_handler: p.runtime_handler.clone(),
         cgroup_parent: linux.map(|l| l.cgroup_parent.clone()).unwrap_or_default(),
-        resources: linux.and_then(|l| l.pod_resources.as_ref()).map(resources_from_pb),
-        overhead: linux.and_then(|l| l.pod_overhead.as_ref()).map(resources_from_pb),
+        resources: linux
+            .and_then(|l| l.pod_resources.as_ref())
+            .map(resources_from_pb),
+        overhead: linux
+            .and_then(|l| l.pod_overhead.as_ref())
+            .map(resources_from_pb),
         ips: p.ips.clone(),
     }
 }
@@ -149,7 +196,9 @@ pub(crate) fn container_from_pb(c: &pb::Container) -> Container {
         state: state_from_pb(c.state),
         pid: (c.pid != 0).then_some(c.pid),
         cgroups_path: linux.map(|l| l.cgroups_path.clone()).unwrap_or_default(),
-        resources: linux.and_then(|l| l.resources.as_ref()).map(resources_from_pb),
+        resources: linux
+            .and_then(|l| l.resources.as_ref())
+            .map(resources_from_pb),
         labels: sorted(&c.labels),
         annotations: sorted(&c.annotations),
     }
@@ -158,7 +207,10 @@ pub(crate) fn container_from_pb(c: &pb::Container) -> Container {
 pub(crate) fn update_to_pb(u: &ContainerUpdate) -> pb::ContainerUpdate {
     pb::ContainerUpdate {
         container_id: u.container_id.clone(),
-        linux: some(pb::LinuxContainerUpdate { resources: some(resources_to_pb(&u.resources)), ..Default::default() }),
+        linux: some(pb::LinuxContainerUpdate {
+            resources: some(resources_to_pb(&u.resources)),
+            ..Default::default()
+        }),
         ignore_failure: u.ignore_failure,
         ..Default::default()
     }
@@ -167,13 +219,22 @@ pub(crate) fn update_to_pb(u: &ContainerUpdate) -> pb::ContainerUpdate {
 pub(crate) fn update_from_pb(u: &pb::ContainerUpdate) -> ContainerUpdate {
     ContainerUpdate {
         container_id: u.container_id.clone(),
-        resources: u.linux.as_ref().and_then(|l| l.resources.as_ref()).map(resources_from_pb).unwrap_or_default(),
+        resources: u
+            .linux
+            .as_ref()
+            .and_then(|l| l.resources.as_ref())
+            .map(resources_from_pb)
+            .unwrap_or_default(),
         ignore_failure: u.ignore_failure,
     }
 }
 
 pub(crate) fn eviction_to_pb(e: &Eviction) -> pb::ContainerEviction {
-    pb::ContainerEviction { container_id: e.container_id.clone(), reason: e.reason.clone(), ..Default::default() }
+    pb::ContainerEviction {
+        container_id: e.container_id.clone(),
+        reason: e.reason.clone(),
+        ..Default::default()
+    }
 }
 
 #[cfg(test)]
@@ -202,7 +263,10 @@ mod tests {
                 disable_oom_killer: Some(false),
                 use_hierarchy: None,
             }),
-            hugepage_limits: vec![HugepageLimit { page_size: "2MB".into(), limit: 0 }],
+            hugepage_limits: vec![HugepageLimit {
+                page_size: "2MB".into(),
+                limit: 0,
+            }],
             blockio_class: Some("slow".into()),
             rdt_class: None,
             unified: [("memory.high".to_string(), "max".to_string())].into(),
@@ -220,7 +284,13 @@ mod tests {
 
     #[test]
     fn zero_and_unset_stay_distinct() {
-        let r = LinuxResources { cpu: Some(CpuResources { quota: Some(0), ..Default::default() }), ..Default::default() };
+        let r = LinuxResources {
+            cpu: Some(CpuResources {
+                quota: Some(0),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
         let back = resources_from_pb(&resources_to_pb(&r));
         assert_eq!(back.cpu_quota(), Some(0));
         assert_eq!(back.cpu_period(), None);

@@ -120,7 +120,10 @@ impl std::error::Error for Rejection {}
 /// call off at three quarters of it and answers fail-open, so work that may take longer belongs
 /// in a task of its own that reports back through [`super::RuntimeLink`].
 #[async_trait]
-#[expect(unused_variables, reason = "default no-op bodies ignore their arguments")]
+#[expect(
+    unused_variables,
+    reason = "default no-op bodies ignore their arguments"
+)]
 pub trait Handler: Send + Sync + 'static {
     /// The events this handler implements.
     fn events(&self) -> EventSet;
@@ -131,7 +134,11 @@ pub trait Handler: Send + Sync + 'static {
     }
 
     /// The runtime's full state, on every (re)connect (split replies are already joined).
-    async fn synchronize(&self, pods: Vec<Pod>, containers: Vec<Container>) -> Result<Vec<ContainerUpdate>, Rejection> {
+    async fn synchronize(
+        &self,
+        pods: Vec<Pod>,
+        containers: Vec<Container>,
+    ) -> Result<Vec<ContainerUpdate>, Rejection> {
         Ok(Vec::new())
     }
 
@@ -141,21 +148,35 @@ pub trait Handler: Send + Sync + 'static {
     async fn run_pod_sandbox(&self, pod: Pod) -> Result<(), Rejection> {
         Ok(())
     }
-    async fn update_pod_sandbox(&self, pod: Pod, overhead: Option<LinuxResources>, resources: Option<LinuxResources>) -> Result<(), Rejection> {
+    async fn update_pod_sandbox(
+        &self,
+        pod: Pod,
+        overhead: Option<LinuxResources>,
+        resources: Option<LinuxResources>,
+    ) -> Result<(), Rejection> {
         Ok(())
     }
     async fn post_update_pod_sandbox(&self, pod: Pod) {}
     async fn stop_pod_sandbox(&self, pod: Pod) {}
     async fn remove_pod_sandbox(&self, pod: Pod) {}
 
-    async fn create_container(&self, pod: Pod, container: Container) -> Result<CreateReply, Rejection> {
+    async fn create_container(
+        &self,
+        pod: Pod,
+        container: Container,
+    ) -> Result<CreateReply, Rejection> {
         Ok(CreateReply::default())
     }
     async fn post_create_container(&self, pod: Pod, container: Container) {}
     async fn start_container(&self, pod: Pod, container: Container) {}
     async fn post_start_container(&self, pod: Pod, container: Container) {}
     /// `resources` is what the update asks for; `container` still holds the current resources.
-    async fn update_container(&self, pod: Pod, container: Container, resources: LinuxResources) -> Result<UpdateReply, Rejection> {
+    async fn update_container(
+        &self,
+        pod: Pod,
+        container: Container,
+        resources: LinuxResources,
+    ) -> Result<UpdateReply, Rejection> {
         Ok(UpdateReply::default())
     }
     async fn post_update_container(&self, pod: Pod, container: Container) {}
@@ -164,7 +185,12 @@ pub trait Handler: Send + Sync + 'static {
     }
     async fn remove_container(&self, pod: Pod, container: Container) {}
     /// Another plugin's adjustments to a container being created; `Err` rejects the creation.
-    async fn validate_container_adjustment(&self, pod: Pod, container: Container, adjusted: Option<LinuxResources>) -> Result<(), Rejection> {
+    async fn validate_container_adjustment(
+        &self,
+        pod: Pod,
+        container: Container,
+        adjusted: Option<LinuxResources>,
+    ) -> Result<(), Rejection> {
         Ok(())
     }
 }
@@ -175,7 +201,13 @@ mod tests {
 
     #[test]
     fn mask_bits_follow_nri_numbering() {
-        let set: EventSet = [EventKind::RunPodSandbox, EventKind::CreateContainer, EventKind::UpdateContainer].into_iter().collect();
+        let set: EventSet = [
+            EventKind::RunPodSandbox,
+            EventKind::CreateContainer,
+            EventKind::UpdateContainer,
+        ]
+        .into_iter()
+        .collect();
         assert_eq!(set.mask(), 0b1000_1001);
         assert!(set.contains(EventKind::CreateContainer));
         assert!(!set.contains(EventKind::StopContainer));

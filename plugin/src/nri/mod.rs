@@ -20,7 +20,9 @@ use tracing::{info, warn};
 use ttrpc::r#async::transport::{Listener, Socket};
 use ttrpc::r#async::{Client, Server};
 
-pub use handler::{ContainerUpdate, CreateReply, EventSet, Eviction, Handler, Rejection, RuntimeInfo, UpdateReply};
+pub use handler::{
+    ContainerUpdate, CreateReply, EventSet, Eviction, Handler, Rejection, RuntimeInfo, UpdateReply,
+};
 pub use mux::{Mux, MuxError, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
 pub use runtime::{LinkError, LinkStatus, RuntimeLink};
 pub use service::{HandlerObserver, DEFAULT_REQUEST_TIMEOUT};
@@ -54,9 +56,16 @@ pub enum SessionEnd {
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
     #[error("cannot connect to NRI socket {path}: {source}")]
-    Connect { path: PathBuf, source: std::io::Error },
+    Connect {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("registration as {name:?} (index {idx:?}) failed: {source}")]
-    Register { name: String, idx: String, source: ttrpc::Error },
+    Register {
+        name: String,
+        idx: String,
+        source: ttrpc::Error,
+    },
     #[error("starting the ttrpc plugin server failed: {0}")]
     Server(ttrpc::Error),
     #[error("NRI multiplexer: {0}")]
@@ -68,8 +77,19 @@ pub fn validate_idx(idx: &str) -> Result<(), String> {
     if idx.len() == 2 && idx.bytes().all(|b| b.is_ascii_digit()) {
         Ok(())
     } else {
-        Err(format!("plugin index must be two digits (00-99), got {idx:?}"))
+        Err(format!(
+            "plugin index must be two digits (00-99), got {idx:?}"
+        ))
     }
+}
+
+/// A ttrpc listener that yields one connection and then stays open: ttrpc-rust's
+/// `Server::shutdown` panics if its accept loop already ended, which a finite stream would cause.
+pub(crate) fn one_shot_listener(conn: tokio::io::DuplexStream) -> Listener {
+    use futures::StreamExt as _;
+    Listener::new(
+        futures::stream::iter([Ok::<_, std::io::Error>(conn)]).chain(futures::stream::pending()),
+    )
 }
 
 /// Connects to the runtime, registers, serves until the connection ends or `cancel` fires.
@@ -80,9 +100,13 @@ pub async fn run_session<H: Handler>(
     observer: Option<Arc<dyn HandlerObserver>>,
     cancel: &CancellationToken,
 ) -> Result<SessionEnd, TransportError> {
-    let trunk = UnixStream::connect(&id.socket)
-        .await
-        .map_err(|source| TransportError::Connect { path: id.socket.clone(), source })?;
+    let trunk =
+        UnixStream::connect(&id.socket)
+            .await
+            .map_err(|source| TransportError::Connect {
+                path: id.socket.clone(),
+                source,
+            })?;
     serve_trunk(trunk, id, handler, link, observer, cancel).await
 }
 
@@ -100,17 +124,27 @@ where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
 {
     let mut mux = Mux::start(trunk, &[PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN]);
-    let plugin_conn = mux.take(PLUGIN_SERVICE_CONN).expect("plugin connection is created by start");
-    let runtime_conn = mux.take(RUNTIME_SERVICE_CONN).expect("runtime connection is created by start");
+    let plugin_conn = mux
+        .take(PLUGIN_SERVICE_CONN)
+        .expect("plugin connection is created by start");
+    let runtime_conn = mux
+        .take(RUNTIME_SERVICE_CONN)
+        .expect("runtime connection is created by start");
 
     let (signal_tx, mut signals) = mpsc::unbounded_channel();
     let service = PluginService::new(handler, link.clone(), signal_tx, observer);
-    let listener = Listener::new(futures::stream::iter([Ok::<_, std::io::Error>(plugin_conn)]));
-    let mut server = Server::new().add_listener(listener).register_service(create_plugin(Arc::new(service)));
+    let listener = one_shot_listener(plugin_conn);
+    let mut server = Server::new()
+        .add_listener(listener)
+        .register_service(create_plugin(Arc::new(service)));
     server.start().await.map_err(TransportError::Server)?;
 
     let client = RuntimeClient::new(Client::new(Socket::new(runtime_conn)));
-    let req = pb::RegisterPluginRequest { plugin_name: id.name.clone(), plugin_idx: id.idx.clone(), ..Default::default() };
+    let req = pb::RegisterPluginRequest {
+        plugin_name: id.name.clone(),
+        plugin_idx: id.idx.clone(),
+        ..Default::default()
+    };
     let timeout = i64::try_from(REGISTRATION_TIMEOUT.as_nanos()).unwrap_or(i64::MAX);
     let registered = tokio::select! {
         r = client.register_plugin(ttrpc::context::with_timeout(timeout), &req) => r,
@@ -125,7 +159,11 @@ where
     if let Err(source) = registered {
         mux.task.abort();
         let _ = server.shutdown().await;
-        return Err(TransportError::Register { name: id.name.clone(), idx: id.idx.clone(), source });
+        return Err(TransportError::Register {
+            name: id.name.clone(),
+            idx: id.idx.clone(),
+            source,
+        });
     }
     info!(name = %id.name, idx = %id.idx, socket = %id.socket.display(), "registered with the runtime");
     link.set_connected(client);
@@ -160,3 +198,50 @@ where
 
 #[cfg(test)]
 mod tests;
+
+/// Decodes one `Plugin` service request payload the way the service does, into domain types
+/// (pod, container, resources). Exposed for the fuzz targets; the service uses the same code.
+#[doc(hidden)]
+pub fn decode_plugin_request(method: &str, payload: &[u8]) -> Result<usize, String> {
+    use crate::model::LinuxResources;
+    use protobuf::Message;
+    fn pc(
+        p: &protobuf::MessageField<pb::PodSandbox>,
+        c: &protobuf::MessageField<pb::Container>,
+    ) -> usize {
+        let pod = p.as_ref().map(convert::pod_from_pb);
+        let ctr = c.as_ref().map(convert::container_from_pb);
+        pod.map_or(0, |p| p.annotations.len()) + ctr.map_or(0, |c| c.annotations.len())
+    }
+    let e = |err: protobuf::Error| format!("{method}: {err}");
+    Ok(match method {
+        "Configure" => pb::ConfigureRequest::parse_from_bytes(payload)
+            .map_err(e)?
+            .config
+            .len(),
+        "Synchronize" => {
+            let r = pb::SynchronizeRequest::parse_from_bytes(payload).map_err(e)?;
+            r.pods.iter().map(convert::pod_from_pb).count()
+                + r.containers.iter().map(convert::container_from_pb).count()
+        }
+        "CreateContainer" => {
+            let r = pb::CreateContainerRequest::parse_from_bytes(payload).map_err(e)?;
+            pc(&r.pod, &r.container)
+        }
+        "UpdateContainer" => {
+            let r = pb::UpdateContainerRequest::parse_from_bytes(payload).map_err(e)?;
+            let res: Option<LinuxResources> =
+                r.linux_resources.as_ref().map(convert::resources_from_pb);
+            pc(&r.pod, &r.container) + usize::from(res.is_some())
+        }
+        "StateChange" => {
+            let r = pb::StateChangeEvent::parse_from_bytes(payload).map_err(e)?;
+            pc(&r.pod, &r.container)
+        }
+        "UpdateContainers" => {
+            let r = pb::UpdateContainersRequest::parse_from_bytes(payload).map_err(e)?;
+            r.update.iter().map(convert::update_from_pb).count()
+        }
+        other => return Err(format!("unknown method {other}")),
+    })
+}

@@ -17,7 +17,9 @@ use std::collections::HashMap;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use futures::StreamExt;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream, ReadHalf, WriteHalf};
+use tokio::io::{
+    AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream, ReadHalf, WriteHalf,
+};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::codec::{Decoder, Encoder, FramedRead};
@@ -88,7 +90,9 @@ impl Decoder for FrameCodec {
         match self.decode(src)? {
             Some(frame) => Ok(Some(frame)),
             None if src.is_empty() => Ok(None),
-            None => Err(MuxError::Truncated { buffered: src.len() }),
+            None => Err(MuxError::Truncated {
+                buffered: src.len(),
+            }),
         }
     }
 }
@@ -96,7 +100,11 @@ impl Decoder for FrameCodec {
 impl Encoder<(u32, &[u8])> for FrameCodec {
     type Error = MuxError;
 
-    fn encode(&mut self, (conn, mut data): (u32, &[u8]), dst: &mut BytesMut) -> Result<(), MuxError> {
+    fn encode(
+        &mut self,
+        (conn, mut data): (u32, &[u8]),
+        dst: &mut BytesMut,
+    ) -> Result<(), MuxError> {
         dst.reserve(data.len() + HEADER_LEN * (1 + data.len() / MAX_PAYLOAD));
         loop {
             let n = data.len().min(MAX_PAYLOAD);
@@ -137,7 +145,12 @@ impl Mux {
             let (ours, theirs) = tokio::io::duplex(PIPE_CAPACITY);
             let (rd, wr) = tokio::io::split(ours);
             sinks.insert(id, wr);
-            pumps.push(tokio::spawn(pump_outgoing(id, rd, out_tx.clone(), closed_tx.clone())));
+            pumps.push(tokio::spawn(pump_outgoing(
+                id,
+                rd,
+                out_tx.clone(),
+                closed_tx.clone(),
+            )));
             conns.insert(id, theirs);
         }
         drop(out_tx);
@@ -190,7 +203,12 @@ where
     }
 }
 
-async fn pump_outgoing(conn: u32, mut rd: ReadHalf<DuplexStream>, out: mpsc::Sender<Bytes>, closed: mpsc::UnboundedSender<u32>) {
+async fn pump_outgoing(
+    conn: u32,
+    mut rd: ReadHalf<DuplexStream>,
+    out: mpsc::Sender<Bytes>,
+    closed: mpsc::UnboundedSender<u32>,
+) {
     let mut buf = vec![0u8; 64 << 10];
     let mut codec = FrameCodec;
     loop {
@@ -206,7 +224,9 @@ async fn pump_outgoing(conn: u32, mut rd: ReadHalf<DuplexStream>, out: mpsc::Sen
             }
         };
         let mut frame = BytesMut::with_capacity(n + HEADER_LEN);
-        if codec.encode((conn, &buf[..n]), &mut frame).is_err() || out.send(frame.freeze()).await.is_err() {
+        if codec.encode((conn, &buf[..n]), &mut frame).is_err()
+            || out.send(frame.freeze()).await.is_err()
+        {
             return;
         }
     }
@@ -254,9 +274,18 @@ mod tests {
         assert_eq!(
             out,
             vec![
-                Frame { conn: 1, payload: Bytes::from_static(b"hello") },
-                Frame { conn: 2, payload: Bytes::new() },
-                Frame { conn: 2, payload: Bytes::from_static(b"xyz") },
+                Frame {
+                    conn: 1,
+                    payload: Bytes::from_static(b"hello")
+                },
+                Frame {
+                    conn: 2,
+                    payload: Bytes::new()
+                },
+                Frame {
+                    conn: 2,
+                    payload: Bytes::from_static(b"xyz")
+                },
             ]
         );
     }
@@ -325,7 +354,10 @@ mod tests {
         // protocol violation ends the trunk, and the connections see EOF
         runtime_side.write_all(&frame(7, b"??")).await.unwrap();
         let err = mux.task.await.unwrap().unwrap_err();
-        assert!(matches!(err, MuxError::UnknownConn { conn: 7, len: 2 }), "{err}");
+        assert!(
+            matches!(err, MuxError::UnknownConn { conn: 7, len: 2 }),
+            "{err}"
+        );
         let mut rest = Vec::new();
         assert_eq!(c1.read_to_end(&mut rest).await.unwrap(), 0);
     }

@@ -73,9 +73,10 @@ impl RuntimeLink {
     }
 
     pub(crate) fn set_connected(&self, client: RuntimeClient) {
+        // Not touching `synchronized`: runtimes may configure and synchronize the plugin before
+        // they answer RegisterPlugin (containerd 2.x does); it is reset on disconnect.
         self.with(|s| {
             s.client = Some(client);
-            s.synchronized = false;
             s.connects += 1;
             s.connected_since = Some(SystemTime::now());
         });
@@ -117,7 +118,9 @@ impl RuntimeLink {
         updates: &[ContainerUpdate],
         evictions: &[Eviction],
     ) -> Result<Vec<ContainerUpdate>, LinkError> {
-        let client = self.with(|s| s.client.clone()).ok_or(LinkError::NotConnected)?;
+        let client = self
+            .with(|s| s.client.clone())
+            .ok_or(LinkError::NotConnected)?;
         let req = pb::UpdateContainersRequest {
             update: updates.iter().map(update_to_pb).collect(),
             evict: evictions.iter().map(eviction_to_pb).collect(),
@@ -127,7 +130,10 @@ impl RuntimeLink {
         let resp = client
             .update_containers(ttrpc::context::with_timeout(timeout), &req)
             .await
-            .map_err(|source| LinkError::Call { method: "UpdateContainers", source })?;
+            .map_err(|source| LinkError::Call {
+                method: "UpdateContainers",
+                source,
+            })?;
         Ok(resp.failed.iter().map(update_from_pb).collect())
     }
 }

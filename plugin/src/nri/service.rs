@@ -14,7 +14,10 @@ use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 use ttrpc::r#async::TtrpcContext;
 
-use super::convert::{container_from_pb, eviction_to_pb, pod_from_pb, resources_from_pb, resources_to_pb, update_to_pb};
+use super::convert::{
+    container_from_pb, eviction_to_pb, pod_from_pb, resources_from_pb, resources_to_pb,
+    update_to_pb,
+};
 use super::handler::{Handler, Rejection, RuntimeInfo};
 use super::runtime::RuntimeLink;
 use crate::model::{Container, EventKind, Pod};
@@ -58,12 +61,19 @@ fn reject(r: &Rejection) -> ttrpc::Error {
 }
 
 /// Pod and container of a request; missing ones are a malformed request.
-fn parts(pod: &MessageField<pb::PodSandbox>, ctr: &MessageField<pb::Container>, what: &str) -> ttrpc::Result<(Pod, Container)> {
+fn parts(
+    pod: &MessageField<pb::PodSandbox>,
+    ctr: &MessageField<pb::Container>,
+    what: &str,
+) -> ttrpc::Result<(Pod, Container)> {
     match (pod.as_ref(), ctr.as_ref()) {
         (Some(p), Some(c)) => Ok((pod_from_pb(p), container_from_pb(c))),
         _ => {
             warn!(request = what, "malformed request without pod or container");
-            Err(status(ttrpc::Code::INVALID_ARGUMENT, format!("{what}: request lacks pod or container")))
+            Err(status(
+                ttrpc::Code::INVALID_ARGUMENT,
+                format!("{what}: request lacks pod or container"),
+            ))
         }
     }
 }
@@ -71,7 +81,10 @@ fn parts(pod: &MessageField<pb::PodSandbox>, ctr: &MessageField<pb::Container>, 
 fn pod_part(pod: &MessageField<pb::PodSandbox>, what: &str) -> ttrpc::Result<Pod> {
     pod.as_ref().map(pod_from_pb).ok_or_else(|| {
         warn!(request = what, "malformed request without pod");
-        status(ttrpc::Code::INVALID_ARGUMENT, format!("{what}: request lacks pod"))
+        status(
+            ttrpc::Code::INVALID_ARGUMENT,
+            format!("{what}: request lacks pod"),
+        )
     })
 }
 
@@ -98,17 +111,31 @@ impl<H: Handler> PluginService<H> {
 
     /// Runs one handler call within the budget. `None` means it overran: the caller answers
     /// fail-open (the runtime proceeds as if the plugin had no opinion).
-    async fn within<T>(&self, event: EventKind, subject: &str, fut: impl Future<Output = T>) -> Option<T> {
+    async fn within<T>(
+        &self,
+        event: EventKind,
+        subject: &str,
+        fut: impl Future<Output = T>,
+    ) -> Option<T> {
         let started = Instant::now();
         let out = tokio::time::timeout(self.budget(), fut).await;
         let secs = started.elapsed().as_secs_f64();
         if let Some(o) = &self.observer {
-            o.observe(event.as_str(), secs, if out.is_ok() { "ok" } else { "deadline" });
+            o.observe(
+                event.as_str(),
+                secs,
+                if out.is_ok() { "ok" } else { "deadline" },
+            );
         }
         match out {
             Ok(v) => Some(v),
             Err(_) => {
-                error!(event = event.as_str(), subject, budget_ms = self.budget().as_millis(), "handler overran the runtime deadline; answering fail-open");
+                error!(
+                    event = event.as_str(),
+                    subject,
+                    budget_ms = self.budget().as_millis(),
+                    "handler overran the runtime deadline; answering fail-open"
+                );
                 None
             }
         }
@@ -148,7 +175,10 @@ impl<H: Handler> PluginService<H> {
                     // StateChange cannot carry are dropped.
                     let _ = h.stop_container(pod, ctr).await;
                 }
-                other => debug!(event = other.as_str(), "container state change not handled here"),
+                other => debug!(
+                    event = other.as_str(),
+                    "container state change not handled here"
+                ),
             }
         };
         self.within(event, &subject, fut).await;
@@ -157,7 +187,11 @@ impl<H: Handler> PluginService<H> {
 
 #[async_trait]
 impl<H: Handler> Plugin for PluginService<H> {
-    async fn configure(&self, _ctx: &TtrpcContext, req: pb::ConfigureRequest) -> ttrpc::Result<pb::ConfigureResponse> {
+    async fn configure(
+        &self,
+        _ctx: &TtrpcContext,
+        req: pb::ConfigureRequest,
+    ) -> ttrpc::Result<pb::ConfigureResponse> {
         let info = RuntimeInfo {
             name: req.runtime_name.clone(),
             version: req.runtime_version.clone(),
@@ -166,38 +200,77 @@ impl<H: Handler> Plugin for PluginService<H> {
             registration_timeout_ms: req.registration_timeout,
         };
         if req.request_timeout > 0 {
-            let runtime_deadline = Duration::from_millis(u64::try_from(req.request_timeout).unwrap_or(2000));
+            let runtime_deadline =
+                Duration::from_millis(u64::try_from(req.request_timeout).unwrap_or(2000));
             *self.budget.lock().unwrap_or_else(PoisonError::into_inner) = runtime_deadline * 3 / 4;
         }
         info!(runtime = %info.name, version = %info.version, nri = %info.nri_version, request_timeout_ms = info.request_timeout_ms, "configure");
-        self.handler.configure(&info, &req.config).await.map_err(|r| {
-            error!(%r, "configuration rejected");
-            reject(&r)
-        })?;
+        self.handler
+            .configure(&info, &req.config)
+            .await
+            .map_err(|r| {
+                error!(%r, "configuration rejected");
+                reject(&r)
+            })?;
         self.link.set_runtime(info.clone());
-        let events = self.handler.events().for_runtime(!info.nri_version.is_empty());
-        Ok(pb::ConfigureResponse { events: events.mask(), ..Default::default() })
+        let events = self
+            .handler
+            .events()
+            .for_runtime(!info.nri_version.is_empty());
+        Ok(pb::ConfigureResponse {
+            events: events.mask(),
+            ..Default::default()
+        })
     }
 
-    async fn synchronize(&self, _ctx: &TtrpcContext, req: pb::SynchronizeRequest) -> ttrpc::Result<pb::SynchronizeResponse> {
+    async fn synchronize(
+        &self,
+        _ctx: &TtrpcContext,
+        req: pb::SynchronizeRequest,
+    ) -> ttrpc::Result<pb::SynchronizeResponse> {
         let (pods, containers) = {
             let mut buf = self.sync.lock().unwrap_or_else(PoisonError::into_inner);
             buf.pods.extend(req.pods.iter().map(pod_from_pb));
-            buf.containers.extend(req.containers.iter().map(container_from_pb));
+            buf.containers
+                .extend(req.containers.iter().map(container_from_pb));
             if req.more {
-                debug!(pods = buf.pods.len(), containers = buf.containers.len(), "partial synchronize; more to come");
-                return Ok(pb::SynchronizeResponse { more: true, ..Default::default() });
+                debug!(
+                    pods = buf.pods.len(),
+                    containers = buf.containers.len(),
+                    "partial synchronize; more to come"
+                );
+                return Ok(pb::SynchronizeResponse {
+                    more: true,
+                    ..Default::default()
+                });
             }
-            (std::mem::take(&mut buf.pods), std::mem::take(&mut buf.containers))
+            (
+                std::mem::take(&mut buf.pods),
+                std::mem::take(&mut buf.containers),
+            )
         };
-        info!(pods = pods.len(), containers = containers.len(), "synchronize");
-        let updates = match self.within(EventKind::Synchronize, "runtime", self.handler.synchronize(pods, containers)).await {
+        info!(
+            pods = pods.len(),
+            containers = containers.len(),
+            "synchronize"
+        );
+        let updates = match self
+            .within(
+                EventKind::Synchronize,
+                "runtime",
+                self.handler.synchronize(pods, containers),
+            )
+            .await
+        {
             Some(Ok(u)) => u,
             Some(Err(r)) => return Err(reject(&r)),
             None => Vec::new(),
         };
         self.link.set_synchronized();
-        Ok(pb::SynchronizeResponse { update: updates.iter().map(update_to_pb).collect(), ..Default::default() })
+        Ok(pb::SynchronizeResponse {
+            update: updates.iter().map(update_to_pb).collect(),
+            ..Default::default()
+        })
     }
 
     async fn shutdown(&self, _ctx: &TtrpcContext, _req: pb::Empty) -> ttrpc::Result<pb::Empty> {
@@ -207,10 +280,21 @@ impl<H: Handler> Plugin for PluginService<H> {
         Ok(pb::Empty::new())
     }
 
-    async fn create_container(&self, _ctx: &TtrpcContext, req: pb::CreateContainerRequest) -> ttrpc::Result<pb::CreateContainerResponse> {
+    async fn create_container(
+        &self,
+        _ctx: &TtrpcContext,
+        req: pb::CreateContainerRequest,
+    ) -> ttrpc::Result<pb::CreateContainerResponse> {
         let (pod, ctr) = parts(&req.pod, &req.container, "CreateContainer")?;
         let subject = format!("{}/{}", pod.full_name(), ctr.name);
-        let Some(result) = self.within(EventKind::CreateContainer, &subject, self.handler.create_container(pod, ctr)).await else {
+        let Some(result) = self
+            .within(
+                EventKind::CreateContainer,
+                &subject,
+                self.handler.create_container(pod, ctr),
+            )
+            .await
+        else {
             return Ok(pb::CreateContainerResponse::new());
         };
         let reply = result.map_err(|r| reject(&r))?;
@@ -231,11 +315,26 @@ impl<H: Handler> Plugin for PluginService<H> {
         })
     }
 
-    async fn update_container(&self, _ctx: &TtrpcContext, req: pb::UpdateContainerRequest) -> ttrpc::Result<pb::UpdateContainerResponse> {
+    async fn update_container(
+        &self,
+        _ctx: &TtrpcContext,
+        req: pb::UpdateContainerRequest,
+    ) -> ttrpc::Result<pb::UpdateContainerResponse> {
         let (pod, ctr) = parts(&req.pod, &req.container, "UpdateContainer")?;
-        let resources = req.linux_resources.as_ref().map(resources_from_pb).unwrap_or_default();
+        let resources = req
+            .linux_resources
+            .as_ref()
+            .map(resources_from_pb)
+            .unwrap_or_default();
         let subject = format!("{}/{}", pod.full_name(), ctr.name);
-        let Some(result) = self.within(EventKind::UpdateContainer, &subject, self.handler.update_container(pod, ctr, resources)).await else {
+        let Some(result) = self
+            .within(
+                EventKind::UpdateContainer,
+                &subject,
+                self.handler.update_container(pod, ctr, resources),
+            )
+            .await
+        else {
             return Ok(pb::UpdateContainerResponse::new());
         };
         let reply = result.map_err(|r| reject(&r))?;
@@ -246,103 +345,213 @@ impl<H: Handler> Plugin for PluginService<H> {
         })
     }
 
-    async fn stop_container(&self, _ctx: &TtrpcContext, req: pb::StopContainerRequest) -> ttrpc::Result<pb::StopContainerResponse> {
+    async fn stop_container(
+        &self,
+        _ctx: &TtrpcContext,
+        req: pb::StopContainerRequest,
+    ) -> ttrpc::Result<pb::StopContainerResponse> {
         let (pod, ctr) = parts(&req.pod, &req.container, "StopContainer")?;
         let subject = format!("{}/{}", pod.full_name(), ctr.name);
-        let updates = self.within(EventKind::StopContainer, &subject, self.handler.stop_container(pod, ctr)).await.unwrap_or_default();
-        Ok(pb::StopContainerResponse { update: updates.iter().map(update_to_pb).collect(), ..Default::default() })
+        let updates = self
+            .within(
+                EventKind::StopContainer,
+                &subject,
+                self.handler.stop_container(pod, ctr),
+            )
+            .await
+            .unwrap_or_default();
+        Ok(pb::StopContainerResponse {
+            update: updates.iter().map(update_to_pb).collect(),
+            ..Default::default()
+        })
     }
 
-    async fn state_change(&self, _ctx: &TtrpcContext, req: pb::StateChangeEvent) -> ttrpc::Result<pb::Empty> {
+    async fn state_change(
+        &self,
+        _ctx: &TtrpcContext,
+        req: pb::StateChangeEvent,
+    ) -> ttrpc::Result<pb::Empty> {
         let Some(event) = EventKind::from_number(req.event.value()) else {
-            warn!(event = req.event.value(), "unknown state change event ignored");
+            warn!(
+                event = req.event.value(),
+                "unknown state change event ignored"
+            );
             return Ok(pb::Empty::new());
         };
-        if req.container.is_some() {
-            let (pod, ctr) = parts(&req.pod, &req.container, event.as_str())?;
-            self.container_event(event, pod, ctr).await;
-        } else {
+        // Dispatch on the event, not on which fields are set: runtimes may fill in an empty
+        // container for pod events.
+        let pod_scoped = matches!(
+            event,
+            EventKind::RunPodSandbox
+                | EventKind::StopPodSandbox
+                | EventKind::RemovePodSandbox
+                | EventKind::UpdatePodSandbox
+                | EventKind::PostUpdatePodSandbox
+        );
+        if pod_scoped {
             let pod = pod_part(&req.pod, event.as_str())?;
             self.pod_event(event, pod).await;
+        } else {
+            let (pod, ctr) = parts(&req.pod, &req.container, event.as_str())?;
+            self.container_event(event, pod, ctr).await;
         }
         Ok(pb::Empty::new())
     }
 
-    async fn run_pod_sandbox(&self, _ctx: &TtrpcContext, req: pb::RunPodSandboxRequest) -> ttrpc::Result<pb::RunPodSandboxResponse> {
+    async fn run_pod_sandbox(
+        &self,
+        _ctx: &TtrpcContext,
+        req: pb::RunPodSandboxRequest,
+    ) -> ttrpc::Result<pb::RunPodSandboxResponse> {
         let pod = pod_part(&req.pod, "RunPodSandbox")?;
         let subject = pod.full_name();
-        if let Some(Err(r)) = self.within(EventKind::RunPodSandbox, &subject, self.handler.run_pod_sandbox(pod)).await {
+        if let Some(Err(r)) = self
+            .within(
+                EventKind::RunPodSandbox,
+                &subject,
+                self.handler.run_pod_sandbox(pod),
+            )
+            .await
+        {
             return Err(reject(&r));
         }
         Ok(pb::RunPodSandboxResponse::new())
     }
 
-    async fn update_pod_sandbox(&self, _ctx: &TtrpcContext, req: pb::UpdatePodSandboxRequest) -> ttrpc::Result<pb::UpdatePodSandboxResponse> {
+    async fn update_pod_sandbox(
+        &self,
+        _ctx: &TtrpcContext,
+        req: pb::UpdatePodSandboxRequest,
+    ) -> ttrpc::Result<pb::UpdatePodSandboxResponse> {
         let pod = pod_part(&req.pod, "UpdatePodSandbox")?;
         let overhead = req.overhead_linux_resources.as_ref().map(resources_from_pb);
         let resources = req.linux_resources.as_ref().map(resources_from_pb);
         let subject = pod.full_name();
-        if let Some(Err(r)) = self.within(EventKind::UpdatePodSandbox, &subject, self.handler.update_pod_sandbox(pod, overhead, resources)).await {
+        if let Some(Err(r)) = self
+            .within(
+                EventKind::UpdatePodSandbox,
+                &subject,
+                self.handler.update_pod_sandbox(pod, overhead, resources),
+            )
+            .await
+        {
             return Err(reject(&r));
         }
         Ok(pb::UpdatePodSandboxResponse::new())
     }
 
-    async fn post_update_pod_sandbox(&self, _ctx: &TtrpcContext, req: pb::PostUpdatePodSandboxRequest) -> ttrpc::Result<pb::PostUpdatePodSandboxResponse> {
+    async fn post_update_pod_sandbox(
+        &self,
+        _ctx: &TtrpcContext,
+        req: pb::PostUpdatePodSandboxRequest,
+    ) -> ttrpc::Result<pb::PostUpdatePodSandboxResponse> {
         let pod = pod_part(&req.pod, "PostUpdatePodSandbox")?;
         self.pod_event(EventKind::PostUpdatePodSandbox, pod).await;
         Ok(pb::PostUpdatePodSandboxResponse::new())
     }
 
-    async fn stop_pod_sandbox(&self, _ctx: &TtrpcContext, req: pb::StopPodSandboxRequest) -> ttrpc::Result<pb::StopPodSandboxResponse> {
+    async fn stop_pod_sandbox(
+        &self,
+        _ctx: &TtrpcContext,
+        req: pb::StopPodSandboxRequest,
+    ) -> ttrpc::Result<pb::StopPodSandboxResponse> {
         let pod = pod_part(&req.pod, "StopPodSandbox")?;
         self.pod_event(EventKind::StopPodSandbox, pod).await;
         Ok(pb::StopPodSandboxResponse::new())
     }
 
-    async fn remove_pod_sandbox(&self, _ctx: &TtrpcContext, req: pb::RemovePodSandboxRequest) -> ttrpc::Result<pb::RemovePodSandboxResponse> {
+    async fn remove_pod_sandbox(
+        &self,
+        _ctx: &TtrpcContext,
+        req: pb::RemovePodSandboxRequest,
+    ) -> ttrpc::Result<pb::RemovePodSandboxResponse> {
         let pod = pod_part(&req.pod, "RemovePodSandbox")?;
         self.pod_event(EventKind::RemovePodSandbox, pod).await;
         Ok(pb::RemovePodSandboxResponse::new())
     }
 
-    async fn post_create_container(&self, _ctx: &TtrpcContext, req: pb::PostCreateContainerRequest) -> ttrpc::Result<pb::PostCreateContainerResponse> {
+    async fn post_create_container(
+        &self,
+        _ctx: &TtrpcContext,
+        req: pb::PostCreateContainerRequest,
+    ) -> ttrpc::Result<pb::PostCreateContainerResponse> {
         let (pod, ctr) = parts(&req.pod, &req.container, "PostCreateContainer")?;
-        self.container_event(EventKind::PostCreateContainer, pod, ctr).await;
+        self.container_event(EventKind::PostCreateContainer, pod, ctr)
+            .await;
         Ok(pb::PostCreateContainerResponse::new())
     }
 
-    async fn start_container(&self, _ctx: &TtrpcContext, req: pb::StartContainerRequest) -> ttrpc::Result<pb::StartContainerResponse> {
+    async fn start_container(
+        &self,
+        _ctx: &TtrpcContext,
+        req: pb::StartContainerRequest,
+    ) -> ttrpc::Result<pb::StartContainerResponse> {
         let (pod, ctr) = parts(&req.pod, &req.container, "StartContainer")?;
-        self.container_event(EventKind::StartContainer, pod, ctr).await;
+        self.container_event(EventKind::StartContainer, pod, ctr)
+            .await;
         Ok(pb::StartContainerResponse::new())
     }
 
-    async fn post_start_container(&self, _ctx: &TtrpcContext, req: pb::PostStartContainerRequest) -> ttrpc::Result<pb::PostStartContainerResponse> {
+    async fn post_start_container(
+        &self,
+        _ctx: &TtrpcContext,
+        req: pb::PostStartContainerRequest,
+    ) -> ttrpc::Result<pb::PostStartContainerResponse> {
         let (pod, ctr) = parts(&req.pod, &req.container, "PostStartContainer")?;
-        self.container_event(EventKind::PostStartContainer, pod, ctr).await;
+        self.container_event(EventKind::PostStartContainer, pod, ctr)
+            .await;
         Ok(pb::PostStartContainerResponse::new())
     }
 
-    async fn post_update_container(&self, _ctx: &TtrpcContext, req: pb::PostUpdateContainerRequest) -> ttrpc::Result<pb::PostUpdateContainerResponse> {
+    async fn post_update_container(
+        &self,
+        _ctx: &TtrpcContext,
+        req: pb::PostUpdateContainerRequest,
+    ) -> ttrpc::Result<pb::PostUpdateContainerResponse> {
         let (pod, ctr) = parts(&req.pod, &req.container, "PostUpdateContainer")?;
-        self.container_event(EventKind::PostUpdateContainer, pod, ctr).await;
+        self.container_event(EventKind::PostUpdateContainer, pod, ctr)
+            .await;
         Ok(pb::PostUpdateContainerResponse::new())
     }
 
-    async fn remove_container(&self, _ctx: &TtrpcContext, req: pb::RemoveContainerRequest) -> ttrpc::Result<pb::RemoveContainerResponse> {
+    async fn remove_container(
+        &self,
+        _ctx: &TtrpcContext,
+        req: pb::RemoveContainerRequest,
+    ) -> ttrpc::Result<pb::RemoveContainerResponse> {
         let (pod, ctr) = parts(&req.pod, &req.container, "RemoveContainer")?;
-        self.container_event(EventKind::RemoveContainer, pod, ctr).await;
+        self.container_event(EventKind::RemoveContainer, pod, ctr)
+            .await;
         Ok(pb::RemoveContainerResponse::new())
     }
 
-    async fn validate_container_adjustment(&self, _ctx: &TtrpcContext, req: pb::ValidateContainerAdjustmentRequest) -> ttrpc::Result<pb::ValidateContainerAdjustmentResponse> {
+    async fn validate_container_adjustment(
+        &self,
+        _ctx: &TtrpcContext,
+        req: pb::ValidateContainerAdjustmentRequest,
+    ) -> ttrpc::Result<pb::ValidateContainerAdjustmentResponse> {
         let (pod, ctr) = parts(&req.pod, &req.container, "ValidateContainerAdjustment")?;
-        let adjusted = req.adjust.as_ref().and_then(|a| a.linux.as_ref()).and_then(|l| l.resources.as_ref()).map(resources_from_pb);
+        let adjusted = req
+            .adjust
+            .as_ref()
+            .and_then(|a| a.linux.as_ref())
+            .and_then(|l| l.resources.as_ref())
+            .map(resources_from_pb);
         let subject = format!("{}/{}", pod.full_name(), ctr.name);
-        let verdict = self.within(EventKind::ValidateContainerAdjustment, &subject, self.handler.validate_container_adjustment(pod, ctr, adjusted)).await;
+        let verdict = self
+            .within(
+                EventKind::ValidateContainerAdjustment,
+                &subject,
+                self.handler
+                    .validate_container_adjustment(pod, ctr, adjusted),
+            )
+            .await;
         Ok(match verdict {
-            Some(Err(r)) => pb::ValidateContainerAdjustmentResponse { reject: true, reason: r.0, ..Default::default() },
+            Some(Err(r)) => pb::ValidateContainerAdjustmentResponse {
+                reject: true,
+                reason: r.0,
+                ..Default::default()
+            },
             _ => pb::ValidateContainerAdjustmentResponse::new(),
         })
     }

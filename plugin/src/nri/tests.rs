@@ -44,8 +44,15 @@ impl Handler for Recorder {
         }
         Ok(())
     }
-    async fn synchronize(&self, pods: Vec<Pod>, containers: Vec<Container>) -> Result<Vec<ContainerUpdate>, Rejection> {
-        self.sync_sizes.lock().unwrap().push((pods.len(), containers.len()));
+    async fn synchronize(
+        &self,
+        pods: Vec<Pod>,
+        containers: Vec<Container>,
+    ) -> Result<Vec<ContainerUpdate>, Rejection> {
+        self.sync_sizes
+            .lock()
+            .unwrap()
+            .push((pods.len(), containers.len()));
         self.log("synchronize".into());
         Ok(vec![])
     }
@@ -57,20 +64,43 @@ impl Handler for Recorder {
         self.log(format!("stop_pod_sandbox {}", pod.full_name()));
     }
     async fn create_container(&self, pod: Pod, c: Container) -> Result<CreateReply, Rejection> {
-        self.log(format!("create_container {} {} quota={:?}", pod.full_name(), c.name, c.resources.as_ref().and_then(LinuxResources::cpu_quota)));
+        self.log(format!(
+            "create_container {} {} quota={:?}",
+            pod.full_name(),
+            c.name,
+            c.resources.as_ref().and_then(LinuxResources::cpu_quota)
+        ));
         if self.slow {
             tokio::time::sleep(Duration::from_secs(30)).await;
         }
         let mut adjust = LinuxResources::default();
         adjust.pids_limit = Some(77);
-        Ok(CreateReply { adjust: Some(adjust), ..Default::default() })
+        Ok(CreateReply {
+            adjust: Some(adjust),
+            ..Default::default()
+        })
     }
-    async fn update_container(&self, _pod: Pod, c: Container, r: LinuxResources) -> Result<UpdateReply, Rejection> {
-        self.log(format!("update_container {} mem={:?}", c.name, r.memory_limit()));
+    async fn update_container(
+        &self,
+        _pod: Pod,
+        c: Container,
+        r: LinuxResources,
+    ) -> Result<UpdateReply, Rejection> {
+        self.log(format!(
+            "update_container {} mem={:?}",
+            c.name,
+            r.memory_limit()
+        ));
         if r.memory_limit() == Some(1) {
             return Err(Rejection("memory limit of 1 byte refused".into()));
         }
-        Ok(UpdateReply { evictions: vec![Eviction { container_id: c.id, reason: "testing".into() }], ..Default::default() })
+        Ok(UpdateReply {
+            evictions: vec![Eviction {
+                container_id: c.id,
+                reason: "testing".into(),
+            }],
+            ..Default::default()
+        })
     }
     async fn start_container(&self, _pod: Pod, c: Container) {
         self.log(format!("start_container {}", c.name));
@@ -81,7 +111,12 @@ impl Handler for Recorder {
     async fn remove_container(&self, _pod: Pod, c: Container) {
         self.log(format!("remove_container {}", c.name));
     }
-    async fn validate_container_adjustment(&self, _pod: Pod, c: Container, adj: Option<LinuxResources>) -> Result<(), Rejection> {
+    async fn validate_container_adjustment(
+        &self,
+        _pod: Pod,
+        c: Container,
+        adj: Option<LinuxResources>,
+    ) -> Result<(), Rejection> {
         self.log(format!("validate {}", c.name));
         if adj.and_then(|a| a.memory_limit()).is_some() {
             return Err(Rejection("memory adjustments not allowed".into()));
@@ -98,14 +133,33 @@ struct FakeRuntimeService {
 
 #[async_trait]
 impl Runtime for FakeRuntimeService {
-    async fn register_plugin(&self, _ctx: &TtrpcContext, req: pb::RegisterPluginRequest) -> ttrpc::Result<pb::Empty> {
-        self.registered.lock().unwrap().push((req.plugin_name, req.plugin_idx));
+    async fn register_plugin(
+        &self,
+        _ctx: &TtrpcContext,
+        req: pb::RegisterPluginRequest,
+    ) -> ttrpc::Result<pb::Empty> {
+        self.registered
+            .lock()
+            .unwrap()
+            .push((req.plugin_name, req.plugin_idx));
         Ok(pb::Empty::new())
     }
-    async fn update_containers(&self, _ctx: &TtrpcContext, req: pb::UpdateContainersRequest) -> ttrpc::Result<pb::UpdateContainersResponse> {
-        let failed = req.update.iter().filter(|u| u.container_id == "missing").cloned().collect();
+    async fn update_containers(
+        &self,
+        _ctx: &TtrpcContext,
+        req: pb::UpdateContainersRequest,
+    ) -> ttrpc::Result<pb::UpdateContainersResponse> {
+        let failed = req
+            .update
+            .iter()
+            .filter(|u| u.container_id == "missing")
+            .cloned()
+            .collect();
         self.updates.lock().unwrap().push(req);
-        Ok(pb::UpdateContainersResponse { failed, ..Default::default() })
+        Ok(pb::UpdateContainersResponse {
+            failed,
+            ..Default::default()
+        })
     }
 }
 
@@ -125,11 +179,17 @@ impl FakeRuntime {
         let c2 = mux.take(RUNTIME_SERVICE_CONN).unwrap();
         let service = Arc::new(FakeRuntimeService::default());
         let mut server = Server::new()
-            .add_listener(Listener::new(futures::stream::iter([Ok::<_, std::io::Error>(c2)])))
+            .add_listener(one_shot_listener(c2))
             .register_service(create_runtime(service.clone()));
         server.start().await.unwrap();
         let raw = Client::new(Socket::new(c1));
-        FakeRuntime { plugin: PluginClient::new(raw.clone()), raw, service, _server: server, mux }
+        FakeRuntime {
+            plugin: PluginClient::new(raw.clone()),
+            raw,
+            service,
+            _server: server,
+            mux,
+        }
     }
 }
 
@@ -152,10 +212,16 @@ fn pb_ctr(id: &str, pod: &str, name: &str) -> pb::Container {
     c.name = name.into();
     c.state = EnumOrUnknown::new(pb::ContainerState::CONTAINER_CREATED);
     let mut cpu = pb::LinuxCPU::new();
-    cpu.quota = MessageField::some(pb::OptionalInt64 { value: 50_000, ..Default::default() });
+    cpu.quota = MessageField::some(pb::OptionalInt64 {
+        value: 50_000,
+        ..Default::default()
+    });
     let mut res = pb::LinuxResources::new();
     res.cpu = MessageField::some(cpu);
-    c.linux = MessageField::some(pb::LinuxContainer { resources: MessageField::some(res), ..Default::default() });
+    c.linux = MessageField::some(pb::LinuxContainer {
+        resources: MessageField::some(res),
+        ..Default::default()
+    });
     c
 }
 
@@ -172,7 +238,11 @@ async fn setup(handler: Recorder) -> Setup {
     let handler = Arc::new(handler);
     let link = RuntimeLink::default();
     let cancel = CancellationToken::new();
-    let id = PluginIdentity { socket: "/test".into(), name: "nri-resize".into(), idx: "42".into() };
+    let id = PluginIdentity {
+        socket: "/test".into(),
+        name: "nri-resize".into(),
+        idx: "42".into(),
+    };
     let session = {
         let (h, l, c) = (handler.clone(), link.clone(), cancel.clone());
         tokio::spawn(async move { serve_trunk(plugin_end, &id, h, &l, None, &c).await })
@@ -185,7 +255,13 @@ async fn setup(handler: Recorder) -> Setup {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert!(link.status().connected, "plugin did not register");
-    Setup { rt, handler, link, cancel, session }
+    Setup {
+        rt,
+        handler,
+        link,
+        cancel,
+        session,
+    }
 }
 
 fn configure_req(nri_version: &str, config: &str) -> pb::ConfigureRequest {
@@ -202,64 +278,136 @@ fn configure_req(nri_version: &str, config: &str) -> pb::ConfigureRequest {
 #[tokio::test]
 async fn full_v0_6_flow_registration_config_split_sync_events_and_updates() {
     let s = setup(Recorder::default()).await;
-    assert_eq!(s.rt.service.registered.lock().unwrap().clone(), vec![("nri-resize".to_string(), "42".to_string())]);
+    assert_eq!(
+        s.rt.service.registered.lock().unwrap().clone(),
+        vec![("nri-resize".to_string(), "42".to_string())]
+    );
 
     // An old runtime (no NRI_version) gets only events it knows.
-    let conf = s.rt.plugin.configure(ctx(), &configure_req("", "journal_size = 5")).await.unwrap();
+    let conf =
+        s.rt.plugin
+            .configure(ctx(), &configure_req("", "journal_size = 5"))
+            .await
+            .unwrap();
     assert_eq!(conf.events, (1 << 11) - 1);
 
     // Split synchronize: the plugin answers `more` with no updates until the last part.
-    let part = pb::SynchronizeRequest { pods: vec![pb_pod("p1")], containers: vec![pb_ctr("c1", "p1", "a")], more: true, ..Default::default() };
+    let part = pb::SynchronizeRequest {
+        pods: vec![pb_pod("p1")],
+        containers: vec![pb_ctr("c1", "p1", "a")],
+        more: true,
+        ..Default::default()
+    };
     let r = s.rt.plugin.synchronize(ctx(), &part).await.unwrap();
     assert!(r.more && r.update.is_empty());
     assert!(!s.link.status().synchronized);
-    let last = pb::SynchronizeRequest { pods: vec![pb_pod("p2")], containers: vec![pb_ctr("c2", "p2", "b"), pb_ctr("c3", "p2", "c")], more: false, ..Default::default() };
+    let last = pb::SynchronizeRequest {
+        pods: vec![pb_pod("p2")],
+        containers: vec![pb_ctr("c2", "p2", "b"), pb_ctr("c3", "p2", "c")],
+        more: false,
+        ..Default::default()
+    };
     let r = s.rt.plugin.synchronize(ctx(), &last).await.unwrap();
     assert!(!r.more);
     assert_eq!(s.handler.sync_sizes.lock().unwrap().clone(), vec![(2, 3)]);
     assert!(s.link.status().synchronized);
 
     // Dedicated CreateContainer: the handler's adjustment reaches the wire.
-    let req = pb::CreateContainerRequest { pod: MessageField::some(pb_pod("p3")), container: MessageField::some(pb_ctr("c4", "p3", "app")), ..Default::default() };
+    let req = pb::CreateContainerRequest {
+        pod: MessageField::some(pb_pod("p3")),
+        container: MessageField::some(pb_ctr("c4", "p3", "app")),
+        ..Default::default()
+    };
     let r = s.rt.plugin.create_container(ctx(), &req).await.unwrap();
     assert_eq!(r.adjust.linux.resources.pids.limit, 77);
 
     // UpdateContainer: eviction answer; rejection becomes an error status with the reason.
     let mut mem = pb::LinuxMemory::new();
-    mem.limit = MessageField::some(pb::OptionalInt64 { value: 1 << 30, ..Default::default() });
+    mem.limit = MessageField::some(pb::OptionalInt64 {
+        value: 1 << 30,
+        ..Default::default()
+    });
     let mut res = pb::LinuxResources::new();
     res.memory = MessageField::some(mem.clone());
-    let upd = pb::UpdateContainerRequest { pod: MessageField::some(pb_pod("p3")), container: MessageField::some(pb_ctr("c4", "p3", "app")), linux_resources: MessageField::some(res.clone()), ..Default::default() };
+    let upd = pb::UpdateContainerRequest {
+        pod: MessageField::some(pb_pod("p3")),
+        container: MessageField::some(pb_ctr("c4", "p3", "app")),
+        linux_resources: MessageField::some(res.clone()),
+        ..Default::default()
+    };
     let r = s.rt.plugin.update_container(ctx(), &upd).await.unwrap();
     assert_eq!(r.evict[0].container_id, "c4");
-    mem.limit = MessageField::some(pb::OptionalInt64 { value: 1, ..Default::default() });
+    mem.limit = MessageField::some(pb::OptionalInt64 {
+        value: 1,
+        ..Default::default()
+    });
     res.memory = MessageField::some(mem);
     let mut bad = upd.clone();
     bad.linux_resources = MessageField::some(res);
     let err = s.rt.plugin.update_container(ctx(), &bad).await.unwrap_err();
-    assert!(err.to_string().contains("memory limit of 1 byte refused"), "{err}");
+    assert!(
+        err.to_string().contains("memory limit of 1 byte refused"),
+        "{err}"
+    );
 
-    // StateChange path (NRI v0.6/v0.8) reaches the same handler methods.
-    for (event, ctr) in [(pb::Event::RUN_POD_SANDBOX, None), (pb::Event::START_CONTAINER, Some("c4")), (pb::Event::POST_UPDATE_CONTAINER, Some("c4")), (pb::Event::REMOVE_CONTAINER, Some("c4")), (pb::Event::STOP_POD_SANDBOX, None)] {
+    // StateChange path (NRI v0.6/v0.8) reaches the same handler methods; a pod event that
+    // carries an empty container (as containerd sends) is still a pod event.
+    for (event, ctr) in [
+        (pb::Event::RUN_POD_SANDBOX, None),
+        (pb::Event::START_CONTAINER, Some("c4")),
+        (pb::Event::POST_UPDATE_CONTAINER, Some("c4")),
+        (pb::Event::REMOVE_CONTAINER, Some("c4")),
+        (pb::Event::STOP_POD_SANDBOX, Some("")),
+    ] {
         let ev = pb::StateChangeEvent {
             event: EnumOrUnknown::new(event),
             pod: MessageField::some(pb_pod("p3")),
-            container: ctr.map_or_else(MessageField::none, |id| MessageField::some(pb_ctr(id, "p3", "app"))),
+            container: ctr.map_or_else(MessageField::none, |id| {
+                MessageField::some(pb_ctr(id, "p3", "app"))
+            }),
             ..Default::default()
         };
         s.rt.plugin.state_change(ctx(), &ev).await.unwrap();
     }
     // An unknown event number is ignored, not an error.
-    let unknown = pb::StateChangeEvent { event: EnumOrUnknown::from_i32(99), pod: MessageField::some(pb_pod("p3")), ..Default::default() };
+    let unknown = pb::StateChangeEvent {
+        event: EnumOrUnknown::from_i32(99),
+        pod: MessageField::some(pb_pod("p3")),
+        ..Default::default()
+    };
     s.rt.plugin.state_change(ctx(), &unknown).await.unwrap();
     // A container event without its pod is malformed: an error, no panic.
-    let no_pod = pb::StateChangeEvent { event: EnumOrUnknown::new(pb::Event::START_CONTAINER), container: MessageField::some(pb_ctr("c4", "p3", "app")), ..Default::default() };
+    let no_pod = pb::StateChangeEvent {
+        event: EnumOrUnknown::new(pb::Event::START_CONTAINER),
+        container: MessageField::some(pb_ctr("c4", "p3", "app")),
+        ..Default::default()
+    };
     assert!(s.rt.plugin.state_change(ctx(), &no_pod).await.is_err());
 
     // Unsolicited UpdateContainers through the link reaches the runtime; failures come back.
-    let upd = ContainerUpdate { container_id: "c1".into(), resources: LinuxResources { pids_limit: Some(9), ..Default::default() }, ignore_failure: false };
-    let missing = ContainerUpdate { container_id: "missing".into(), ..upd.clone() };
-    let failed = s.link.update_containers(&[upd, missing], &[Eviction { container_id: "c2".into(), reason: "why".into() }]).await.unwrap();
+    let upd = ContainerUpdate {
+        container_id: "c1".into(),
+        resources: LinuxResources {
+            pids_limit: Some(9),
+            ..Default::default()
+        },
+        ignore_failure: false,
+    };
+    let missing = ContainerUpdate {
+        container_id: "missing".into(),
+        ..upd.clone()
+    };
+    let failed = s
+        .link
+        .update_containers(
+            &[upd, missing],
+            &[Eviction {
+                container_id: "c2".into(),
+                reason: "why".into(),
+            }],
+        )
+        .await
+        .unwrap();
     assert_eq!(failed.len(), 1);
     assert_eq!(failed[0].container_id, "missing");
     let seen = s.rt.service.updates.lock().unwrap().clone();
@@ -284,51 +432,130 @@ async fn full_v0_6_flow_registration_config_split_sync_events_and_updates() {
 
     // The runtime going away ends the session cleanly and the link says so.
     drop(s.rt);
-    let end = tokio::time::timeout(Duration::from_secs(5), s.session).await.unwrap().unwrap().unwrap();
+    let end = tokio::time::timeout(Duration::from_secs(5), s.session)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
     assert_eq!(end, SessionEnd::RuntimeClosed);
     assert!(!s.link.status().connected);
-    assert!(matches!(s.link.update_containers(&[], &[]).await, Err(LinkError::NotConnected)));
+    assert!(matches!(
+        s.link.update_containers(&[], &[]).await,
+        Err(LinkError::NotConnected)
+    ));
 }
 
 #[tokio::test]
 async fn v0_10_dedicated_rpcs_and_validation() {
     let s = setup(Recorder::default()).await;
-    let conf = s.rt.plugin.configure(ctx(), &configure_req("v0.10.0", "")).await.unwrap();
-    assert_eq!(conf.events, (1 << 14) - 1, "a v0.10 runtime gets the full mask");
+    let conf =
+        s.rt.plugin
+            .configure(ctx(), &configure_req("v0.10.0", ""))
+            .await
+            .unwrap();
+    assert_eq!(
+        conf.events,
+        (1 << 14) - 1,
+        "a v0.10 runtime gets the full mask"
+    );
 
-    s.rt.plugin.run_pod_sandbox(ctx(), &pb::RunPodSandboxRequest { pod: MessageField::some(pb_pod("p9")), ..Default::default() }).await.unwrap();
-    s.rt.plugin.stop_pod_sandbox(ctx(), &pb::StopPodSandboxRequest { pod: MessageField::some(pb_pod("p9")), ..Default::default() }).await.unwrap();
-    let start = pb::StartContainerRequest { pod: MessageField::some(pb_pod("p9")), container: MessageField::some(pb_ctr("c9", "p9", "web")), ..Default::default() };
+    s.rt.plugin
+        .run_pod_sandbox(
+            ctx(),
+            &pb::RunPodSandboxRequest {
+                pod: MessageField::some(pb_pod("p9")),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    s.rt.plugin
+        .stop_pod_sandbox(
+            ctx(),
+            &pb::StopPodSandboxRequest {
+                pod: MessageField::some(pb_pod("p9")),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let start = pb::StartContainerRequest {
+        pod: MessageField::some(pb_pod("p9")),
+        container: MessageField::some(pb_ctr("c9", "p9", "web")),
+        ..Default::default()
+    };
     s.rt.plugin.start_container(ctx(), &start).await.unwrap();
 
     let mut adjust = pb::ContainerAdjustment::new();
     let mut res = pb::LinuxResources::new();
     let mut mem = pb::LinuxMemory::new();
-    mem.limit = MessageField::some(pb::OptionalInt64 { value: 5, ..Default::default() });
+    mem.limit = MessageField::some(pb::OptionalInt64 {
+        value: 5,
+        ..Default::default()
+    });
     res.memory = MessageField::some(mem);
-    adjust.linux = MessageField::some(pb::LinuxContainerAdjustment { resources: MessageField::some(res), ..Default::default() });
-    let v = pb::ValidateContainerAdjustmentRequest { pod: MessageField::some(pb_pod("p9")), container: MessageField::some(pb_ctr("c9", "p9", "web")), adjust: MessageField::some(adjust), ..Default::default() };
-    let verdict = s.rt.plugin.validate_container_adjustment(ctx(), &v).await.unwrap();
+    adjust.linux = MessageField::some(pb::LinuxContainerAdjustment {
+        resources: MessageField::some(res),
+        ..Default::default()
+    });
+    let v = pb::ValidateContainerAdjustmentRequest {
+        pod: MessageField::some(pb_pod("p9")),
+        container: MessageField::some(pb_ctr("c9", "p9", "web")),
+        adjust: MessageField::some(adjust),
+        ..Default::default()
+    };
+    let verdict =
+        s.rt.plugin
+            .validate_container_adjustment(ctx(), &v)
+            .await
+            .unwrap();
     assert!(verdict.reject);
     assert_eq!(verdict.reason, "memory adjustments not allowed");
 
     // Requests missing their pod are malformed: an INVALID_ARGUMENT error, the session lives on.
-    let err = s.rt.plugin.run_pod_sandbox(ctx(), &pb::RunPodSandboxRequest::new()).await.unwrap_err();
+    let err =
+        s.rt.plugin
+            .run_pod_sandbox(ctx(), &pb::RunPodSandboxRequest::new())
+            .await
+            .unwrap_err();
     assert!(err.to_string().contains("lacks pod"), "{err}");
 
-    assert_eq!(s.handler.calls()[1..], ["run_pod_sandbox default/pod-p9", "stop_pod_sandbox default/pod-p9", "start_container web", "validate web"]);
+    assert_eq!(
+        s.handler.calls()[1..],
+        [
+            "run_pod_sandbox default/pod-p9",
+            "stop_pod_sandbox default/pod-p9",
+            "start_container web",
+            "validate web"
+        ]
+    );
 
     // Shutdown, then close: reported as a runtime shutdown.
-    s.rt.plugin.shutdown(ctx(), &pb::Empty::new()).await.unwrap();
+    s.rt.plugin
+        .shutdown(ctx(), &pb::Empty::new())
+        .await
+        .unwrap();
     drop(s.rt);
-    let end = tokio::time::timeout(Duration::from_secs(5), s.session).await.unwrap().unwrap().unwrap();
+    let end = tokio::time::timeout(Duration::from_secs(5), s.session)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
     assert_eq!(end, SessionEnd::RuntimeShutdown);
 }
 
 #[tokio::test]
 async fn rejected_config_is_an_error_answer() {
-    let s = setup(Recorder { reject_config: true, ..Default::default() }).await;
-    let err = s.rt.plugin.configure(ctx(), &configure_req("", "nonsense")).await.unwrap_err();
+    let s = setup(Recorder {
+        reject_config: true,
+        ..Default::default()
+    })
+    .await;
+    let err =
+        s.rt.plugin
+            .configure(ctx(), &configure_req("", "nonsense"))
+            .await
+            .unwrap_err();
     assert!(err.to_string().contains("bad config"), "{err}");
     s.cancel.cancel();
     assert_eq!(s.session.await.unwrap().unwrap(), SessionEnd::Cancelled);
@@ -336,13 +563,25 @@ async fn rejected_config_is_an_error_answer() {
 
 #[tokio::test]
 async fn a_handler_past_the_deadline_is_answered_fail_open() {
-    let s = setup(Recorder { slow: true, ..Default::default() }).await;
+    let s = setup(Recorder {
+        slow: true,
+        ..Default::default()
+    })
+    .await;
     // The runtime announces a 200 ms deadline: the plugin cuts its handler at 150 ms.
     let mut conf = configure_req("", "");
     conf.request_timeout = 200;
     s.rt.plugin.configure(ctx(), &conf).await.unwrap();
-    let req = pb::CreateContainerRequest { pod: MessageField::some(pb_pod("p1")), container: MessageField::some(pb_ctr("c1", "p1", "slow")), ..Default::default() };
-    let r = s.rt.plugin.create_container(ttrpc::context::with_timeout(1_000_000_000), &req).await.expect("answered before the runtime's deadline");
+    let req = pb::CreateContainerRequest {
+        pod: MessageField::some(pb_pod("p1")),
+        container: MessageField::some(pb_ctr("c1", "p1", "slow")),
+        ..Default::default()
+    };
+    let r =
+        s.rt.plugin
+            .create_container(ttrpc::context::with_timeout(1_000_000_000), &req)
+            .await
+            .expect("answered before the runtime's deadline");
     assert!(r.adjust.is_none(), "fail-open answer adjusts nothing");
     s.cancel.cancel();
 }
@@ -357,9 +596,15 @@ async fn unknown_method_gets_an_error_status() {
     let resp = s.rt.raw.request(req).await;
     let err = resp.err().expect("unknown method must fail");
     let msg = err.to_string();
-    assert!(msg.contains("NoSuchMethod") || msg.to_lowercase().contains("not"), "{msg}");
+    assert!(
+        msg.contains("NoSuchMethod") || msg.to_lowercase().contains("not"),
+        "{msg}"
+    );
     // The session still serves.
-    s.rt.plugin.configure(ctx(), &configure_req("", "")).await.unwrap();
+    s.rt.plugin
+        .configure(ctx(), &configure_req("", ""))
+        .await
+        .unwrap();
     s.cancel.cancel();
 }
 
@@ -371,10 +616,21 @@ async fn garbage_payload_for_a_real_method_is_an_error_not_a_panic() {
     req.set_method("CreateContainer".into());
     req.set_payload(vec![0xff, 0xff, 0xff, 0xff, 0x0f, 0x01]);
     req.set_timeout_nano(1_000_000_000);
-    let err = s.rt.raw.request(req).await.err().expect("undecodable request must fail");
+    let err =
+        s.rt.raw
+            .request(req)
+            .await
+            .err()
+            .expect("undecodable request must fail");
     assert!(!err.to_string().is_empty());
-    assert!(s.handler.calls().is_empty(), "handler must not see a garbage request");
-    s.rt.plugin.configure(ctx(), &configure_req("", "")).await.unwrap();
+    assert!(
+        s.handler.calls().is_empty(),
+        "handler must not see a garbage request"
+    );
+    s.rt.plugin
+        .configure(ctx(), &configure_req("", ""))
+        .await
+        .unwrap();
     s.cancel.cancel();
 }
 
@@ -386,8 +642,14 @@ async fn malformed_frames_end_the_session_with_a_clear_error() {
         let handler = Arc::new(Recorder::default());
         let link = RuntimeLink::default();
         let cancel = CancellationToken::new();
-        let id = PluginIdentity { socket: "/test".into(), name: "x".into(), idx: "00".into() };
-        let task = tokio::spawn(async move { serve_trunk(plugin_end, &id, handler, &link, None, &cancel).await });
+        let id = PluginIdentity {
+            socket: "/test".into(),
+            name: "x".into(),
+            idx: "00".into(),
+        };
+        let task = tokio::spawn(async move {
+            serve_trunk(plugin_end, &id, handler, &link, None, &cancel).await
+        });
         // Swallow the plugin's registration request, then send the bad bytes.
         let mut hdr = [0u8; 8];
         runtime_end.read_exact(&mut hdr).await.unwrap();
@@ -396,9 +658,15 @@ async fn malformed_frames_end_the_session_with_a_clear_error() {
         runtime_end.write_all(bytes).await.unwrap();
         if close {
             drop(runtime_end);
-            tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap()
+            tokio::time::timeout(Duration::from_secs(5), task)
+                .await
+                .unwrap()
+                .unwrap()
         } else {
-            let r = tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
+            let r = tokio::time::timeout(Duration::from_secs(5), task)
+                .await
+                .unwrap()
+                .unwrap();
             drop(runtime_end);
             r
         }
@@ -413,14 +681,24 @@ async fn malformed_frames_end_the_session_with_a_clear_error() {
 
     let truncated = [&2u32.to_be_bytes()[..], &100u32.to_be_bytes()[..], b"abc"].concat();
     let err = feed(&truncated, true).await.unwrap_err().to_string();
-    assert!(err.contains("registration") || err.contains("middle of a frame"), "{err}");
+    assert!(
+        err.contains("registration") || err.contains("middle of a frame"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
 async fn cancel_ends_a_live_session() {
     let s = setup(Recorder::default()).await;
     s.cancel.cancel();
-    assert_eq!(tokio::time::timeout(Duration::from_secs(5), s.session).await.unwrap().unwrap().unwrap(), SessionEnd::Cancelled);
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(5), s.session)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap(),
+        SessionEnd::Cancelled
+    );
     assert!(!s.link.status().connected);
     drop(s.rt.mux);
 }

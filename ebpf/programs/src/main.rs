@@ -1,0 +1,426 @@
+//! Kernel side of the nri-resize resource observer.
+//!
+//! Every counter is keyed by `CgroupKey` (hierarchy id + cgroup id) and kept in per-CPU maps:
+//! `bpfel-unknown-none` has no atomic read-modify-write, and per-CPU values need none. User
+//! space sums the CPUs when it reads.
+//!
+//! Rust eBPF has no CO-RE: no struct offset is compiled in. User space resolves every offset from
+//! the running kernel's BTF (`/sys/kernel/btf/vmlinux`) and tracefs `format` files and writes
+//! them into the read-only global `CONFIG` before loading. Kernel memory is only ever read with
+//! `bpf_probe_read_kernel`, so a wrong offset yields a wrong number, never a crash.
+//!
+//! Each program is a thin entry that calls a `try_*` function returning `Result`; errors are
+//! reported through aya-log and the program returns 0. Nothing here panics.
+//!
+//! # Unsafe
+//! `unsafe` is unavoidable in this crate: BPF helpers (`bpf_probe_read_kernel`,
+//! `bpf_ktime_get_ns`), raw map value pointers and tracepoint record reads are `unsafe fn`s.
+//! Every kernel pointer is only passed to `bpf_probe_read_kernel` (which checks it); map value
+//! pointers come from successful lookups and are written in place by this CPU only (per-CPU maps).
+#![no_std]
+#![no_main]
+
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    helpers::{bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel},
+    macros::{btf_tracepoint, fentry, map, tracepoint},
+    maps::{HashMap, LruPerCpuHashMap, RingBuf},
+    programs::{BtfTracePointContext, FEntryContext, TracePointContext},
+    EbpfContext, Global,
+};
+use aya_log_ebpf::warn;
+use nri_resize_ebpf_common::{
+    CgroupKey, CpuHotplugEvent, CpuhpLayout, ObserverConfig, OomCounters, ReclaimCounters,
+    ReclaimStart, ThrottleCounters, ThrottleStart, CPUHP_ENTER, CPUHP_EXIT, NO_FIELD, NO_ITEM,
+    RECLAIM_SLOTS,
+};
+
+/// Offsets and enum values of the running kernel, written by user space before load.
+#[unsafe(no_mangle)]
+static CONFIG: Global<ObserverConfig> = Global::new(ObserverConfig::UNCONFIGURED);
+
+/// Maximum number of cgroups tracked per map; least recently updated entries go first.
+const MAX_CGROUPS: u32 = 16_384;
+/// Maximum number of tasks concurrently throttled or in direct reclaim.
+const MAX_TASKS: u32 = 65_536;
+
+#[map(name = "THROTTLE")]
+static THROTTLE: LruPerCpuHashMap<CgroupKey, ThrottleCounters> =
+    LruPerCpuHashMap::with_max_entries(MAX_CGROUPS, 0);
+
+#[map(name = "THROTTLED_TASKS")]
+static THROTTLED_TASKS: HashMap<u32, ThrottleStart> = HashMap::with_max_entries(MAX_TASKS, 0);
+
+#[map(name = "RECLAIM")]
+static RECLAIM: LruPerCpuHashMap<CgroupKey, ReclaimCounters> =
+    LruPerCpuHashMap::with_max_entries(MAX_CGROUPS, 0);
+
+#[map(name = "RECLAIM_START")]
+static RECLAIM_START: HashMap<u32, ReclaimStart> = HashMap::with_max_entries(MAX_TASKS, 0);
+
+#[map(name = "OOM")]
+static OOM: LruPerCpuHashMap<CgroupKey, OomCounters> =
+    LruPerCpuHashMap::with_max_entries(MAX_CGROUPS, 0);
+
+#[map(name = "CPUHP_EVENTS")]
+static CPUHP_EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
+
+/// Why a program gave up on one event.
+#[derive(Clone, Copy)]
+enum Error {
+    /// `CONFIG` was not filled in by user space.
+    Unconfigured,
+    /// `bpf_probe_read_kernel` failed (errno).
+    Read(i32),
+    /// A map update failed (errno).
+    Map(i32),
+}
+
+impl Error {
+    fn code(self) -> i32 {
+        match self {
+            Error::Unconfigured => 0,
+            Error::Read(e) | Error::Map(e) => e,
+        }
+    }
+}
+
+fn config() -> Result<ObserverConfig, Error> {
+    let cfg = CONFIG.load();
+    if cfg.configured == 0 {
+        return Err(Error::Unconfigured);
+    }
+    Ok(cfg)
+}
+
+/// Reads a `T` at `base + offset` of kernel memory.
+#[inline(always)]
+fn read<T>(base: u64, offset: u32) -> Result<T, Error> {
+    // SAFETY: `bpf_probe_read_kernel` validates the address and fails cleanly on a bad one.
+    unsafe { bpf_probe_read_kernel((base + u64::from(offset)) as *const T) }
+        .map_err(|e| Error::Read(e as i32))
+}
+
+/// The cgroup of `task` in the hierarchy of controller `subsys`:
+/// `task->cgroups->subsys[subsys]->cgroup->kn->id`.
+#[inline(always)]
+fn task_cgroup(
+    cfg: &ObserverConfig,
+    task: u64,
+    subsys: u32,
+    hierarchy: u32,
+) -> Result<CgroupKey, Error> {
+    let css_set: u64 = read(task, cfg.task_cgroups)?;
+    let css: u64 = read(css_set, cfg.css_set_subsys + 8 * subsys)?;
+    css_cgroup(cfg, css, hierarchy)
+}
+
+/// The cgroup of a `cgroup_subsys_state`: `css->cgroup->kn->id`.
+#[inline(always)]
+fn css_cgroup(cfg: &ObserverConfig, css: u64, hierarchy: u32) -> Result<CgroupKey, Error> {
+    let cgroup: u64 = read(css, cfg.css_cgroup)?;
+    let kn: u64 = read(cgroup, cfg.cgroup_kn)?;
+    let id: u64 = read(kn, cfg.kernfs_node_id)?;
+    Ok(CgroupKey::new(hierarchy, id))
+}
+
+/// Applies `update` to this CPU's value of `key`, creating a zeroed value first if needed.
+#[inline(always)]
+fn update_counters<V: Default>(
+    map: &LruPerCpuHashMap<CgroupKey, V>,
+    key: &CgroupKey,
+    update: impl Fn(&mut V),
+) -> Result<(), Error> {
+    if let Some(value) = map.get_ptr_mut(key) {
+        // SAFETY: a per-CPU value from a successful lookup, written by this CPU only.
+        update(unsafe { &mut *value });
+        return Ok(());
+    }
+    let mut value = V::default();
+    update(&mut value);
+    match map.insert(key, &value, u64::from(BPF_NOEXIST)) {
+        Ok(()) => Ok(()),
+        // Another program on this CPU cannot have raced us (no preemption within a program),
+        // but an entry created for another CPU can: update it in place.
+        Err(_) => match map.get_ptr_mut(key) {
+            Some(existing) => {
+                // SAFETY: as above.
+                update(unsafe { &mut *existing });
+                Ok(())
+            }
+            None => Err(Error::Map(-1)),
+        },
+    }
+}
+
+fn now() -> u64 {
+    // SAFETY: a helper without arguments.
+    unsafe { bpf_ktime_get_ns() }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. CFS bandwidth throttling
+
+/// `sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next, ...)`.
+/// Since the task-based throttle model (6.18), a throttled task has `task_struct::throttled`
+/// set when it is switched out; it runs again only after being unthrottled.
+#[btf_tracepoint(function = "sched_switch")]
+pub fn sched_switch(ctx: BtfTracePointContext) -> u32 {
+    if let Err(e) = try_sched_switch(&ctx) {
+        if !matches!(e, Error::Unconfigured) {
+            warn!(&ctx, "sched_switch: error {}", e.code());
+        }
+    }
+    0
+}
+
+fn try_sched_switch(ctx: &BtfTracePointContext) -> Result<(), Error> {
+    let cfg = config()?;
+    let prev: u64 = ctx.arg(1);
+    let next: u64 = ctx.arg(2);
+    let now = now();
+
+    let throttled: u8 = read(prev, cfg.task_throttled)?;
+    if u32::from(throttled) & cfg.task_throttled_mask != 0 {
+        let key = task_cgroup(&cfg, prev, cfg.cpu_subsys, cfg.cpu_hierarchy)?;
+        let pid: u32 = read(prev, cfg.task_pid)?;
+        update_counters(&THROTTLE, &key, |c| c.throttled_count += 1)?;
+        THROTTLED_TASKS
+            .insert(pid, ThrottleStart { key, since_ns: now }, 0)
+            .map_err(|e| Error::Map(e as i32))?;
+    }
+
+    let next_pid: u32 = read(next, cfg.task_pid)?;
+    // SAFETY: copied out at once; a concurrent delete can at worst make us read a stale start.
+    if let Some(start) = unsafe { THROTTLED_TASKS.get(next_pid) }.copied() {
+        let _ = THROTTLED_TASKS.remove(next_pid);
+        update_counters(&THROTTLE, &start.key, |c| {
+            c.throttled_ns += now.saturating_sub(start.since_ns);
+        })?;
+    }
+    Ok(())
+}
+
+/// `unthrottle_cfs_rq(struct cfs_rq *cfs_rq)`: one call per runqueue throttle period ended,
+/// for kernels that allow BPF trampolines (refused on some hardened kernels: user space falls
+/// back to `sched_switch`, then to `cpu.stat` polling).
+#[fentry(function = "unthrottle_cfs_rq")]
+pub fn unthrottle_cfs_rq(ctx: FEntryContext) -> u32 {
+    if let Err(e) = try_unthrottle_cfs_rq(&ctx) {
+        if !matches!(e, Error::Unconfigured) {
+            warn!(&ctx, "unthrottle_cfs_rq: error {}", e.code());
+        }
+    }
+    0
+}
+
+fn try_unthrottle_cfs_rq(ctx: &FEntryContext) -> Result<(), Error> {
+    let cfg = config()?;
+    let cfs_rq: u64 = ctx.arg(0);
+    let tg: u64 = read(cfs_rq, cfg.cfs_rq_tg)?;
+    let key = css_cgroup(&cfg, tg + u64::from(cfg.task_group_css), cfg.cpu_hierarchy)?;
+    let throttled_ns = if cfg.cfs_rq_throttled_clock == NO_FIELD {
+        0
+    } else {
+        // `throttled_clock` is in rq clock time, close to `bpf_ktime_get_ns` on x86 (both
+        // count from boot); an approximation good enough for a duration.
+        let since: u64 = read(cfs_rq, cfg.cfs_rq_throttled_clock)?;
+        if since == 0 {
+            0
+        } else {
+            now().saturating_sub(since)
+        }
+    };
+    update_counters(&THROTTLE, &key, |c| {
+        c.throttled_count += 1;
+        c.throttled_ns += throttled_ns;
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Memory reclaim
+
+/// `memcg/count_memcg_events(memcg, item, val)`: the record carries the memcg's cgroup id.
+#[tracepoint(category = "memcg", name = "count_memcg_events")]
+pub fn count_memcg_events(ctx: TracePointContext) -> u32 {
+    if let Err(e) = try_count_memcg_events(&ctx) {
+        if !matches!(e, Error::Unconfigured) {
+            warn!(&ctx, "count_memcg_events: error {}", e.code());
+        }
+    }
+    0
+}
+
+fn try_count_memcg_events(ctx: &TracePointContext) -> Result<(), Error> {
+    let cfg = config()?;
+    let layout = cfg.memcg_events;
+    // SAFETY: offsets come from this tracepoint's tracefs `format`; reads are checked.
+    let item: i32 = unsafe { ctx.read_at(layout.item as usize) }.map_err(Error::Read)?;
+    let item = item as u32;
+    let mut slot = RECLAIM_SLOTS;
+    for (i, wanted) in cfg.reclaim_items.iter().enumerate() {
+        if *wanted != NO_ITEM && *wanted == item {
+            slot = i;
+            break;
+        }
+    }
+    if slot >= RECLAIM_SLOTS {
+        return Ok(());
+    }
+    // SAFETY: as above.
+    let id: u64 = unsafe { ctx.read_at(layout.id as usize) }.map_err(Error::Read)?;
+    // SAFETY: as above.
+    let val: u64 = unsafe { ctx.read_at(layout.val as usize) }.map_err(Error::Read)?;
+    let key = CgroupKey::new(cfg.memory_hierarchy, id);
+    update_counters(&RECLAIM, &key, |c| {
+        if let Some(count) = c.events.get_mut(slot) {
+            *count += val;
+        }
+    })
+}
+
+/// `vmscan/mm_vmscan_memcg_reclaim_begin`: the current task enters memcg direct reclaim.
+#[tracepoint(category = "vmscan", name = "mm_vmscan_memcg_reclaim_begin")]
+pub fn memcg_reclaim_begin(ctx: TracePointContext) -> u32 {
+    if let Err(e) = try_memcg_reclaim_begin() {
+        if !matches!(e, Error::Unconfigured) {
+            warn!(&ctx, "memcg_reclaim_begin: error {}", e.code());
+        }
+    }
+    0
+}
+
+fn try_memcg_reclaim_begin() -> Result<(), Error> {
+    let cfg = config()?;
+    // SAFETY: a helper without arguments; the result is only passed to bpf_probe_read_kernel.
+    let task = unsafe { bpf_get_current_task() };
+    let key = task_cgroup(&cfg, task, cfg.memory_subsys, cfg.memory_hierarchy)?;
+    let pid: u32 = read(task, cfg.task_pid)?;
+    RECLAIM_START
+        .insert(
+            pid,
+            ReclaimStart {
+                key,
+                since_ns: now(),
+            },
+            0,
+        )
+        .map_err(|e| Error::Map(e as i32))
+}
+
+/// `vmscan/mm_vmscan_memcg_reclaim_end(nr_reclaimed)`: the current task leaves direct reclaim.
+#[tracepoint(category = "vmscan", name = "mm_vmscan_memcg_reclaim_end")]
+pub fn memcg_reclaim_end(ctx: TracePointContext) -> u32 {
+    if let Err(e) = try_memcg_reclaim_end(&ctx) {
+        if !matches!(e, Error::Unconfigured) {
+            warn!(&ctx, "memcg_reclaim_end: error {}", e.code());
+        }
+    }
+    0
+}
+
+fn try_memcg_reclaim_end(ctx: &TracePointContext) -> Result<(), Error> {
+    let cfg = config()?;
+    let pid = ctx.pid();
+    // SAFETY: copied out at once.
+    let Some(start) = (unsafe { RECLAIM_START.get(pid) }).copied() else {
+        return Ok(());
+    };
+    let _ = RECLAIM_START.remove(pid);
+    // SAFETY: offset from this tracepoint's tracefs `format`; the read is checked.
+    let reclaimed: u64 =
+        unsafe { ctx.read_at(cfg.reclaim_end_nr_reclaimed as usize) }.map_err(Error::Read)?;
+    let elapsed = now().saturating_sub(start.since_ns);
+    update_counters(&RECLAIM, &start.key, |c| {
+        c.direct_reclaim_count += 1;
+        c.direct_reclaim_ns += elapsed;
+        c.direct_reclaimed_pages += reclaimed;
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. OOM kills
+
+/// `oom/mark_victim(struct task_struct *task, ...)`: counted against the victim's memcg.
+#[btf_tracepoint(function = "mark_victim")]
+pub fn mark_victim(ctx: BtfTracePointContext) -> u32 {
+    if let Err(e) = try_mark_victim(&ctx) {
+        if !matches!(e, Error::Unconfigured) {
+            warn!(&ctx, "mark_victim: error {}", e.code());
+        }
+    }
+    0
+}
+
+fn try_mark_victim(ctx: &BtfTracePointContext) -> Result<(), Error> {
+    let cfg = config()?;
+    let task: u64 = ctx.arg(0);
+    let key = task_cgroup(&cfg, task, cfg.memory_subsys, cfg.memory_hierarchy)?;
+    let tgid: u32 = read(task, cfg.task_tgid)?;
+    update_counters(&OOM, &key, |c| {
+        c.kills += 1;
+        c.last_victim_tgid = tgid;
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. CPU hotplug
+
+#[tracepoint(category = "cpuhp", name = "cpuhp_enter")]
+pub fn cpuhp_enter(ctx: TracePointContext) -> u32 {
+    if let Err(e) = try_cpuhp(&ctx, CPUHP_ENTER) {
+        if !matches!(e, Error::Unconfigured) {
+            warn!(&ctx, "cpuhp_enter: error {}", e.code());
+        }
+    }
+    0
+}
+
+#[tracepoint(category = "cpuhp", name = "cpuhp_exit")]
+pub fn cpuhp_exit(ctx: TracePointContext) -> u32 {
+    if let Err(e) = try_cpuhp(&ctx, CPUHP_EXIT) {
+        if !matches!(e, Error::Unconfigured) {
+            warn!(&ctx, "cpuhp_exit: error {}", e.code());
+        }
+    }
+    0
+}
+
+fn try_cpuhp(ctx: &TracePointContext, kind: u32) -> Result<(), Error> {
+    let cfg = config()?;
+    let layout: CpuhpLayout = if kind == CPUHP_ENTER {
+        cfg.cpuhp_enter
+    } else {
+        cfg.cpuhp_exit
+    };
+    // SAFETY (all three reads): offsets from this tracepoint's tracefs `format`; checked reads.
+    let cpu: u32 = unsafe { ctx.read_at(layout.cpu as usize) }.map_err(Error::Read)?;
+    let state: i32 = unsafe { ctx.read_at(layout.state as usize) }.map_err(Error::Read)?;
+    let idx: i32 = unsafe { ctx.read_at(layout.idx as usize) }.map_err(Error::Read)?;
+    let ret: i32 = if layout.ret == NO_FIELD {
+        0
+    } else {
+        // SAFETY: as above.
+        unsafe { ctx.read_at(layout.ret as usize) }.map_err(Error::Read)?
+    };
+    let event = CpuHotplugEvent {
+        timestamp_ns: now(),
+        cpu,
+        kind,
+        state,
+        idx,
+        ret,
+        reserved: 0,
+    };
+    // A full ring drops the event; user space notices the gap from the sequence of steps.
+    CPUHP_EVENTS
+        .output::<CpuHotplugEvent>(&event, 0)
+        .map_err(|e| Error::Map(e as i32))
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo<'_>) -> ! {
+    // Unreachable in a verified program: the verifier rejects any path that could reach it.
+    loop {}
+}

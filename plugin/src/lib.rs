@@ -1,0 +1,13 @@
+//! nri-resize: a containerd NRI plugin that makes in-place pod resize (KEP-1287) safe and
+//! observable on the node.
+//!
+//! One resize walks: [`nri`] (event in) → [`model`] (what we know) → policy (what to do) →
+//! cgroup writes or NRI updates → observer confirmation → metrics and the status [`api`].
+//! [`daemon`] is the only module that knows them all.
+
+pub mod api;
+pub mod config;
+pub mod daemon;
+pub mod model;
+pub mod nri;
+pub mod observer;

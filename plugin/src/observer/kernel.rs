@@ -1,0 +1,669 @@
+//! The kernel side of the observer: resolving the running kernel's layout, loading the eBPF
+//! object, attaching programs strategy by strategy, and reading the maps.
+
+use std::os::fd::{AsFd, BorrowedFd};
+use std::path::{Path, PathBuf};
+
+use aya::maps::{Map, MapData, PerCpuHashMap, RingBuf};
+use aya::programs::{BtfTracePoint, FEntry, TracePoint};
+use aya::{Ebpf, EbpfLoader};
+use aya_log::EbpfLogger;
+use nri_resize_ebpf_common::{
+    names, CgroupKey, CpuHotplugEvent, CpuhpLayout, MemcgEventsLayout, ObserverConfig, OomCounters,
+    ReclaimCounters, ReclaimSlot, ThrottleCounters, NO_FIELD, NO_ITEM, RECLAIM_SLOTS,
+};
+
+use super::btf::KernelBtf;
+use super::{
+    maps, parse, Fallback, HotplugStrategy, ObjectSource, ObserverError, ObserverSettings,
+    OomStrategy, Reclaim, ReclaimStrategy, Strategies, ThrottleStrategy,
+};
+
+/// The object built by `cargo xtask build-ebpf`, when it existed at build time.
+#[cfg(nri_resize_ebpf_object)]
+#[expect(
+    clippy::unnecessary_wraps,
+    reason = "same signature as the build without an object"
+)]
+fn embedded_object() -> Option<&'static [u8]> {
+    Some(aya::include_bytes_aligned!(env!("NRI_RESIZE_EBPF_OBJECT")))
+}
+
+#[cfg(not(nri_resize_ebpf_object))]
+fn embedded_object() -> Option<&'static [u8]> {
+    None
+}
+
+/// Forwards aya-log records from the kernel programs to `tracing`.
+struct TracingLog;
+
+impl log::Log for TracingLog {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        let message = record.args();
+        match record.level() {
+            log::Level::Error => tracing::error!(target: "observer::ebpf", "{message}"),
+            log::Level::Warn => tracing::warn!(target: "observer::ebpf", "{message}"),
+            log::Level::Info => tracing::info!(target: "observer::ebpf", "{message}"),
+            log::Level::Debug => tracing::debug!(target: "observer::ebpf", "{message}"),
+            log::Level::Trace => tracing::trace!(target: "observer::ebpf", "{message}"),
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+/// Which parts of `ObserverConfig` the running kernel could fill, and why not.
+struct Resolved {
+    config: ObserverConfig,
+    /// task → cgroup chain (needed by every BTF-walking program).
+    task_chain: Result<(), String>,
+    /// `task_struct::throttled` (task-based throttling).
+    task_throttled: Result<(), String>,
+    /// `cfs_rq::tg`, `task_group::css` and the `unthrottle_cfs_rq` function.
+    cfs_rq: Result<(), String>,
+    memcg_events: Result<(), String>,
+    reclaim_end: Result<(), String>,
+    cpuhp: Result<(), String>,
+}
+
+#[expect(
+    clippy::too_many_lines,
+    reason = "one linear list of lookups, each with its own fallback"
+)]
+fn resolve(
+    btf: &KernelBtf,
+    tracefs: Result<&Path, &str>,
+    cpu_hierarchy: u32,
+    memory_hierarchy: u32,
+) -> Resolved {
+    let mut c = ObserverConfig::UNCONFIGURED;
+    c.configured = 1;
+    c.cpu_hierarchy = cpu_hierarchy;
+    c.memory_hierarchy = memory_hierarchy;
+
+    let task_chain = (|| -> Result<(), ObserverError> {
+        c.task_pid = btf.offset("task_struct", "pid")?;
+        c.task_tgid = btf.offset("task_struct", "tgid")?;
+        c.task_cgroups = btf.offset("task_struct", "cgroups")?;
+        c.css_set_subsys = btf.offset("css_set", "subsys")?;
+        c.css_cgroup = btf.offset("cgroup_subsys_state", "cgroup")?;
+        c.cgroup_kn = btf.offset("cgroup", "kn")?;
+        c.kernfs_node_id = btf.offset("kernfs_node", "id")?;
+        c.cpu_subsys = btf.enum_value("cgroup_subsys_id", "cpu_cgrp_id")?;
+        c.memory_subsys = btf.enum_value("cgroup_subsys_id", "memory_cgrp_id")?;
+        Ok(())
+    })()
+    .map_err(|e| e.to_string());
+
+    let task_throttled = btf
+        .member("task_struct", "throttled")
+        .map(|loc| {
+            c.task_throttled = loc.byte_offset();
+            c.task_throttled_mask = loc.byte_mask();
+        })
+        .map_err(|e| format!("{e} (kernel without task-based CFS throttling, added in 6.18)"));
+
+    let cfs_rq = (|| -> Result<(), ObserverError> {
+        if !btf.has_function("unthrottle_cfs_rq") {
+            return Err(ObserverError::BtfLookup(
+                "no function unthrottle_cfs_rq".into(),
+            ));
+        }
+        c.cfs_rq_tg = btf.offset("cfs_rq", "tg")?;
+        c.task_group_css = btf.offset("task_group", "css")?;
+        c.cfs_rq_throttled_clock = btf.offset("cfs_rq", "throttled_clock").unwrap_or(NO_FIELD);
+        Ok(())
+    })()
+    .map_err(|e| e.to_string());
+
+    let mut any_item = false;
+    for slot in ReclaimSlot::ALL {
+        let item = btf
+            .enum_value("vm_event_item", slot.kernel_name())
+            .unwrap_or(NO_ITEM);
+        any_item |= item != NO_ITEM;
+        c.reclaim_items[slot as usize] = item;
+    }
+
+    let format = |category: &str, event: &str| -> Result<Vec<parse::FormatField>, String> {
+        let root = tracefs.map_err(str::to_owned)?;
+        let path = root
+            .join("events")
+            .join(category)
+            .join(event)
+            .join("format");
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| format!("read {}: {e}", path.display()))?;
+        Ok(parse::tracefs_format(&text))
+    };
+    let offset_of = |fields: &[parse::FormatField], name: &str| -> Result<u32, String> {
+        parse::field(fields, name)
+            .map(|f| f.offset)
+            .ok_or_else(|| format!("no field {name}"))
+    };
+
+    let memcg_events = format("memcg", "count_memcg_events").and_then(|fields| {
+        if !any_item {
+            return Err("enum vm_event_item has none of the reclaim events".into());
+        }
+        c.memcg_events = MemcgEventsLayout {
+            id: offset_of(&fields, "id")?,
+            item: offset_of(&fields, "item")?,
+            val: offset_of(&fields, "val")?,
+            reserved: 0,
+        };
+        Ok(())
+    });
+    let reclaim_end = format("vmscan", "mm_vmscan_memcg_reclaim_end").and_then(|fields| {
+        c.reclaim_end_nr_reclaimed = offset_of(&fields, "nr_reclaimed")?;
+        Ok(())
+    });
+    let cpuhp = format("cpuhp", "cpuhp_enter").and_then(|enter| {
+        let exit = format("cpuhp", "cpuhp_exit")?;
+        c.cpuhp_enter = CpuhpLayout {
+            cpu: offset_of(&enter, "cpu")?,
+            state: offset_of(&enter, "target")?,
+            idx: offset_of(&enter, "idx")?,
+            ret: NO_FIELD,
+        };
+        c.cpuhp_exit = CpuhpLayout {
+            cpu: offset_of(&exit, "cpu")?,
+            state: offset_of(&exit, "state")?,
+            idx: offset_of(&exit, "idx")?,
+            ret: offset_of(&exit, "ret")?,
+        };
+        Ok(())
+    });
+
+    Resolved {
+        config: c,
+        task_chain,
+        task_throttled,
+        cfs_rq,
+        memcg_events,
+        reclaim_end,
+        cpuhp,
+    }
+}
+
+/// The tracefs mount: the configured one, or `/sys/kernel/tracing` (mounted if needed), or the
+/// debugfs one.
+fn tracefs(configured: Option<&Path>) -> Result<PathBuf, String> {
+    if let Some(path) = configured {
+        return Ok(path.to_owned());
+    }
+    let standard = Path::new("/sys/kernel/tracing");
+    if standard.join("events").is_dir() {
+        return Ok(standard.to_owned());
+    }
+    let debugfs = Path::new("/sys/kernel/debug/tracing");
+    if debugfs.join("events").is_dir() {
+        return Ok(debugfs.to_owned());
+    }
+    nix::mount::mount(
+        Some("tracefs"),
+        standard,
+        Some("tracefs"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .map_err(|e| {
+        format!(
+            "tracefs not mounted and `mount -t tracefs tracefs {}` failed: {e}",
+            standard.display()
+        )
+    })?;
+    tracing::info!(path = %standard.display(), "observer: mounted tracefs");
+    Ok(standard.to_owned())
+}
+
+/// The loaded object and what the observer reads from it.
+pub(super) struct KernelSide {
+    ebpf: Ebpf,
+    logger: Option<EbpfLogger<TracingLog>>,
+    hotplug: Option<RingBuf<MapData>>,
+    cpus: usize,
+}
+
+fn fallback(
+    fallbacks: &mut Vec<Fallback>,
+    program: &'static str,
+    reason: String,
+    next: &dyn std::fmt::Debug,
+) {
+    tracing::warn!(program, reason = %reason, fallback = ?next, "observer: program refused, falling back");
+    fallbacks.push(Fallback { program, reason });
+}
+
+impl KernelSide {
+    pub(super) fn start(
+        settings: &ObserverSettings,
+        cpu_hierarchy: u32,
+        memory_hierarchy: u32,
+        fallbacks: &mut Vec<Fallback>,
+    ) -> Result<(Self, Strategies), ObserverError> {
+        let owned;
+        let bytes: &[u8] = match &settings.object {
+            ObjectSource::Embedded => embedded_object().ok_or(ObserverError::ObjectMissing)?,
+            ObjectSource::File(path) => {
+                owned = std::fs::read(path).map_err(|source| ObserverError::Io {
+                    path: path.clone(),
+                    source,
+                })?;
+                &owned
+            }
+            ObjectSource::None => return Err(ObserverError::ObjectMissing),
+        };
+        let btf = KernelBtf::from_file(&settings.btf)?;
+        let aya_btf =
+            aya::Btf::parse_file(&settings.btf, aya::Endianness::default()).map_err(|e| {
+                ObserverError::Btf {
+                    path: settings.btf.clone(),
+                    reason: e.to_string(),
+                }
+            })?;
+        let tracefs = tracefs(settings.tracefs.as_deref());
+        let r = resolve(
+            &btf,
+            tracefs.as_deref().map_err(String::as_str),
+            cpu_hierarchy,
+            memory_hierarchy,
+        );
+
+        let mut ebpf = EbpfLoader::new()
+            .btf(Some(&aya_btf))
+            .override_global(names::CONFIG_GLOBAL, &r.config, true)
+            .load(bytes)
+            .map_err(|e| ObserverError::Load(format!("{e:#}")))?;
+        let logger = EbpfLogger::init_with_logger(&mut ebpf, TracingLog)
+            .map_err(|e| tracing::warn!(error = %e, "observer: no kernel-side logs"))
+            .ok();
+        let cpus = aya::util::nr_cpus().map_err(|(path, source)| ObserverError::Io {
+            path: PathBuf::from(path),
+            source,
+        })?;
+
+        let throttle = attach_throttle(&mut ebpf, &r, &aya_btf, settings.force_throttle, fallbacks);
+        let reclaim = attach_reclaim(&mut ebpf, &r, settings.force_reclaim, fallbacks);
+        let oom = attach_oom(&mut ebpf, &r, &aya_btf, settings.force_oom, fallbacks);
+        let (hotplug, ring) = attach_hotplug(&mut ebpf, &r, settings.hotplug, fallbacks);
+
+        let strategies = Strategies {
+            throttle,
+            reclaim,
+            oom,
+            hotplug,
+        };
+        Ok((
+            Self {
+                ebpf,
+                logger,
+                hotplug: ring,
+                cpus,
+            },
+            strategies,
+        ))
+    }
+
+    fn map_fd(&self, name: &'static str) -> Result<BorrowedFd<'_>, ObserverError> {
+        match self.ebpf.map(name) {
+            Some(Map::PerCpuHashMap(data) | Map::PerCpuLruHashMap(data)) => Ok(data.fd().as_fd()),
+            _ => Err(ObserverError::Map {
+                map: name,
+                source: std::io::ErrorKind::NotFound.into(),
+            }),
+        }
+    }
+
+    fn lookup_sum(
+        &self,
+        map: &'static str,
+        key: &CgroupKey,
+        buf: &mut Vec<u64>,
+        sum: &mut [u64],
+    ) -> Result<(), ObserverError> {
+        let found = maps::lookup_percpu_sum(self.map_fd(map)?, key, self.cpus, buf, sum)
+            .map_err(|source| ObserverError::Map { map, source })?;
+        if !found {
+            sum.fill(0);
+        }
+        Ok(())
+    }
+
+    /// `[throttled_count, throttled_ns]` of a cpu cgroup.
+    pub(super) fn throttle(
+        &self,
+        key: &CgroupKey,
+        buf: &mut Vec<u64>,
+    ) -> Result<[u64; 2], ObserverError> {
+        const WORDS: usize = size_of::<ThrottleCounters>() / 8;
+        let mut sum = [0u64; WORDS];
+        self.lookup_sum(names::THROTTLE_MAP, key, buf, &mut sum)?;
+        Ok(sum)
+    }
+
+    pub(super) fn reclaim(
+        &self,
+        key: &CgroupKey,
+        buf: &mut Vec<u64>,
+    ) -> Result<Reclaim, ObserverError> {
+        const WORDS: usize = size_of::<ReclaimCounters>() / 8;
+        let mut sum = [0u64; WORDS];
+        self.lookup_sum(names::RECLAIM_MAP, key, buf, &mut sum)?;
+        let events = &sum[..RECLAIM_SLOTS];
+        let slot = |s: ReclaimSlot| Some(events[s as usize]);
+        Ok(Reclaim {
+            pgscan_kswapd: slot(ReclaimSlot::PgscanKswapd),
+            pgscan_direct: slot(ReclaimSlot::PgscanDirect),
+            pgsteal_kswapd: slot(ReclaimSlot::PgstealKswapd),
+            pgsteal_direct: slot(ReclaimSlot::PgstealDirect),
+            pgpgin: slot(ReclaimSlot::Pgpgin),
+            pgpgout: slot(ReclaimSlot::Pgpgout),
+            direct_reclaim_count: Some(sum[RECLAIM_SLOTS]),
+            direct_reclaim_ns: Some(sum[RECLAIM_SLOTS + 1]),
+            direct_reclaimed_pages: Some(sum[RECLAIM_SLOTS + 2]),
+        })
+    }
+
+    /// Kills in a memcg and one victim's tgid.
+    pub(super) fn oom(
+        &self,
+        key: &CgroupKey,
+        buf: &mut Vec<u64>,
+    ) -> Result<(u64, Option<u32>), ObserverError> {
+        const WORDS: usize = size_of::<OomCounters>() / 8;
+        let map = names::OOM_MAP;
+        let found = maps::lookup_percpu(self.map_fd(map)?, key, self.cpus, WORDS, buf)
+            .map_err(|source| ObserverError::Map { map, source })?;
+        if !found {
+            return Ok((0, None));
+        }
+        let mut kills = 0u64;
+        let mut tgid = None;
+        for value in buf.chunks_exact(WORDS) {
+            kills += value[0];
+            // Low half of the second word: `last_victim_tgid` (little-endian `u32, u32`).
+            let victim = (value[1] & 0xffff_ffff) as u32;
+            if victim != 0 {
+                tgid = Some(victim);
+            }
+        }
+        Ok((kills, tgid))
+    }
+
+    pub(super) fn forget(&mut self, cpu_key: CgroupKey, memory_key: CgroupKey) {
+        for (map, key) in [
+            (names::THROTTLE_MAP, cpu_key),
+            (names::RECLAIM_MAP, memory_key),
+            (names::OOM_MAP, memory_key),
+        ] {
+            let Some(m) = self.ebpf.map_mut(map) else {
+                continue;
+            };
+            // The value type only sizes the map check; removal does not read values.
+            let removed = match map {
+                names::THROTTLE_MAP => PerCpuHashMap::<_, CgroupKey, ThrottleCounters>::try_from(m)
+                    .map(|mut h| h.remove(&key)),
+                names::RECLAIM_MAP => PerCpuHashMap::<_, CgroupKey, ReclaimCounters>::try_from(m)
+                    .map(|mut h| h.remove(&key)),
+                _ => PerCpuHashMap::<_, CgroupKey, OomCounters>::try_from(m)
+                    .map(|mut h| h.remove(&key)),
+            };
+            if let Ok(Err(e)) | Err(e) = removed {
+                tracing::debug!(map, error = %e, "observer: forget");
+            }
+        }
+    }
+
+    pub(super) fn flush_logs(&mut self) {
+        if let Some(logger) = &mut self.logger {
+            logger.flush();
+        }
+    }
+
+    pub(super) fn drain_hotplug(&mut self, out: &mut Vec<CpuHotplugEvent>) {
+        let Some(ring) = &mut self.hotplug else {
+            return;
+        };
+        while let Some(item) = ring.next() {
+            if let Some(event) = decode_hotplug(&item) {
+                out.push(event);
+            }
+        }
+    }
+
+    pub(super) fn hotplug_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.hotplug.as_ref().map(AsFd::as_fd)
+    }
+}
+
+/// Throttling: `fentry`, then `tp_btf/sched_switch`, then `cpu.stat`.
+fn attach_throttle(
+    ebpf: &mut Ebpf,
+    r: &Resolved,
+    aya_btf: &aya::Btf,
+    forced: Option<ThrottleStrategy>,
+    fallbacks: &mut Vec<Fallback>,
+) -> ThrottleStrategy {
+    let mut throttle = forced.unwrap_or(ThrottleStrategy::Fentry);
+    if throttle == ThrottleStrategy::Fentry {
+        let attached = r.task_chain.clone().and(r.cfs_rq.clone()).and_then(|()| {
+            attach_fentry(ebpf, names::PROG_UNTHROTTLE, "unthrottle_cfs_rq", aya_btf)
+        });
+        if let Err(reason) = attached {
+            throttle = ThrottleStrategy::TpBtfSchedSwitch;
+            fallback(fallbacks, names::PROG_UNTHROTTLE, reason, &throttle);
+        }
+    }
+    if throttle == ThrottleStrategy::TpBtfSchedSwitch {
+        let attached = r
+            .task_chain
+            .clone()
+            .and(r.task_throttled.clone())
+            .and_then(|()| attach_tp_btf(ebpf, names::PROG_SCHED_SWITCH, "sched_switch", aya_btf));
+        if let Err(reason) = attached {
+            throttle = ThrottleStrategy::CpuStatPolling;
+            fallback(fallbacks, names::PROG_SCHED_SWITCH, reason, &throttle);
+        }
+    }
+    throttle
+}
+
+/// Reclaim: memcg tracepoints, then memory.stat.
+fn attach_reclaim(
+    ebpf: &mut Ebpf,
+    r: &Resolved,
+    forced: Option<ReclaimStrategy>,
+    fallbacks: &mut Vec<Fallback>,
+) -> ReclaimStrategy {
+    let mut reclaim = forced.unwrap_or(ReclaimStrategy::MemcgTracepoints);
+    if reclaim == ReclaimStrategy::MemcgTracepoints {
+        let attached = r.memcg_events.clone().and_then(|()| {
+            attach_tracepoint(
+                ebpf,
+                names::PROG_MEMCG_EVENTS,
+                "memcg",
+                "count_memcg_events",
+            )
+        });
+        match attached {
+            Ok(()) => {
+                // Time in direct reclaim is a bonus: without it the counters still hold.
+                let timing = r
+                    .task_chain
+                    .clone()
+                    .and(r.reclaim_end.clone())
+                    .and_then(|()| {
+                        attach_tracepoint(
+                            ebpf,
+                            names::PROG_RECLAIM_BEGIN,
+                            "vmscan",
+                            "mm_vmscan_memcg_reclaim_begin",
+                        )?;
+                        attach_tracepoint(
+                            ebpf,
+                            names::PROG_RECLAIM_END,
+                            "vmscan",
+                            "mm_vmscan_memcg_reclaim_end",
+                        )
+                    });
+                if let Err(reason) = timing {
+                    fallback(
+                        fallbacks,
+                        names::PROG_RECLAIM_BEGIN,
+                        reason,
+                        &"no direct reclaim time",
+                    );
+                }
+            }
+            Err(reason) => {
+                reclaim = ReclaimStrategy::MemoryStatPolling;
+                fallback(fallbacks, names::PROG_MEMCG_EVENTS, reason, &reclaim);
+            }
+        }
+    }
+    reclaim
+}
+
+/// OOM kills: `tp_btf/mark_victim`, then `memory.events`.
+fn attach_oom(
+    ebpf: &mut Ebpf,
+    r: &Resolved,
+    aya_btf: &aya::Btf,
+    forced: Option<OomStrategy>,
+    fallbacks: &mut Vec<Fallback>,
+) -> OomStrategy {
+    let mut oom = forced.unwrap_or(OomStrategy::MarkVictim);
+    if oom == OomStrategy::MarkVictim {
+        let attached = r
+            .task_chain
+            .clone()
+            .and_then(|()| attach_tp_btf(ebpf, names::PROG_MARK_VICTIM, "mark_victim", aya_btf));
+        if let Err(reason) = attached {
+            oom = OomStrategy::MemoryEventsPolling;
+            fallback(fallbacks, names::PROG_MARK_VICTIM, reason, &oom);
+        }
+    }
+    oom
+}
+
+/// CPU hotplug: cpuhp tracepoints through a ring buffer, or nothing.
+fn attach_hotplug(
+    ebpf: &mut Ebpf,
+    r: &Resolved,
+    wanted: bool,
+    fallbacks: &mut Vec<Fallback>,
+) -> (HotplugStrategy, Option<RingBuf<MapData>>) {
+    let mut hotplug = HotplugStrategy::Unavailable;
+    let mut ring = None;
+    if wanted {
+        let attached = r.cpuhp.clone().and_then(|()| {
+            attach_tracepoint(ebpf, names::PROG_CPUHP_ENTER, "cpuhp", "cpuhp_enter")?;
+            attach_tracepoint(ebpf, names::PROG_CPUHP_EXIT, "cpuhp", "cpuhp_exit")?;
+            let map = ebpf
+                .take_map(names::CPUHP_RING)
+                .ok_or("no map CPUHP_EVENTS")?;
+            RingBuf::try_from(map).map_err(|e| e.to_string())
+        });
+        match attached {
+            Ok(rb) => {
+                ring = Some(rb);
+                hotplug = HotplugStrategy::CpuhpTracepoints;
+            }
+            Err(reason) => fallback(fallbacks, names::PROG_CPUHP_ENTER, reason, &hotplug),
+        }
+    }
+    (hotplug, ring)
+}
+
+fn decode_hotplug(bytes: &[u8]) -> Option<CpuHotplugEvent> {
+    let u64_at = |o: usize| Some(u64::from_ne_bytes(bytes.get(o..o + 8)?.try_into().ok()?));
+    let u32_at = |o: usize| Some(u32::from_ne_bytes(bytes.get(o..o + 4)?.try_into().ok()?));
+    let i32_at = |o: usize| Some(i32::from_ne_bytes(bytes.get(o..o + 4)?.try_into().ok()?));
+    Some(CpuHotplugEvent {
+        timestamp_ns: u64_at(0)?,
+        cpu: u32_at(8)?,
+        kind: u32_at(12)?,
+        state: i32_at(16)?,
+        idx: i32_at(20)?,
+        ret: i32_at(24)?,
+        reserved: 0,
+    })
+}
+
+fn attach_fentry(
+    ebpf: &mut Ebpf,
+    program: &str,
+    function: &str,
+    btf: &aya::Btf,
+) -> Result<(), String> {
+    let p: &mut FEntry = ebpf
+        .program_mut(program)
+        .ok_or_else(|| format!("no program {program} in the object"))?
+        .try_into()
+        .map_err(|e: aya::programs::ProgramError| e.to_string())?;
+    p.load(function, btf).map_err(|e| format!("load: {e:#}"))?;
+    p.attach().map_err(|e| format!("attach: {e:#}"))?;
+    Ok(())
+}
+
+fn attach_tp_btf(
+    ebpf: &mut Ebpf,
+    program: &str,
+    tracepoint: &str,
+    btf: &aya::Btf,
+) -> Result<(), String> {
+    let p: &mut BtfTracePoint = ebpf
+        .program_mut(program)
+        .ok_or_else(|| format!("no program {program} in the object"))?
+        .try_into()
+        .map_err(|e: aya::programs::ProgramError| e.to_string())?;
+    p.load(tracepoint, btf)
+        .map_err(|e| format!("load: {e:#}"))?;
+    p.attach().map_err(|e| format!("attach: {e:#}"))?;
+    Ok(())
+}
+
+fn attach_tracepoint(
+    ebpf: &mut Ebpf,
+    program: &str,
+    category: &str,
+    name: &str,
+) -> Result<(), String> {
+    let p: &mut TracePoint = ebpf
+        .program_mut(program)
+        .ok_or_else(|| format!("no program {program} in the object"))?
+        .try_into()
+        .map_err(|e: aya::programs::ProgramError| e.to_string())?;
+    p.load().map_err(|e| format!("load: {e:#}"))?;
+    p.attach(category, name)
+        .map_err(|e| format!("attach: {e:#}"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decode_hotplug;
+
+    #[test]
+    fn decodes_a_hotplug_record() {
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(&42u64.to_ne_bytes());
+        bytes.extend_from_slice(&1u32.to_ne_bytes());
+        bytes.extend_from_slice(&1u32.to_ne_bytes());
+        bytes.extend_from_slice(&(-3i32).to_ne_bytes());
+        bytes.extend_from_slice(&7i32.to_ne_bytes());
+        bytes.extend_from_slice(&0i32.to_ne_bytes());
+        bytes.extend_from_slice(&0u32.to_ne_bytes());
+        let e = decode_hotplug(&bytes).expect("decode");
+        assert_eq!(
+            (e.timestamp_ns, e.cpu, e.kind, e.state, e.idx),
+            (42, 1, 1, -3, 7)
+        );
+        assert!(decode_hotplug(&bytes[..20]).is_none());
+    }
+}

@@ -1,0 +1,565 @@
+//! A private containerd instance run as a child process of the test.
+
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Once;
+use std::time::{Duration, Instant};
+
+use hyper_util::rt::TokioIo;
+use k8s_cri::v1::image_service_client::ImageServiceClient;
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use k8s_cri::v1::{
+    ImageSpec, ImageStatusRequest, ListPodSandboxRequest, RemovePodSandboxRequest,
+    StopPodSandboxRequest, VersionRequest,
+};
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use crate::cgroups::CgroupTree;
+use crate::cleanup::{self, InstanceRef, BASE_PREFIX, CGROUP_PREFIX};
+use crate::images::{image_archives, BUSYBOX_IMAGE, PAUSE_IMAGE};
+use crate::util::{next_instance, require_binary, require_root, tail_lines};
+use crate::version::ContainerdVersion;
+
+/// Options of a harness containerd.
+#[derive(Debug, Clone)]
+pub struct ContainerdOptions {
+    /// containerd's `[debug] level` (default `info`, or `$NRI_RESIZE_CONTAINERD_LOG_LEVEL`).
+    pub log_level: String,
+    /// NRI `plugin_registration_timeout` (default 5 s).
+    pub nri_registration_timeout: Duration,
+    /// NRI `plugin_request_timeout` (default 2 s).
+    pub nri_request_timeout: Duration,
+    /// How long to wait for the CRI socket to answer (default 30 s).
+    pub start_timeout: Duration,
+    /// When the test panics, copy containerd's log to
+    /// `/tmp/nri-resize-test-logs/<instance>.log` before the temp dir is removed (default true).
+    pub keep_log_on_panic: bool,
+}
+
+impl Default for ContainerdOptions {
+    fn default() -> Self {
+        Self {
+            log_level: std::env::var("NRI_RESIZE_CONTAINERD_LOG_LEVEL")
+                .unwrap_or_else(|_| "info".to_owned()),
+            nri_registration_timeout: Duration::from_secs(5),
+            nri_request_timeout: Duration::from_secs(2),
+            start_timeout: Duration::from_secs(30),
+            keep_log_on_panic: true,
+        }
+    }
+}
+
+/// A private containerd with its own config, root, state, sockets, runc root, NRI socket
+/// and cgroup tree, all removed on drop (also when the test panics).
+///
+/// Layout of the base dir `/tmp/nrt-<pid>-<n>/`: `config.toml`, `containerd.log`,
+/// `c.sock` (CRI/gRPC), `c.sock.ttrpc`, `nri.sock`, `root/`, `state/`, `runc/` (runc `--root`),
+/// `nri/plugins`, `nri/conf.d` (empty: no system NRI plugin runs), `pods/` (container logs).
+#[derive(Debug)]
+pub struct Containerd {
+    version: ContainerdVersion,
+    opts: ContainerdOptions,
+    inst: InstanceRef,
+    child: Option<Child>,
+    runtime_name: String,
+    runtime_version: String,
+    channel: Option<Channel>,
+    pub(crate) cgroups: CgroupTree,
+}
+
+fn duration_toml(d: Duration) -> String {
+    format!("{}ms", d.as_millis())
+}
+
+impl Containerd {
+    /// Starts containerd `version` and imports the pause and busybox images into it.
+    ///
+    /// Panics (with the tail of containerd's log) if it does not come up, and with an install
+    /// hint if not root or a binary is missing.
+    pub async fn start(version: ContainerdVersion, opts: ContainerdOptions) -> Self {
+        static SWEEP: Once = Once::new();
+        require_root();
+        require_binary(
+            &version.containerd_bin(),
+            &format!("{version} (containerd)"),
+        );
+        require_binary(&version.ctr_bin(), &format!("{version} (ctr)"));
+        require_binary(
+            &version.shim_bin(),
+            &format!("{version} (containerd-shim-runc-v2)"),
+        );
+        require_binary(Path::new("/usr/bin/runc"), "runc (/usr/bin/runc)");
+        SWEEP.call_once(cleanup::sweep_stale);
+        let archives = tokio::task::spawn_blocking(image_archives)
+            .await
+            .expect("build images");
+
+        let pid = std::process::id();
+        let (base, n) = loop {
+            let n = next_instance();
+            let base = PathBuf::from(format!("/tmp/{BASE_PREFIX}{pid}-{n}"));
+            match std::fs::create_dir(&base) {
+                Ok(()) => break (base, n),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => panic!("create {}: {e}", base.display()),
+            }
+        };
+        let cgroups = CgroupTree::new(format!("/{CGROUP_PREFIX}{pid}-{n}"));
+        let inst = InstanceRef {
+            grpc_socket: base.join("c.sock"),
+            base,
+            cgroup_root: cgroups.path().to_owned(),
+        };
+        let mut this = Self {
+            version,
+            opts,
+            inst,
+            child: None,
+            runtime_name: String::new(),
+            runtime_version: String::new(),
+            channel: None,
+            cgroups,
+        };
+        // From here on, Drop cleans up whatever exists.
+        let base = this.inst.base.clone();
+        std::fs::write(base.join("cgroup-root"), this.cgroups.path()).expect("write cgroup-root");
+        for d in [
+            "root",
+            "state",
+            "runc",
+            "nri/plugins",
+            "nri/conf.d",
+            "pods",
+            "opt",
+            "cni/bin",
+            "cni/conf",
+        ] {
+            std::fs::create_dir_all(base.join(d))
+                .unwrap_or_else(|e| panic!("create {}/{d}: {e}", base.display()));
+        }
+        std::fs::write(this.config_path(), this.config_toml()).expect("write config.toml");
+        this.cgroups.create();
+        Box::pin(this.spawn()).await;
+        for archive in [&archives.pause, &archives.busybox] {
+            Box::pin(this.import(archive)).await;
+        }
+        for image in [PAUSE_IMAGE, BUSYBOX_IMAGE] {
+            Box::pin(this.wait_image(image)).await;
+        }
+        eprintln!(
+            "harness: {} {} ({}) at {}, cgroups {} ({:?})",
+            this.runtime_name,
+            this.runtime_version,
+            this.version,
+            this.inst.base.display(),
+            this.cgroups.path(),
+            this.cgroups.mode()
+        );
+        this
+    }
+
+    /// Which containerd this is.
+    pub fn containerd_version(&self) -> ContainerdVersion {
+        self.version
+    }
+
+    /// `runtime_version` from the CRI `Version` RPC (e.g. `1.7.24~ds1`, `2.1.9+unknown`).
+    pub fn version(&self) -> &str {
+        &self.runtime_version
+    }
+
+    /// `runtime_name` from the CRI `Version` RPC (`containerd`).
+    pub fn runtime_name(&self) -> &str {
+        &self.runtime_name
+    }
+
+    /// The instance's base directory.
+    pub fn base_dir(&self) -> &Path {
+        &self.inst.base
+    }
+
+    /// The NRI socket plugins connect to.
+    pub fn nri_socket(&self) -> PathBuf {
+        self.inst.base.join("nri.sock")
+    }
+
+    /// The CRI (containerd gRPC) socket.
+    pub fn cri_socket(&self) -> &Path {
+        &self.inst.grpc_socket
+    }
+
+    /// containerd's combined stdout/stderr (appended across restarts).
+    pub fn log_path(&self) -> PathBuf {
+        self.inst.base.join("containerd.log")
+    }
+
+    /// Last `n` lines of containerd's log.
+    pub fn log_tail(&self, n: usize) -> String {
+        tail_lines(&self.log_path(), n)
+    }
+
+    fn config_path(&self) -> PathBuf {
+        self.inst.base.join("config.toml")
+    }
+
+    /// The harness's cgroup tree (pods are created below it).
+    pub fn cgroups(&self) -> &CgroupTree {
+        &self.cgroups
+    }
+
+    /// Pid of the running containerd process, if any.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// A CRI runtime client (cheap clone of one channel). Panics if containerd is stopped.
+    pub fn runtime_client(&self) -> RuntimeServiceClient<Channel> {
+        RuntimeServiceClient::new(self.channel.clone().expect("containerd is stopped"))
+    }
+
+    /// A CRI image client. Panics if containerd is stopped.
+    pub fn image_client(&self) -> ImageServiceClient<Channel> {
+        ImageServiceClient::new(self.channel.clone().expect("containerd is stopped"))
+    }
+
+    /// Stops the containerd process only (SIGTERM, SIGKILL after 10 s). Shims and containers
+    /// keep running. No-op if already stopped.
+    pub async fn stop(&mut self) {
+        self.channel = None;
+        if let Some(mut child) = self.child.take() {
+            let pid = i32::try_from(child.id()).expect("pid fits i32");
+            tokio::task::spawn_blocking(move || {
+                cleanup::terminate(pid, Duration::from_secs(10));
+                let _ = child.wait();
+            })
+            .await
+            .expect("stop containerd");
+        }
+        // A fresh socket file marks the restarted instance's NRI as listening.
+        let _ = std::fs::remove_file(self.nri_socket());
+    }
+
+    /// Stops containerd (if running) and starts it again on the same config and dirs; used to
+    /// test plugin reconnects. Waits until CRI answers again.
+    pub async fn restart(&mut self) {
+        self.stop().await;
+        Box::pin(self.spawn()).await;
+    }
+
+    fn config_toml(&self) -> String {
+        let b = self.inst.base.display();
+        let o = &self.opts;
+        let common = format!(
+            "root = \"{b}/root\"\nstate = \"{b}/state\"\n\n[grpc]\n  address = \"{b}/c.sock\"\n\n\
+             [ttrpc]\n  address = \"{b}/c.sock.ttrpc\"\n\n[debug]\n  level = \"{lvl}\"\n",
+            lvl = o.log_level
+        );
+        let nri = format!(
+            "  [plugins.\"io.containerd.nri.v1.nri\"]\n    disable = false\n    disable_connections = false\n    \
+             socket_path = \"{b}/nri.sock\"\n    plugin_path = \"{b}/nri/plugins\"\n    \
+             plugin_config_path = \"{b}/nri/conf.d\"\n    plugin_registration_timeout = \"{reg}\"\n    \
+             plugin_request_timeout = \"{req}\"\n\n  [plugins.\"io.containerd.internal.v1.opt\"]\n    path = \"{b}/opt\"\n",
+            reg = duration_toml(o.nri_registration_timeout),
+            req = duration_toml(o.nri_request_timeout)
+        );
+        let runc_opts = format!("SystemdCgroup = false\n          Root = \"{b}/runc\"\n");
+        match self.version {
+            ContainerdVersion::V1_7 => format!(
+                "version = 2\n{common}\n[plugins]\n{nri}\n\
+                 \x20 [plugins.\"io.containerd.grpc.v1.cri\"]\n\
+                 \x20   sandbox_image = \"{PAUSE_IMAGE}\"\n\
+                 \x20   restrict_oom_score_adj = true\n\
+                 \x20   enable_cdi = false\n\
+                 \x20   disable_tcp_service = true\n\
+                 \x20   stream_server_address = \"127.0.0.1\"\n\
+                 \x20   stream_server_port = \"0\"\n\
+                 \x20   [plugins.\"io.containerd.grpc.v1.cri\".cni]\n\
+                 \x20     bin_dir = \"{b}/cni/bin\"\n\
+                 \x20     conf_dir = \"{b}/cni/conf\"\n\
+                 \x20   [plugins.\"io.containerd.grpc.v1.cri\".containerd]\n\
+                 \x20     snapshotter = \"overlayfs\"\n\
+                 \x20     default_runtime_name = \"runc\"\n\
+                 \x20     [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n\
+                 \x20       runtime_type = \"io.containerd.runc.v2\"\n\
+                 \x20       [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc.options]\n\
+                 \x20         {runc_opts}"
+            ),
+            ContainerdVersion::V2 => format!(
+                "version = 3\n{common}\n[plugins]\n{nri}\n\
+                 \x20 [plugins.\"io.containerd.cri.v1.images\"]\n\
+                 \x20   snapshotter = \"overlayfs\"\n\
+                 \x20   [plugins.\"io.containerd.cri.v1.images\".pinned_images]\n\
+                 \x20     sandbox = \"{PAUSE_IMAGE}\"\n\n\
+                 \x20 [plugins.\"io.containerd.cri.v1.runtime\"]\n\
+                 \x20   restrict_oom_score_adj = true\n\
+                 \x20   enable_cdi = false\n\
+                 \x20   [plugins.\"io.containerd.cri.v1.runtime\".cni]\n\
+                 \x20     bin_dirs = [\"{b}/cni/bin\"]\n\
+                 \x20     conf_dir = \"{b}/cni/conf\"\n\
+                 \x20   [plugins.\"io.containerd.cri.v1.runtime\".containerd]\n\
+                 \x20     default_runtime_name = \"runc\"\n\
+                 \x20     [plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.runc]\n\
+                 \x20       runtime_type = \"io.containerd.runc.v2\"\n\
+                 \x20       sandboxer = \"podsandbox\"\n\
+                 \x20       [plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.runc.options]\n\
+                 \x20         {runc_opts}\n\
+                 \x20 [plugins.\"io.containerd.grpc.v1.cri\"]\n\
+                 \x20   disable_tcp_service = true\n\
+                 \x20   stream_server_address = \"127.0.0.1\"\n\
+                 \x20   stream_server_port = \"0\"\n\n\
+                 \x20 [plugins.\"io.containerd.image-verifier.v1.bindir\"]\n\
+                 \x20   bin_dir = \"{b}/opt/image-verifier\"\n"
+            ),
+        }
+    }
+
+    /// Starts the containerd process and waits for CRI (`Version`) and the NRI socket.
+    async fn spawn(&mut self) {
+        assert!(self.child.is_none(), "containerd already running");
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .unwrap_or_else(|e| panic!("open {}: {e}", self.log_path().display()));
+        let log2 = log.try_clone().expect("clone log fd");
+        let path = format!(
+            "{}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            self.version.bin_dir().display()
+        );
+        let child = Command::new(self.version.containerd_bin())
+            .arg("--config")
+            .arg(self.config_path())
+            .current_dir(&self.inst.base)
+            .env_clear()
+            .env("PATH", path)
+            .env("HOME", &self.inst.base)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", self.version.containerd_bin().display()));
+        std::fs::write(
+            self.inst.base.join("containerd.pid"),
+            child.id().to_string(),
+        )
+        .expect("write containerd.pid");
+        self.child = Some(child);
+
+        let started = Instant::now();
+        let deadline = started + self.opts.start_timeout;
+        let mut last_err = String::from("not tried");
+        loop {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                self.child = None;
+                panic!(
+                    "{} exited during startup ({status}); last 50 lines of {}:\n{}",
+                    self.version,
+                    self.log_path().display(),
+                    self.log_tail(50)
+                );
+            }
+            assert!(
+                    Instant::now() <= deadline,
+                    "{} did not answer CRI Version within {:?} (last error: {last_err}); last 50 lines of {}:\n{}",
+                    self.version,
+                    self.opts.start_timeout,
+                    self.log_path().display(),
+                    self.log_tail(50)
+                );
+            match self.try_version().await {
+                Ok((channel, name, version)) if self.nri_socket().exists() => {
+                    self.channel = Some(channel);
+                    self.runtime_name = name;
+                    self.runtime_version = version;
+                    tracing::debug!(elapsed = ?started.elapsed(), version = %self.runtime_version, "containerd ready");
+                    return;
+                }
+                Ok(_) => last_err = format!("NRI socket {} missing", self.nri_socket().display()),
+                Err(e) => last_err = e,
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn try_version(&self) -> Result<(Channel, String, String), String> {
+        let channel = connect(self.cri_socket())
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        let v = RuntimeServiceClient::new(channel.clone())
+            .version(VersionRequest {
+                version: "v1".to_owned(),
+            })
+            .await
+            .map_err(|e| format!("Version: {e}"))?
+            .into_inner();
+        Ok((channel, v.runtime_name, v.runtime_version))
+    }
+
+    async fn import(&self, archive: &Path) {
+        let out = tokio::process::Command::new(self.version.ctr_bin())
+            .arg("--address")
+            .arg(self.cri_socket())
+            .args(["-n", "k8s.io", "images", "import"])
+            .arg(archive)
+            .env(
+                "PATH",
+                format!(
+                    "{}:/usr/sbin:/usr/bin:/sbin:/bin",
+                    self.version.bin_dir().display()
+                ),
+            )
+            .output()
+            .await
+            .unwrap_or_else(|e| panic!("run {}: {e}", self.version.ctr_bin().display()));
+        assert!(
+            out.status.success(),
+            "ctr images import {} failed ({}): {}{}",
+            archive.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Waits until CRI sees `image` (CRI's image store follows containerd's asynchronously).
+    async fn wait_image(&self, image: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut client = self.image_client();
+        loop {
+            let req = ImageStatusRequest {
+                image: Some(ImageSpec {
+                    image: image.to_owned(),
+                    ..Default::default()
+                }),
+                verbose: false,
+            };
+            match client.image_status(req).await {
+                Ok(r) if r.get_ref().image.is_some() => return,
+                other => assert!(
+                    Instant::now() < deadline,
+                    "{}: image {image} not visible through CRI after import ({other:?}); log:\n{}",
+                    self.version,
+                    self.log_tail(50)
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Connects a tonic channel to a unix socket.
+pub async fn connect(socket: &Path) -> Result<Channel, tonic::transport::Error> {
+    let socket = socket.to_path_buf();
+    Endpoint::from_static("http://[::]:50051")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let socket = socket.clone();
+            async move {
+                Ok::<_, std::io::Error>(TokioIo::new(
+                    tokio::net::UnixStream::connect(socket).await?,
+                ))
+            }
+        }))
+        .await
+}
+
+/// Stops and removes every pod of the instance through CRI, with a deadline. Runs on its own
+/// thread and runtime so that it works from `Drop` inside or outside a tokio runtime.
+fn cri_remove_all_pods(socket: PathBuf) {
+    let worker = std::thread::spawn(move || {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        rt.block_on(async move {
+            let work = async {
+                let channel = connect(&socket).await.ok()?;
+                let mut rt = RuntimeServiceClient::new(channel);
+                let pods = rt
+                    .list_pod_sandbox(ListPodSandboxRequest { filter: None })
+                    .await
+                    .ok()?
+                    .into_inner()
+                    .items;
+                for p in pods {
+                    let _ = rt
+                        .stop_pod_sandbox(StopPodSandboxRequest {
+                            pod_sandbox_id: p.id.clone(),
+                        })
+                        .await;
+                    let _ = rt
+                        .remove_pod_sandbox(RemovePodSandboxRequest {
+                            pod_sandbox_id: p.id,
+                        })
+                        .await;
+                }
+                Some(())
+            };
+            if tokio::time::timeout(Duration::from_secs(20), work)
+                .await
+                .is_err()
+            {
+                tracing::warn!("CRI cleanup timed out");
+            }
+        });
+    });
+    let _ = worker.join();
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        let panicking = std::thread::panicking();
+        self.channel = None;
+        if let Some(mut child) = self.child.take() {
+            if child.try_wait().ok().flatten().is_none() {
+                cri_remove_all_pods(self.inst.grpc_socket.clone());
+            }
+            if let Ok(pid) = i32::try_from(child.id()) {
+                cleanup::terminate(pid, Duration::from_secs(10));
+            }
+            let _ = child.wait();
+        }
+        if panicking {
+            let mut kept = String::new();
+            if self.opts.keep_log_on_panic {
+                let dir = Path::new("/tmp/nri-resize-test-logs");
+                let name = self
+                    .inst
+                    .base
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                let keep = dir.join(format!("{name}.log"));
+                if std::fs::create_dir_all(dir)
+                    .and_then(|()| std::fs::copy(self.log_path(), &keep))
+                    .is_ok()
+                {
+                    kept = format!(" (log kept at {})", keep.display());
+                }
+            }
+            eprintln!(
+                "harness: test panicked; {}{kept}, last 50 lines of its log:\n{}",
+                self.version,
+                self.log_tail(50)
+            );
+        }
+        let problems = cleanup::teardown(&self.inst);
+        if !problems.is_empty() {
+            eprintln!(
+                "harness: cleanup of {} incomplete: {problems:?}",
+                self.inst.base.display()
+            );
+            assert!(
+                panicking,
+                "harness: cleanup of {} incomplete: {problems:?}",
+                self.inst.base.display()
+            );
+        }
+    }
+}

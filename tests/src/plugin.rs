@@ -1,0 +1,188 @@
+//! The nri-resize daemon as a child process of a test, attached to a harness containerd.
+//! Stopped by pid on drop (SIGTERM, then SIGKILL), also when the test panics.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use nri_resize::api::ApiClient;
+
+use crate::util::tail_lines;
+use crate::Containerd;
+
+/// The plugin binary: `$NRI_RESIZE_BIN`, else `target/debug/nri-resize` of this workspace,
+/// built once per test process if needed.
+pub fn plugin_binary() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(p) = std::env::var_os("NRI_RESIZE_BIN") {
+            let p = PathBuf::from(p);
+            assert!(p.is_file(), "NRI_RESIZE_BIN={} does not exist", p.display());
+            return p;
+        }
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("tests/ is in the workspace");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .current_dir(root)
+            .args(["build", "-q", "-p", "nri-resize", "--bin", "nri-resize"])
+            .status()
+            .expect("run cargo build for the plugin binary");
+        assert!(status.success(), "building the nri-resize binary failed");
+        root.join("target/debug/nri-resize")
+    })
+}
+
+/// A running `nri-resize run`.
+#[derive(Debug)]
+pub struct PluginProcess {
+    child: Option<Child>,
+    pub api_socket: PathBuf,
+    pub log_path: PathBuf,
+    args: Vec<String>,
+    nri_socket: PathBuf,
+}
+
+impl PluginProcess {
+    /// Starts the plugin against `ctrd` with `extra` arguments; does not wait for readiness.
+    pub fn start(ctrd: &Containerd, name: &str, extra: &[&str]) -> PluginProcess {
+        let dir = ctrd.base_dir();
+        let mut p = PluginProcess {
+            child: None,
+            api_socket: dir.join(format!("{name}-api.sock")),
+            log_path: dir.join(format!("{name}.log")),
+            args: extra.iter().map(ToString::to_string).collect(),
+            nri_socket: ctrd.nri_socket(),
+        };
+        p.spawn();
+        p
+    }
+
+    fn spawn(&mut self) {
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .expect("open plugin log");
+        let child = Command::new(plugin_binary())
+            .arg("run")
+            .arg("--nri-socket")
+            .arg(&self.nri_socket)
+            .arg("--api-socket")
+            .arg(&self.api_socket)
+            .args(&self.args)
+            .env("NRI_RESIZE_LOG", "nri_resize=debug,info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("dup log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn nri-resize");
+        self.child = Some(child);
+    }
+
+    /// The status API client.
+    pub fn api(&self) -> ApiClient {
+        ApiClient::new(&self.api_socket)
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// The last `n` lines of the plugin's log.
+    pub fn log_tail(&self, n: usize) -> String {
+        tail_lines(&self.log_path, n)
+    }
+
+    /// Waits until `/readyz` says registered and synchronized; panics with the log otherwise.
+    pub async fn wait_ready(&mut self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!(
+                    "nri-resize exited early ({status}); log:\n{}",
+                    self.log_tail(40)
+                );
+            }
+            if matches!(self.api().ready().await, Ok(true)) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "nri-resize not ready after {timeout:?}; log:\n{}",
+                self.log_tail(40)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Sends `sig` and waits for exit (up to `timeout`, then SIGKILL). Returns the exit code.
+    pub fn stop_with(&mut self, sig: Signal, timeout: Duration) -> Option<i32> {
+        let mut child = self.child.take()?;
+        let pid = Pid::from_raw(i32::try_from(child.id()).expect("pid fits i32"));
+        let _ = kill(pid, sig);
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Graceful stop (SIGTERM); panics if the plugin does not exit 0 within 5 s.
+    pub fn stop(&mut self) {
+        let code = self.stop_with(Signal::SIGTERM, Duration::from_secs(5));
+        assert_eq!(
+            code,
+            Some(0),
+            "nri-resize did not stop cleanly on SIGTERM; log:\n{}",
+            self.log_tail(40)
+        );
+    }
+
+    /// Starts the same plugin again (after `stop`/`stop_with`).
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "restart of a running plugin");
+        self.spawn();
+    }
+
+    /// Waits for the process to exit by itself; returns its exit code.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = Instant::now() + timeout;
+        let child = self.child.as_mut()?;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return status.code();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "nri-resize still running after {timeout:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for PluginProcess {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            self.stop_with(Signal::SIGTERM, Duration::from_secs(3));
+        }
+    }
+}

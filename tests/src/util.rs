@@ -1,0 +1,76 @@
+//! Small helpers shared by the harness modules.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// Where `setup-host.sh` keeps downloads and where the harness caches images
+/// (`$NRI_RESIZE_CACHE`, default `/var/cache/nri-resize`).
+pub(crate) fn cache_dir() -> PathBuf {
+    std::env::var_os("NRI_RESIZE_CACHE")
+        .map_or_else(|| PathBuf::from("/var/cache/nri-resize"), PathBuf::from)
+}
+
+/// A number unique within this process, for instance names.
+pub(crate) fn next_instance() -> u32 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+const INSTALL_HINT: &str = "`cargo xtask test` installs it (xtask/scripts/setup-host.sh)";
+
+/// Panics unless the process runs as root.
+pub(crate) fn require_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "nri-resize-tests: the real-runtime tests must run as root (they start containerd, \
+             mount overlays and create cgroups); run them through `cargo xtask test` as root"
+    );
+}
+
+/// Panics unless `path` is an executable file.
+pub(crate) fn require_binary(path: &Path, what: &str) {
+    let ok = std::fs::metadata(path).is_ok_and(|m| {
+        m.is_file() && std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0
+    });
+    assert!(
+        ok,
+        "nri-resize-tests: {what} is missing: {} not found; {INSTALL_HINT}",
+        path.display()
+    );
+}
+
+/// Panics unless `name` is found in `PATH`.
+pub(crate) fn require_in_path(name: &str, what: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path) {
+        let p = dir.join(name);
+        if p.is_file() {
+            return p;
+        }
+    }
+    panic!("nri-resize-tests: {what} is missing: `{name}` not found in PATH; {INSTALL_HINT}");
+}
+
+/// Last `n` lines of a text file (empty when unreadable).
+pub fn tail_lines(path: &Path, n: usize) -> String {
+    let text = std::fs::read(path)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Polls `f` every 20 ms until it returns `true` or `timeout` elapses; returns the last result.
+pub(crate) fn poll_blocking(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -1,0 +1,429 @@
+//! nri-resize against real containerd (1.7 and 2.x), driven through CRI as kubelet does.
+//!
+//! For each version: the plugin sees every pod and container event with the full resource spec;
+//! a plugin-initiated update (NRI `UpdateContainers`) reaches the container's cgroup and the
+//! runtime's `ContainerStatus`; after a plugin restart and after a containerd restart the
+//! plugin's model equals the runtime's state.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use nri_resize::api::{ApiClient, Status};
+use nri_resize::model::{CpuResources, EventKind, EventRecord, LinuxResources, MemoryResources};
+use nri_resize_tests::cri::{ListContainersRequest, ListPodSandboxRequest};
+use nri_resize_tests::{
+    ContainerSpec, Containerd, ContainerdOptions, ContainerdVersion, PluginProcess, PodSpec,
+    Resources,
+};
+
+const MIB: i64 = 1 << 20;
+const READY: Duration = Duration::from_secs(15);
+
+fn limits(r: Option<&LinuxResources>) -> (Option<i64>, Option<u64>, Option<u64>, Option<i64>) {
+    let r = r.cloned().unwrap_or_default();
+    (
+        r.cpu_quota(),
+        r.cpu_period(),
+        r.cpu_shares(),
+        r.memory_limit(),
+    )
+}
+
+/// The plugin's model equals what the runtime reports through CRI: the same pods and containers,
+/// with the same names and the same resources.
+async fn assert_model_matches_runtime(ctrd: &Containerd, api: &ApiClient, when: &str) {
+    let status: Status = api.status().await.expect("status API");
+    let mut rt = ctrd.runtime_client();
+    let sandboxes = rt
+        .list_pod_sandbox(ListPodSandboxRequest::default())
+        .await
+        .expect("ListPodSandbox")
+        .into_inner()
+        .items;
+    let containers = rt
+        .list_containers(ListContainersRequest::default())
+        .await
+        .expect("ListContainers")
+        .into_inner()
+        .containers;
+
+    let runtime_pods: BTreeMap<String, String> = sandboxes
+        .iter()
+        .map(|s| {
+            let m = s.metadata.clone().unwrap_or_default();
+            (s.id.clone(), format!("{}/{}", m.namespace, m.name))
+        })
+        .collect();
+    let model_pods: BTreeMap<String, String> = status
+        .pods
+        .iter()
+        .map(|p| (p.pod.id.clone(), p.pod.full_name()))
+        .collect();
+    assert_eq!(
+        model_pods, runtime_pods,
+        "{when}: pods differ between plugin and runtime"
+    );
+
+    let mut runtime_ctrs = BTreeMap::new();
+    for c in &containers {
+        let res = ctrd
+            .container_resources(&c.id)
+            .await
+            .expect("ContainerStatus")
+            .unwrap_or_default();
+        let name = c.metadata.clone().unwrap_or_default().name;
+        runtime_ctrs.insert(
+            c.id.clone(),
+            (
+                c.pod_sandbox_id.clone(),
+                name,
+                res.cpu_quota,
+                res.cpu_period,
+                res.cpu_shares,
+                res.memory_limit_in_bytes,
+            ),
+        );
+    }
+    let mut model_ctrs = BTreeMap::new();
+    for p in &status.pods {
+        for c in &p.containers {
+            let (q, per, sh, mem) = limits(c.resources.as_ref());
+            let per = per.map_or(0, |v| i64::try_from(v).expect("period fits"));
+            let sh = sh.map_or(0, |v| i64::try_from(v).expect("shares fit"));
+            model_ctrs.insert(
+                c.id.clone(),
+                (
+                    c.pod_id.clone(),
+                    c.name.clone(),
+                    q.unwrap_or(0),
+                    per,
+                    sh,
+                    mem.unwrap_or(0),
+                ),
+            );
+        }
+    }
+    assert_eq!(
+        model_ctrs, runtime_ctrs,
+        "{when}: containers differ between plugin and runtime"
+    );
+    eprintln!(
+        "{when}: plugin model equals runtime state ({} pods, {} containers)",
+        model_pods.len(),
+        model_ctrs.len()
+    );
+}
+
+async fn events_of(api: &ApiClient, pod_id: &str) -> Vec<EventRecord> {
+    api.events(0)
+        .await
+        .expect("events API")
+        .into_iter()
+        .filter(|e| e.pod_id == pod_id)
+        .collect()
+}
+
+/// Waits until the plugin sees `want` for the pod (events may trail the CRI call slightly).
+async fn wait_for_event(
+    plugin: &PluginProcess,
+    pod_id: &str,
+    container: &str,
+    want: EventKind,
+) -> EventRecord {
+    let api = &plugin.api();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(e) = events_of(api, pod_id)
+            .await
+            .into_iter()
+            .rev()
+            .find(|e| e.event == want && e.container == container)
+        {
+            return e;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "plugin never saw {want:?} for {container:?}; events: {:#?}\nplugin log:\n{}",
+            events_of(api, pod_id).await,
+            plugin.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn wait_reconnected(api: &ApiClient, connects: u64) {
+    let deadline = Instant::now() + READY;
+    loop {
+        if let Ok(s) = api.status().await {
+            if s.runtime.connects >= connects && s.runtime.synchronized {
+                return;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "plugin did not re-register (want {connects} connects)"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn lifecycle(version: ContainerdVersion) {
+    let mut ctrd = Containerd::start(version, ContainerdOptions::default()).await;
+    eprintln!(
+        "=== running against {version}: runtime version {} (NRI socket {})",
+        ctrd.version(),
+        ctrd.nri_socket().display()
+    );
+    let mut plugin = PluginProcess::start(&ctrd, "nri-resize", &[]);
+    plugin.wait_ready(READY).await;
+    let api = plugin.api();
+    let st = api.status().await.expect("status");
+    assert_eq!(st.runtime.name.as_deref(), Some("containerd"));
+    assert_eq!(st.runtime.version.as_deref(), Some(ctrd.version()));
+
+    // A pod and a container, created with resources, labels and annotations.
+    let mut spec = PodSpec::new("web");
+    spec.labels.insert("app".into(), "web".into());
+    spec.annotations
+        .insert("example.com/owner".into(), "team-a".into());
+    spec.resources = Resources::limits(400_000, 1024 * MIB);
+    let pod = Box::pin(ctrd.run_pod(spec)).await.expect("RunPodSandbox");
+    let mut c = ContainerSpec::new("app", &["sleep", "3600"]);
+    c.resources = Resources::limits(50_000, 64 * MIB);
+    c.annotations
+        .insert("resize-policy.nri-resize.io/test".into(), "yes".into());
+    let id = Box::pin(ctrd.create_container(&pod, c))
+        .await
+        .expect("CreateContainer");
+    ctrd.start_container(&id).await.expect("StartContainer");
+
+    let run = wait_for_event(&plugin, &pod.id, "", EventKind::RunPodSandbox).await;
+    assert_eq!(run.pod, format!("{}/web", pod.namespace));
+    let created = wait_for_event(&plugin, &pod.id, "app", EventKind::CreateContainer).await;
+    assert_eq!(
+        limits(created.resources.as_ref()),
+        (Some(50_000), Some(100_000), Some(512), Some(64 * MIB)),
+        "CreateContainer carries the full resources"
+    );
+    wait_for_event(&plugin, &pod.id, "app", EventKind::PostCreateContainer).await;
+    wait_for_event(&plugin, &pod.id, "app", EventKind::StartContainer).await;
+    wait_for_event(&plugin, &pod.id, "app", EventKind::PostStartContainer).await;
+
+    // The model holds pod metadata and the container's annotations, cgroup path and state.
+    let st = api.status().await.expect("status");
+    let pv = st
+        .pods
+        .iter()
+        .find(|p| p.pod.id == pod.id)
+        .expect("pod in model");
+    assert_eq!(pv.pod.labels.get("app").map(String::as_str), Some("web"));
+    assert_eq!(
+        pv.pod
+            .annotations
+            .get("example.com/owner")
+            .map(String::as_str),
+        Some("team-a")
+    );
+    assert_eq!(pv.pod.uid, pod.uid);
+    assert_eq!(pv.pod.cgroup_parent, pod.cgroup_parent);
+    let cv = pv
+        .containers
+        .iter()
+        .find(|c| c.id == id)
+        .expect("container in model");
+    assert_eq!(
+        cv.annotations
+            .get("resize-policy.nri-resize.io/test")
+            .map(String::as_str),
+        Some("yes")
+    );
+    assert!(cv.pid.is_some(), "running container has a pid");
+    assert!(
+        cv.cgroups_path.ends_with(&id),
+        "cgroups path {:?}",
+        cv.cgroups_path
+    );
+
+    // A kubelet-style update through CRI: the plugin sees the requested resources.
+    ctrd.update_container_resources(&id, &Resources::limits(100_000, 128 * MIB))
+        .await
+        .expect("UpdateContainerResources");
+    let upd = wait_for_event(&plugin, &pod.id, "app", EventKind::UpdateContainer).await;
+    assert_eq!(limits(upd.resources.as_ref()).0, Some(100_000));
+    assert_eq!(limits(upd.resources.as_ref()).3, Some(128 * MIB));
+    let post = wait_for_event(&plugin, &pod.id, "app", EventKind::PostUpdateContainer).await;
+    assert_eq!(
+        limits(post.resources.as_ref()).0,
+        Some(100_000),
+        "PostUpdateContainer carries the applied resources"
+    );
+
+    // A plugin-initiated update (NRI UpdateContainers) reaches cgroupfs and ContainerStatus.
+    let want = LinuxResources {
+        cpu: Some(CpuResources {
+            quota: Some(150_000),
+            period: Some(100_000),
+            ..Default::default()
+        }),
+        memory: Some(MemoryResources {
+            limit: Some(256 * MIB),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let result = api
+        .update_resources(&id, &want)
+        .await
+        .expect("plugin-initiated update");
+    assert!(
+        result.failed.is_empty(),
+        "runtime failed the update: {:?}",
+        result.failed
+    );
+    assert_eq!(
+        ctrd.read_container_cgroup(&id, "cpu.cfs_quota_us"),
+        "150000"
+    );
+    assert_eq!(
+        ctrd.read_container_cgroup(&id, "memory.limit_in_bytes"),
+        (256 * MIB).to_string()
+    );
+    let reported = ctrd
+        .container_resources(&id)
+        .await
+        .expect("ContainerStatus")
+        .expect("resources reported");
+    assert_eq!(
+        (reported.cpu_quota, reported.memory_limit_in_bytes),
+        (150_000, 256 * MIB),
+        "ContainerStatus shows the plugin's update"
+    );
+    assert_model_matches_runtime(&ctrd, &api, "after plugin-initiated update").await;
+
+    // An update of an unknown container is refused clearly.
+    let err = api
+        .update_resources("no-such-container", &want)
+        .await
+        .expect_err("unknown container");
+    assert!(err.to_string().contains("no container"), "{err}");
+
+    // Plugin restart: Synchronize rebuilds the model from the runtime.
+    plugin.stop();
+    plugin.restart();
+    plugin.wait_ready(READY).await;
+    assert_model_matches_runtime(&ctrd, &api, "after plugin restart").await;
+
+    // containerd restart: the plugin reconnects by itself and rebuilds again.
+    ctrd.restart().await;
+    wait_reconnected(&api, 2).await;
+    assert_model_matches_runtime(&ctrd, &api, "after containerd restart").await;
+
+    // Teardown events, on a pod created after the containerd restart: containerd relays
+    // Stop/RemovePodSandbox only for pods its NRI layer saw start in the running process (pods
+    // recovered after its restart get no such events; see README "Known runtime behaviour").
+    let pod2 = Box::pin(ctrd.run_pod(PodSpec::new("batch")))
+        .await
+        .expect("RunPodSandbox 2");
+    let mut c2 = ContainerSpec::new("job", &["sleep", "3600"]);
+    c2.resources = Resources::limits(20_000, 32 * MIB);
+    let id2 = Box::pin(ctrd.create_container(&pod2, c2))
+        .await
+        .expect("CreateContainer 2");
+    ctrd.start_container(&id2).await.expect("StartContainer 2");
+    wait_for_event(&plugin, &pod2.id, "job", EventKind::PostStartContainer).await;
+    ctrd.stop_container(&id2, 0).await.expect("StopContainer");
+    wait_for_event(&plugin, &pod2.id, "job", EventKind::StopContainer).await;
+    ctrd.remove_container(&id2).await.expect("RemoveContainer");
+    wait_for_event(&plugin, &pod2.id, "job", EventKind::RemoveContainer).await;
+    ctrd.stop_pod(&pod2).await.expect("StopPodSandbox");
+    wait_for_event(&plugin, &pod2.id, "", EventKind::StopPodSandbox).await;
+    ctrd.remove_pod(&pod2).await.expect("RemovePodSandbox");
+    wait_for_event(&plugin, &pod2.id, "", EventKind::RemovePodSandbox).await;
+    let st = api.status().await.expect("status");
+    assert!(
+        st.pods.iter().all(|p| p.pod.id != pod2.id),
+        "removed pod still in the model"
+    );
+    assert_model_matches_runtime(&ctrd, &api, "after teardown of a pod").await;
+
+    ctrd.stop_container(&id, 0).await.expect("StopContainer 1");
+    ctrd.remove_container(&id).await.expect("RemoveContainer 1");
+    ctrd.stop_pod(&pod).await.expect("StopPodSandbox 1");
+    ctrd.remove_pod(&pod).await.expect("RemovePodSandbox 1");
+
+    // SIGTERM: graceful exit 0.
+    plugin.stop();
+    eprintln!(
+        "=== {version} ({}): all plugin checks passed",
+        ctrd.version()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn plugin_lifecycle_containerd_1_7() {
+    Box::pin(lifecycle(ContainerdVersion::V1_7)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn plugin_lifecycle_containerd_2() {
+    Box::pin(lifecycle(ContainerdVersion::V2)).await;
+}
+
+/// `--exit-on-disconnect`: the alternative to reconnecting, for setups that prefer the
+/// DaemonSet to restart the plugin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exit_on_disconnect_exits_with_status_3() {
+    let mut ctrd = Containerd::start(ContainerdVersion::V1_7, ContainerdOptions::default()).await;
+    let mut plugin = PluginProcess::start(&ctrd, "nri-resize-exit", &["--exit-on-disconnect"]);
+    plugin.wait_ready(READY).await;
+    ctrd.stop().await;
+    assert_eq!(
+        plugin.wait_exit(Duration::from_secs(10)),
+        Some(3),
+        "log:\n{}",
+        plugin.log_tail(20)
+    );
+    let log = plugin.log_tail(20);
+    assert!(
+        log.contains("--exit-on-disconnect"),
+        "the exit is explained in the log:\n{log}"
+    );
+    ctrd.restart().await;
+}
+
+/// A frozen plugin (SIGSTOP past the 2 s deadline) must not block container creation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn frozen_plugin_fails_open() {
+    let ctrd = Containerd::start(ContainerdVersion::V1_7, ContainerdOptions::default()).await;
+    let mut plugin = PluginProcess::start(&ctrd, "nri-resize-frozen", &[]);
+    plugin.wait_ready(READY).await;
+    let pid =
+        nix::unistd::Pid::from_raw(i32::try_from(plugin.pid().expect("pid")).expect("pid fits"));
+    nix::sys::signal::kill(pid, Signal::SIGSTOP).expect("SIGSTOP plugin");
+    let pod = Box::pin(ctrd.run_pod(PodSpec::new("frozen"))).await;
+    let outcome = async {
+        let pod = pod.expect("RunPodSandbox with a frozen plugin");
+        let mut c = ContainerSpec::new("app", &["sleep", "3600"]);
+        c.resources = Resources::limits(50_000, 64 * MIB);
+        let id = Box::pin(ctrd.create_container(&pod, c))
+            .await
+            .expect("CreateContainer with a frozen plugin");
+        ctrd.start_container(&id)
+            .await
+            .expect("StartContainer with a frozen plugin");
+        id
+    }
+    .await;
+    nix::sys::signal::kill(pid, Signal::SIGCONT).expect("SIGCONT plugin");
+    // The runtime dropped the frozen plugin; once resumed it reconnects and resynchronizes.
+    wait_reconnected(&plugin.api(), 2).await;
+    let st = plugin.api().status().await.expect("status");
+    assert!(
+        st.pods
+            .iter()
+            .flat_map(|p| &p.containers)
+            .any(|c| c.id == outcome),
+        "resynchronized model has the container created while frozen"
+    );
+}

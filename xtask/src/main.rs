@@ -1,0 +1,265 @@
+//! `cargo xtask <command>`: build, test, demo, bench and fuzz orchestration for nri-resize.
+//!
+//! - `setup`      install what the project needs on a fresh Debian 12 machine (idempotent)
+//! - `build-ebpf` build the observer's kernel programs from source
+//! - `test`       setup + every tier: lint, unit, kernel, containerd 1.7 and 2.x, fuzz smoke
+//! - `demo`       a private containerd + the plugin + a pod created and resized, narrated
+//! - `bench`      every benchmark, side by side with its baseline
+//! - `fuzz`       run one fuzz target (default: all, 60 s each)
+
+mod ebpf;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+
+const FUZZ_TARGETS: [&str; 3] = ["frame_decoder", "ttrpc_decoder", "config_parser"];
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(root());
+    c
+}
+
+fn run(what: &str, cmd: &mut Command) -> anyhow::Result<()> {
+    eprintln!("\n==> {what}\n    $ {cmd:?}");
+    let status = cmd
+        .status()
+        .with_context(|| format!("{what}: cannot start {cmd:?}"))?;
+    if !status.success() {
+        bail!("{what} failed ({status})");
+    }
+    Ok(())
+}
+
+fn setup(ebpf: bool) -> anyhow::Result<()> {
+    let script = root().join("xtask/scripts/setup-host.sh");
+    let mut cmd = Command::new(&script);
+    if ebpf {
+        cmd.arg("--ebpf");
+    }
+    run(
+        "host setup (Debian packages, containerd 1.7 + 2.x, toolchains)",
+        &mut cmd,
+    )
+}
+
+/// Builds the eBPF object and exports its path to the cargo commands that follow.
+fn build_ebpf() -> anyhow::Result<()> {
+    eprintln!("\n==> eBPF programs (ebpf/programs) from source");
+    let obj = ebpf::build_ebpf(&root(), true)?;
+    eprintln!("    object: {}", obj.display());
+    std::env::set_var("NRI_RESIZE_EBPF_OBJ", &obj);
+    Ok(())
+}
+
+fn ensure_cargo_fuzz() -> anyhow::Result<()> {
+    let have = Command::new("cargo")
+        .args(["fuzz", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !have {
+        run(
+            "install cargo-fuzz",
+            cargo().args(["install", "--locked", "cargo-fuzz"]),
+        )?;
+    }
+    let nightly = Command::new("rustup")
+        .args(["run", "nightly", "rustc", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !nightly {
+        bail!("cargo fuzz needs a nightly toolchain (rustup toolchain 'nightly'); none is installed and rustup cannot download here");
+    }
+    Ok(())
+}
+
+fn fuzz(targets: &[&str], seconds: u64) -> anyhow::Result<()> {
+    ensure_cargo_fuzz()?;
+    for t in targets {
+        run(
+            &format!("fuzz {t} for {seconds} s"),
+            cargo()
+                .args([
+                    "+nightly",
+                    "fuzz",
+                    "run",
+                    "--fuzz-dir",
+                    "plugin/fuzz",
+                    t,
+                    "--",
+                ])
+                .arg(format!("-max_total_time={seconds}"))
+                .arg("-rss_limit_mb=4096"),
+        )?;
+    }
+    Ok(())
+}
+
+struct Tier {
+    name: &'static str,
+    outcome: Result<(), String>,
+    took: Duration,
+}
+
+fn tier(results: &mut Vec<Tier>, name: &'static str, f: impl FnOnce() -> anyhow::Result<()>) {
+    let start = Instant::now();
+    let outcome = f().map_err(|e| format!("{e:#}"));
+    if let Err(e) = &outcome {
+        eprintln!("\n!!! tier {name} FAILED: {e}");
+    }
+    results.push(Tier {
+        name,
+        outcome,
+        took: start.elapsed(),
+    });
+}
+
+fn test(fuzz_seconds: u64) -> anyhow::Result<()> {
+    let started = Instant::now();
+    setup(true)?;
+    build_ebpf()?;
+    let mut results = Vec::new();
+    tier(&mut results, "format", || {
+        run("rustfmt check", cargo().args(["fmt", "--all", "--check"]))
+    });
+    tier(&mut results, "lint", || {
+        run(
+            "clippy (warnings are errors)",
+            cargo().args([
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ]),
+        )
+    });
+    tier(&mut results, "unit", || {
+        run(
+            "unit tests (pure logic, in-process transport)",
+            cargo().args(["test", "--workspace", "--lib", "--bins"]),
+        )
+    });
+    tier(&mut results, "kernel", || {
+        run(
+            "observer on the real kernel (eBPF + cgroupfs)",
+            cargo().args([
+                "test",
+                "-p",
+                "nri-resize",
+                "--test",
+                "observer_kernel",
+                "--",
+                "--nocapture",
+            ]),
+        )
+    });
+    tier(&mut results, "containerd", || {
+        run(
+            "build the plugin binary",
+            cargo().args(["build", "-p", "nri-resize", "--bin", "nri-resize"]),
+        )?;
+        run(
+            "real containerd 1.7 and 2.x through CRI",
+            cargo().args(["test", "-p", "nri-resize-tests", "--", "--nocapture"]),
+        )
+    });
+    tier(&mut results, "bench-build", || {
+        run(
+            "benchmarks compile",
+            cargo().args(["bench", "--workspace", "--no-run"]),
+        )
+    });
+    tier(&mut results, "fuzz", || fuzz(&FUZZ_TARGETS, fuzz_seconds));
+
+    eprintln!("\n==> summary ({} s in all)", started.elapsed().as_secs());
+    for t in &results {
+        let verdict = match &t.outcome {
+            Ok(()) => "ok".to_string(),
+            Err(e) => format!("FAILED: {e}"),
+        };
+        eprintln!("    {:<12} {:>5} s  {verdict}", t.name, t.took.as_secs());
+    }
+    let failed: Vec<_> = results
+        .iter()
+        .filter(|t| t.outcome.is_err())
+        .map(|t| t.name)
+        .collect();
+    if !failed.is_empty() {
+        bail!("failed tiers: {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+fn demo() -> anyhow::Result<()> {
+    setup(false)?;
+    run(
+        "build the plugin",
+        cargo().args(["build", "-p", "nri-resize", "--bin", "nri-resize"]),
+    )?;
+    run(
+        "demo",
+        cargo().args(["run", "-q", "-p", "nri-resize-tests", "--bin", "demo"]),
+    )
+}
+
+fn bench() -> anyhow::Result<()> {
+    setup(false)?;
+    run(
+        "build the plugin (release)",
+        cargo().args([
+            "build",
+            "--release",
+            "-p",
+            "nri-resize",
+            "--bin",
+            "nri-resize",
+        ]),
+    )?;
+    run(
+        "handler benchmarks",
+        cargo().args(["bench", "-p", "nri-resize", "--bench", "handler"]),
+    )?;
+    run(
+        "CRI latency with and without the plugin",
+        cargo()
+            .env("NRI_RESIZE_BIN", root().join("target/release/nri-resize"))
+            .args(["bench", "-p", "nri-resize-tests", "--bench", "cri_latency"]),
+    )
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let arg = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    match args.first().map(String::as_str) {
+        Some("setup") => setup(true),
+        Some("build-ebpf") => build_ebpf(),
+        Some("test") => test(arg("--fuzz-seconds").map_or(Ok(20), |s| s.parse()).context("--fuzz-seconds")?),
+        Some("demo") => demo(),
+        Some("bench") => bench(),
+        Some("fuzz") => {
+            let seconds = arg("--seconds").map_or(Ok(60), |s| s.parse()).context("--seconds")?;
+            match arg("--target") {
+                Some(t) => fuzz(&[t.as_str()], seconds),
+                None => fuzz(&FUZZ_TARGETS, seconds),
+            }
+        }
+        _ => bail!("usage: cargo xtask <setup|build-ebpf|test [--fuzz-seconds N]|demo|bench|fuzz [--target T] [--seconds N]>"),
+    }
+}
