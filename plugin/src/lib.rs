@@ -6,8 +6,11 @@
 //! [`daemon`] is the only module that knows them all.
 
 pub mod api;
+pub mod cgroup;
 pub mod config;
 pub mod daemon;
+pub mod metrics;
 pub mod model;
 pub mod nri;
 pub mod observer;
+pub mod policy;

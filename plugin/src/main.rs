@@ -1,15 +1,20 @@
 //! `nri-resize`: the daemon (`run`) and its command-line client (`status`, `events`, `update`).
 
 use std::io::Write as _;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use nri_resize::api::{ApiClient, Status};
-use nri_resize::daemon::{self, Exit, RunOptions, EXIT_DISCONNECTED};
+use nri_resize::daemon::{self, Exit, ObserverOptions, RunOptions, EXIT_DISCONNECTED};
 use nri_resize::model::{CpuResources, LinuxResources, MemoryResources};
 use nri_resize::nri::PluginIdentity;
+use nri_resize::observer::{
+    CgroupLayout, ObjectSource, ObserverSettings, OomStrategy, ReclaimStrategy, ThrottleStrategy,
+};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -106,6 +111,58 @@ struct RunArgs {
     /// Log format.
     #[arg(long, env = "NRI_RESIZE_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
+    /// How often the observer reads every container's counters (e.g. `1s`, `500ms`).
+    #[arg(long, env = "NRI_RESIZE_OBSERVER_INTERVAL", default_value = "1s", value_parser = parse_interval)]
+    observer_interval: Duration,
+    /// Start the throttling probe at this strategy (fentry, tp_btf_sched_switch, cpu_stat_polling),
+    /// to exercise the fallbacks.
+    #[arg(long, env = "NRI_RESIZE_OBSERVER_FORCE_THROTTLE")]
+    observer_force_throttle: Option<ThrottleStrategy>,
+    /// Measure reclaim by polling memory.stat instead of the memcg tracepoints.
+    #[arg(long, env = "NRI_RESIZE_OBSERVER_FORCE_RECLAIM")]
+    observer_force_reclaim: bool,
+    /// Count OOM kills by polling memory.events / memory.oom_control instead of tp_btf/mark_victim.
+    #[arg(long, env = "NRI_RESIZE_OBSERVER_FORCE_OOM")]
+    observer_force_oom: bool,
+    /// Load no eBPF at all: every measurement polls cgroup files.
+    #[arg(long, env = "NRI_RESIZE_NO_EBPF")]
+    no_ebpf: bool,
+    /// Where to serve /metrics, /healthz and /readyz (port 0: any free port, logged and shown
+    /// in `status`); `off` disables it.
+    #[arg(long, env = "NRI_RESIZE_METRICS_ADDR", default_value = "0.0.0.0:9464", value_parser = parse_metrics_addr)]
+    metrics_addr: MetricsAddr,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct MetricsAddr(Option<SocketAddr>);
+
+fn parse_metrics_addr(s: &str) -> Result<MetricsAddr, String> {
+    if s == "off" {
+        return Ok(MetricsAddr(None));
+    }
+    s.parse()
+        .map(|a| MetricsAddr(Some(a)))
+        .map_err(|e| format!("{s:?} is not host:port or `off`: {e}"))
+}
+
+/// `1s`, `500ms`, `2.5s` or a bare number of seconds; at least 10 ms.
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    let (num, scale) = if let Some(ms) = s.strip_suffix("ms") {
+        (ms, 1e-3)
+    } else if let Some(sec) = s.strip_suffix('s') {
+        (sec, 1.0)
+    } else {
+        (s, 1.0)
+    };
+    let secs = num
+        .trim()
+        .parse::<f64>()
+        .map_err(|_| format!("{s:?} is not a duration like 1s or 500ms"))?
+        * scale;
+    if !secs.is_finite() || secs < 0.01 {
+        return Err(format!("observer interval {s:?} must be at least 10ms"));
+    }
+    Ok(Duration::from_secs_f64(secs))
 }
 
 fn init_tracing(json: bool) {
@@ -150,6 +207,19 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     init_tracing(args.log_format == "json");
     let cancel = CancellationToken::new();
     spawn_signal_handler(cancel.clone())?;
+    let mut settings = ObserverSettings::host();
+    settings.cgroups = CgroupLayout::detect(&args.cgroup_root);
+    if args.no_ebpf {
+        settings.object = ObjectSource::None;
+        settings.hotplug = false;
+    }
+    settings.force_throttle = args.observer_force_throttle;
+    settings.force_reclaim = args
+        .observer_force_reclaim
+        .then_some(ReclaimStrategy::MemoryStatPolling);
+    settings.force_oom = args
+        .observer_force_oom
+        .then_some(OomStrategy::MemoryEventsPolling);
     let opts = RunOptions {
         identity: PluginIdentity {
             socket: args.nri_socket,
@@ -160,6 +230,11 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         cgroup_root: args.cgroup_root,
         api_socket: args.api_socket,
         exit_on_disconnect: args.exit_on_disconnect,
+        observer: ObserverOptions {
+            settings,
+            interval: args.observer_interval,
+        },
+        metrics_addr: args.metrics_addr.0,
     };
     match daemon::run(opts, cancel).await? {
         Exit::Stopped => {

@@ -4,7 +4,7 @@
 //!
 //! | method | path | answer |
 //! |---|---|---|
-//! | GET | `/v1/status` | [`Status`]: runtime connection and every pod with its containers |
+//! | GET | `/v1/status` | [`Status`]: runtime connection, every pod with its containers (each with an optional `observed`: desired vs actual, throttling, reclaim, OOM kills), the observer and the metrics address |
 //! | GET | `/v1/events?since=N` | [`EventRecord`]s with `seq > N`, oldest first |
 //! | POST | `/v1/containers/{id}/resources` | applies a [`LinuxResources`] through NRI `UpdateContainers` |
 //! | GET | `/healthz` | 200 while the process serves |
@@ -12,9 +12,10 @@
 
 mod client;
 
+use std::ops::Deref;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 
 use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::StatusCode;
@@ -28,15 +29,242 @@ use tracing::{info, warn};
 
 pub use client::{ApiClient, ClientError};
 
-use crate::daemon::NodeState;
-use crate::model::{EventRecord, LinuxResources, PodView};
+use crate::cgroup::ActualResources;
+use crate::daemon::{Confirmation, ContainerObservation, NodeState, ObserverInfo};
+use crate::model::{Container, EventRecord, LinuxResources, Pod, PodView};
 use crate::nri::{ContainerUpdate, LinkError, LinkStatus, RuntimeLink};
+use crate::observer::Strategies;
 
 /// `GET /v1/status`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Status {
     pub runtime: LinkStatusView,
-    pub pods: Vec<PodView>,
+    pub pods: Vec<PodStatus>,
+    /// The observer's strategies and fallbacks, once started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observer: Option<ObserverView>,
+    /// Where `/metrics` is served (the bound address, port 0 resolved).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_addr: Option<String>,
+}
+
+/// A pod with its containers: the model's [`PodView`] JSON, each container with `observed`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PodStatus {
+    #[serde(flatten)]
+    pub pod: Pod,
+    pub containers: Vec<ContainerStatus>,
+}
+
+/// A container as in the model plus, once known, what the plugin observed of it. Derefs to
+/// [`Container`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ContainerStatus {
+    #[serde(flatten)]
+    pub container: Container,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed: Option<ContainerObserved>,
+}
+
+impl Deref for ContainerStatus {
+    type Target = Container;
+
+    fn deref(&self) -> &Container {
+        &self.container
+    }
+}
+
+/// Desired vs actual and the observer's counters for one container. Counters are cumulative:
+/// eBPF strategies count from when the observer attached, polling strategies from the cgroup's
+/// creation.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ContainerObserved {
+    /// What the last update asked for (or the container's spec when first seen).
+    pub desired: Option<LinuxResources>,
+    /// The container cgroup's values when last confirmed.
+    pub actual: Option<ActualResources>,
+    /// Whether every limit asked for is in effect.
+    pub matches: Option<bool>,
+    pub confirmed_at_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confirm_error: Option<String>,
+    pub throttling: Option<ThrottlingView>,
+    pub reclaim: Option<ReclaimView>,
+    pub oom: Option<OomView>,
+    pub observed_at_ms: Option<u64>,
+    pub strategies: Option<StrategiesView>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct ThrottlingView {
+    pub count: u64,
+    pub seconds: f64,
+}
+
+/// Reclaim in pages; `None` where the strategy cannot tell (v1 `memory.stat` has no pgsteal).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReclaimView {
+    pub pages: Option<u64>,
+    pub pgscan: Option<u64>,
+    pub pgpgin: Option<u64>,
+    pub pgpgout: Option<u64>,
+    pub direct_reclaim_events: Option<u64>,
+    pub direct_reclaim_seconds: Option<f64>,
+    pub direct_reclaimed_pages: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct OomView {
+    pub kills: u64,
+    pub last_victim_tgid: Option<u32>,
+    /// The kernel's own `oom_kill` count for the cgroup.
+    pub kernel_oom_kill: Option<u64>,
+}
+
+/// Strategy names as in `nri_resize_observer_strategy`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StrategiesView {
+    pub throttle: String,
+    pub reclaim: String,
+    pub oom: String,
+    pub hotplug: String,
+}
+
+impl From<Strategies> for StrategiesView {
+    fn from(s: Strategies) -> Self {
+        StrategiesView {
+            throttle: s.throttle.as_str().into(),
+            reclaim: s.reclaim.as_str().into(),
+            oom: s.oom.as_str().into(),
+            hotplug: s.hotplug.as_str().into(),
+        }
+    }
+}
+
+/// The observer as started.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObserverView {
+    pub strategies: StrategiesView,
+    pub fallbacks: Vec<FallbackView>,
+    pub interval_ms: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FallbackView {
+    pub program: String,
+    pub reason: String,
+}
+
+impl From<&ObserverInfo> for ObserverView {
+    fn from(i: &ObserverInfo) -> Self {
+        ObserverView {
+            strategies: i.strategies.into(),
+            fallbacks: i
+                .fallbacks
+                .iter()
+                .map(|f| FallbackView {
+                    program: f.program.into(),
+                    reason: f.reason.clone(),
+                })
+                .collect(),
+            interval_ms: u64::try_from(i.interval.as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+}
+
+#[expect(
+    clippy::cast_precision_loss,
+    reason = "nanoseconds to seconds as f64 for display"
+)]
+fn secs(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+fn observed_view(
+    confirmation: Option<&Confirmation>,
+    observation: Option<&ContainerObservation>,
+    strategies: Option<Strategies>,
+) -> Option<ContainerObserved> {
+    if confirmation.is_none() && observation.is_none() {
+        return None;
+    }
+    let mut v = ContainerObserved {
+        strategies: strategies.map(Into::into),
+        ..ContainerObserved::default()
+    };
+    if let Some(c) = confirmation {
+        v.desired.clone_from(&c.desired);
+        v.actual = c.actual;
+        v.matches = c.matches;
+        v.confirmed_at_ms = Some(c.at_ms);
+        v.confirm_error.clone_from(&c.error);
+    }
+    if let Some(o) = observation {
+        let obs = &o.observation;
+        v.observed_at_ms = Some(o.at_ms);
+        v.throttling = obs.throttling.map(|t| ThrottlingView {
+            count: t.count,
+            seconds: secs(t.throttled_ns),
+        });
+        let r = &obs.reclaim;
+        let pgscan = match (r.pgscan_kswapd, r.pgscan_direct) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+        };
+        v.reclaim = Some(ReclaimView {
+            pages: r.pgsteal(),
+            pgscan,
+            pgpgin: r.pgpgin,
+            pgpgout: r.pgpgout,
+            direct_reclaim_events: r.direct_reclaim_count,
+            direct_reclaim_seconds: r.direct_reclaim_ns.map(secs),
+            direct_reclaimed_pages: r.direct_reclaimed_pages,
+        });
+        v.oom = Some(OomView {
+            kills: obs.oom.kills,
+            last_victim_tgid: obs.oom.last_victim_tgid,
+            kernel_oom_kill: obs.oom.kernel_oom_kill,
+        });
+    }
+    Some(v)
+}
+
+fn status_of(state: &NodeState, link: &RuntimeLink) -> Status {
+    let pods = state.read_model(crate::model::Model::snapshot);
+    let info = state
+        .observer_info
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    let strategies = info.as_ref().map(|i| i.strategies);
+    let pods = state.observed(|o| {
+        pods.into_iter()
+            .map(|PodView { pod, containers }| PodStatus {
+                pod,
+                containers: containers
+                    .into_iter()
+                    .map(|c| ContainerStatus {
+                        observed: observed_view(
+                            o.confirmations.get(&c.id),
+                            o.observations.get(&c.id),
+                            strategies,
+                        ),
+                        container: c,
+                    })
+                    .collect(),
+            })
+            .collect()
+    });
+    Status {
+        runtime: link.status().into(),
+        pods,
+        observer: info.as_ref().map(Into::into),
+        metrics_addr: state
+            .metrics_addr
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .map(|a| a.to_string()),
+    }
 }
 
 /// Runtime connection as the API shows it.
@@ -106,10 +334,7 @@ fn router(state: Arc<NodeState>, link: RuntimeLink) -> Router {
 }
 
 async fn status(State(ctx): State<Ctx>) -> Json<Status> {
-    Json(Status {
-        runtime: ctx.link.status().into(),
-        pods: ctx.state.read_model(crate::model::Model::snapshot),
-    })
+    Json(status_of(&ctx.state, &ctx.link))
 }
 
 async fn events(State(ctx): State<Ctx>, Query(q): Query<EventsQuery>) -> Json<Vec<EventRecord>> {
@@ -156,9 +381,13 @@ async fn update_resources(
     {
         Ok(failed) => {
             if failed.is_empty() {
-                ctx.state
-                    .write_model(|m| m.apply_resources(&id, &resources));
+                let desired = ctx.state.write_model(|m| {
+                    m.apply_resources(&id, &resources);
+                    m.container(&id).and_then(|c| c.resources.clone())
+                });
                 info!(container = %id, "plugin-initiated update applied");
+                // Confirmation: the merged resources asked for vs the cgroup now.
+                ctx.state.confirm(&id, desired.or(Some(resources)));
             } else {
                 warn!(container = %id, "runtime reported the update as failed");
             }
@@ -172,6 +401,10 @@ async fn update_resources(
 }
 
 /// Binds the socket (root-only, mode 0600, its directory 0700) and serves until `cancel`.
+#[expect(
+    clippy::unused_async,
+    reason = "kept async: callers await it and binding may become async"
+)]
 pub async fn serve(
     socket: &Path,
     state: Arc<NodeState>,

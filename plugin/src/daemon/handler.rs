@@ -1,12 +1,17 @@
 //! The daemon's NRI handler: keeps the [`Model`] and the event [`Journal`] in step with the
 //! runtime. Every call is in-memory work under short locks (microseconds), far inside NRI's 2 s.
 
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use async_trait::async_trait;
 use tracing::{debug, info};
 
+use super::observe::{Observed, ObserverInfo};
+use crate::cgroup::Cgroups;
 use crate::config::Config;
+use crate::metrics::Metrics;
 use crate::model::{
     Container, ContainerState, EventKind, EventRecord, Journal, LinuxResources, Model, Pod,
 };
@@ -23,15 +28,36 @@ pub struct NodeState {
     pub file_config: Config,
     /// Configuration in effect.
     pub config: RwLock<Config>,
+    /// cgroup reads for resize confirmation; `None`: confirmation off.
+    pub cgroups: Option<Cgroups>,
+    /// Watched containers, their observations and desired-vs-actual confirmations.
+    pub observed: Mutex<Observed>,
+    /// Set once the observer has started.
+    pub observer_loaded: Arc<AtomicBool>,
+    pub observer_info: RwLock<Option<ObserverInfo>>,
+    pub metrics: Arc<Metrics>,
+    /// Where `/metrics` is served (port 0 resolved).
+    pub metrics_addr: RwLock<Option<SocketAddr>>,
 }
 
 impl NodeState {
     pub fn new(file_config: Config) -> Arc<Self> {
+        Self::with_cgroups(file_config, None)
+    }
+
+    /// With cgroup reads for resize confirmation.
+    pub fn with_cgroups(file_config: Config, cgroups: Option<Cgroups>) -> Arc<Self> {
         Arc::new(NodeState {
             model: RwLock::new(Model::default()),
             journal: Mutex::new(Journal::new(file_config.journal_size)),
             config: RwLock::new(file_config.clone()),
             file_config,
+            cgroups,
+            observed: Mutex::new(Observed::default()),
+            observer_loaded: Arc::new(AtomicBool::new(false)),
+            observer_info: RwLock::new(None),
+            metrics: Arc::new(Metrics::new().expect("metric names are unique and valid")),
+            metrics_addr: RwLock::new(None),
         })
     }
 
@@ -83,6 +109,7 @@ impl ModelHandler {
         debug!(event = event.as_str(), pod = %pod.full_name(), container = %ctr.name, id = %ctr.id, "container event");
         self.state
             .record(event, &pod, Some(&ctr), ctr.resources.clone());
+        self.state.track(&pod, &ctr);
         self.state.write_model(|m| {
             m.upsert_pod(pod);
             m.upsert_container(ctr);
@@ -151,6 +178,7 @@ impl Handler for ModelHandler {
             name: format!("{} pods, {} containers", pods.len(), containers.len()),
             ..Pod::default()
         };
+        self.state.retrack(&pods, &containers);
         self.state.write_model(|m| m.rebuild(pods, containers));
         self.state
             .record(EventKind::Synchronize, &sync_pod, None, None);
@@ -190,6 +218,7 @@ impl Handler for ModelHandler {
         debug!(pod = %pod.full_name(), id = %pod.id, "pod removed");
         self.state
             .record(EventKind::RemovePodSandbox, &pod, None, None);
+        self.state.untrack_pod(&pod.id);
         self.state.write_model(|m| m.remove_pod(&pod.id));
     }
 
@@ -224,6 +253,7 @@ impl Handler for ModelHandler {
         resources: LinuxResources,
     ) -> Result<UpdateReply, Rejection> {
         debug!(pod = %pod.full_name(), container = %ctr.name, "update requested");
+        self.state.expect_update(&ctr.id, &resources);
         self.state.record(
             EventKind::UpdateContainer,
             &pod,
@@ -238,7 +268,11 @@ impl Handler for ModelHandler {
     }
 
     async fn post_update_container(&self, pod: Pod, ctr: Container) {
+        let id = ctr.id.clone();
         self.container_event(EventKind::PostUpdateContainer, pod, ctr);
+        // Confirmation: what the update asked vs what the cgroup now says.
+        let desired = self.state.take_expected_update(&id);
+        self.state.confirm(&id, desired);
     }
 
     async fn stop_container(&self, pod: Pod, mut ctr: Container) -> Vec<ContainerUpdate> {
@@ -251,6 +285,7 @@ impl Handler for ModelHandler {
         debug!(pod = %pod.full_name(), container = %ctr.name, id = %ctr.id, "container removed");
         self.state
             .record(EventKind::RemoveContainer, &pod, Some(&ctr), None);
+        self.state.untrack(&ctr.id);
         self.state.write_model(|m| m.remove_container(&ctr.id));
     }
 }

@@ -4,10 +4,12 @@
 //! deadline), the daemon reconnects with exponential backoff (100 ms doubling to 5 s) and the next
 //! `Synchronize` rebuilds the model from scratch; the API keeps serving meanwhile and `/readyz`
 //! reports 503 until the plugin is registered and synchronized again. `--exit-on-disconnect`
-//! makes it exit with status 3 instead, for setups that prefer the DaemonSet to restart it.
+//! makes it exit with status 3 instead, for setups that prefer the `DaemonSet` to restart it.
 
 mod handler;
+mod observe;
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,10 +18,16 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 pub use handler::{ModelHandler, NodeState};
+pub use observe::{
+    desired_matches, Confirmation, ContainerObservation, Observed, ObserverInfo, ObserverOptions,
+    Target,
+};
 
 use crate::api;
+use crate::cgroup::Cgroups;
 use crate::config::Config;
-use crate::nri::{self, PluginIdentity, RuntimeLink, SessionEnd};
+use crate::metrics::{self, Readiness};
+use crate::nri::{self, HandlerObserver, PluginIdentity, RuntimeLink, SessionEnd};
 
 /// Exit status when the runtime connection is lost and `--exit-on-disconnect` is set.
 pub const EXIT_DISCONNECTED: i32 = 3;
@@ -32,6 +40,11 @@ pub struct RunOptions {
     pub cgroup_root: PathBuf,
     pub api_socket: PathBuf,
     pub exit_on_disconnect: bool,
+    /// The observer: eBPF programs or cgroup polling, read every `interval`. The cgroup
+    /// layout in its settings is also where resize confirmation reads actual values.
+    pub observer: ObserverOptions,
+    /// Where to serve `/metrics`, `/healthz`, `/readyz` (port 0: any free port); `None`: off.
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 /// Why the daemon stopped.
@@ -87,8 +100,29 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
         api_socket = %opts.api_socket.display(),
         "nri-resize starting"
     );
-    let state = NodeState::new(file_config);
+    let cgroups = Cgroups::from_layout(&opts.observer.settings.cgroups);
+    let state = NodeState::with_cgroups(file_config, Some(cgroups));
     let link = RuntimeLink::default();
+    let metrics_server = match opts.metrics_addr {
+        Some(addr) => {
+            let server = metrics::serve(
+                addr,
+                state.metrics.clone(),
+                Readiness {
+                    link: link.clone(),
+                    observer_loaded: state.observer_loaded.clone(),
+                },
+                cancel.clone(),
+            )
+            .await?;
+            *state
+                .metrics_addr
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(server.addr);
+            Some(server)
+        }
+        None => None,
+    };
     let api_server = api::serve(
         &opts.api_socket,
         state.clone(),
@@ -97,11 +131,30 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
     )
     .await?;
 
+    // The observer starts once, here, on its own thread; it stops when `stop_observer` drops.
+    let (stop_observer, stop_rx) = std::sync::mpsc::channel::<()>();
+    let observer_thread = observe::spawn(state.clone(), opts.observer.clone(), stop_rx)?;
+
     let handler = Arc::new(ModelHandler::new(state.clone()));
-    let exit = session_loop(&opts, handler, &link, &cancel).await;
+    let handler_observer: Arc<dyn HandlerObserver> = state.metrics.clone();
+    let exit = session_loop(&opts, handler, &link, Some(handler_observer), &cancel).await;
     cancel.cancel();
+    drop(stop_observer);
     if let Err(err) = api_server.await {
         warn!(%err, "status API task ended abnormally");
+    }
+    if let Some(server) = metrics_server {
+        match server.task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => warn!(%err, "metrics server ended with an error"),
+            Err(err) => warn!(%err, "metrics task ended abnormally"),
+        }
+    }
+    if tokio::task::spawn_blocking(move || observer_thread.join())
+        .await
+        .map_or(true, |r| r.is_err())
+    {
+        warn!("observer thread ended abnormally");
     }
     Ok(exit)
 }
@@ -110,13 +163,21 @@ async fn session_loop(
     opts: &RunOptions,
     handler: Arc<ModelHandler>,
     link: &RuntimeLink,
+    observer: Option<Arc<dyn HandlerObserver>>,
     cancel: &CancellationToken,
 ) -> Exit {
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     let mut failures: u64 = 0;
     loop {
         let started = Instant::now();
-        let outcome = nri::run_session(&opts.identity, handler.clone(), link, None, cancel).await;
+        let outcome = nri::run_session(
+            &opts.identity,
+            handler.clone(),
+            link,
+            observer.clone(),
+            cancel,
+        )
+        .await;
         match &outcome {
             Ok(SessionEnd::Cancelled) => return Exit::Stopped,
             Ok(end) => warn!(

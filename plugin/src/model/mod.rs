@@ -31,9 +31,13 @@ pub struct Pod {
 }
 
 impl Pod {
-    /// `namespace/name`, how people refer to a pod.
+    /// `namespace/name`, how people refer to a pod (just `name` without a namespace).
     pub fn full_name(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
+        if self.namespace.is_empty() {
+            self.name.clone()
+        } else {
+            format!("{}/{}", self.namespace, self.name)
+        }
     }
 }
 
@@ -239,7 +243,7 @@ mod tests {
         );
         let snap = m.snapshot();
         let names: Vec<_> = snap.iter().map(|v| v.pod.full_name()).collect();
-        assert_eq!(names, ["/<unknown pod>", "a/y", "b/z"]);
+        assert_eq!(names, ["<unknown pod>", "a/y", "b/z"]);
         let a: Vec<_> = snap[1].containers.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(a, ["app", "sidecar"]);
     }

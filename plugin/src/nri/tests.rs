@@ -702,3 +702,4 @@ async fn cancel_ends_a_live_session() {
     assert!(!s.link.status().connected);
     drop(s.rt.mux);
 }
+

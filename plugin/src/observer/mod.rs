@@ -101,6 +101,66 @@ pub enum HotplugStrategy {
     Unavailable,
 }
 
+impl ThrottleStrategy {
+    pub const ALL: [Self; 3] = [Self::Fentry, Self::TpBtfSchedSwitch, Self::CpuStatPolling];
+
+    /// Stable name (metrics labels, status API, `--observer-force-throttle`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Fentry => "fentry",
+            Self::TpBtfSchedSwitch => "tp_btf_sched_switch",
+            Self::CpuStatPolling => "cpu_stat_polling",
+        }
+    }
+}
+
+impl std::str::FromStr for ThrottleStrategy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let norm = s.replace('-', "_");
+        Self::ALL
+            .into_iter()
+            .find(|t| t.as_str() == norm)
+            .ok_or_else(|| {
+                format!("unknown throttle strategy {s:?} (fentry, tp_btf_sched_switch, cpu_stat_polling)")
+            })
+    }
+}
+
+impl ReclaimStrategy {
+    pub const ALL: [Self; 2] = [Self::MemcgTracepoints, Self::MemoryStatPolling];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::MemcgTracepoints => "memcg_tracepoints",
+            Self::MemoryStatPolling => "memory_stat_polling",
+        }
+    }
+}
+
+impl OomStrategy {
+    pub const ALL: [Self; 2] = [Self::MarkVictim, Self::MemoryEventsPolling];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::MarkVictim => "mark_victim",
+            Self::MemoryEventsPolling => "memory_events_polling",
+        }
+    }
+}
+
+impl HotplugStrategy {
+    pub const ALL: [Self; 2] = [Self::CpuhpTracepoints, Self::Unavailable];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::CpuhpTracepoints => "cpuhp_tracepoints",
+            Self::Unavailable => "unavailable",
+        }
+    }
+}
+
 /// The strategy in effect for each measurement.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Strategies {
@@ -111,7 +171,7 @@ pub struct Strategies {
 }
 
 impl Strategies {
-    const POLLING: Self = Self {
+    pub const POLLING: Self = Self {
         throttle: ThrottleStrategy::CpuStatPolling,
         reclaim: ReclaimStrategy::MemoryStatPolling,
         oom: OomStrategy::MemoryEventsPolling,

@@ -1,0 +1,577 @@
+//! cgroup I/O behind a small trait with an injectable root: read a cgroup's **actual** limits
+//! and usage, and write a pod cgroup's CPU and memory limits.
+//!
+//! [`Cgroups`] dispatches between cgroup v1 (one mount per controller) and v2 (one unified
+//! hierarchy) as an enum; both take their mount points from the caller, so unit tests run
+//! against a temp-dir fixture and never touch `/sys`. `cgroups-rs` is not used: it hard-codes
+//! `/sys/fs/cgroup`.
+//!
+//! | | v1 | v2 |
+//! |---|---|---|
+//! | CPU limit | `cpu.cfs_quota_us`, `cpu.cfs_period_us` | `cpu.max` |
+//! | CPU share | `cpu.shares` | `cpu.weight` |
+//! | memory limit | `memory.limit_in_bytes` | `memory.max` |
+//! | memory soft limit / high | `memory.soft_limit_in_bytes` | `memory.high` |
+//! | memory usage | `memory.usage_in_bytes` | `memory.current` |
+
+mod path;
+
+use std::fmt;
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+pub use path::{container_path, pod_path, resolve, ContainerCgroups};
+
+use crate::observer::CgroupLayout;
+
+/// Limits at or above this are "unlimited" (v1 reports `PAGE_COUNTER_MAX` pages in bytes).
+const UNLIMITED_BYTES: u64 = 1 << 62;
+
+/// Errors of cgroup resolution, reads and writes.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("cgroup path is empty")]
+    EmptyPath,
+    #[error("cgroup path {path:?} is not absolute")]
+    RelativePath { path: String },
+    #[error("cgroup path {path:?} contains `..`")]
+    Traversal { path: String },
+    #[error("systemd cgroup path {path:?} is not slice:prefix:name with a valid slice")]
+    BadSystemdPath { path: String },
+    #[error("cgroup {path} does not exist")]
+    Missing { path: PathBuf },
+    #[error("read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("parse {path}: unexpected content {content:?}")]
+    Parse { path: PathBuf, content: String },
+    #[error("write {value:?} to {path}: the kernel refused the value (EINVAL)")]
+    InvalidValue {
+        path: PathBuf,
+        value: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("write {value:?} to {path}: busy (EBUSY)")]
+    Busy {
+        path: PathBuf,
+        value: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("write {value:?} to {path}: {source}")]
+    Write {
+        path: PathBuf,
+        value: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl CgroupError {
+    /// The errno of a failed read or write, if any.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Self::Read { source, .. }
+            | Self::InvalidValue { source, .. }
+            | Self::Busy { source, .. }
+            | Self::Write { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+}
+
+/// cgroup version in use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CgroupVersion {
+    V1,
+    V2,
+}
+
+/// What a cgroup's files say now. `None`: the file is absent (e.g. no bandwidth control).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActualResources {
+    /// CFS quota in µs per period; `-1`: unlimited.
+    pub cpu_quota: Option<i64>,
+    /// CFS period in µs.
+    pub cpu_period: Option<u64>,
+    /// `cpu.shares` (v1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_shares: Option<u64>,
+    /// `cpu.weight` (v2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_weight: Option<u64>,
+    /// Memory limit in bytes; `-1`: unlimited.
+    pub memory_limit: Option<i64>,
+    /// `memory.soft_limit_in_bytes` (v1) or `memory.high` (v2) in bytes; `-1`: unlimited.
+    pub memory_soft_limit: Option<i64>,
+    /// `memory.usage_in_bytes` (v1) or `memory.current` (v2).
+    pub memory_usage: Option<u64>,
+}
+
+impl ActualResources {
+    /// The CPU limit in millicores, when limited.
+    pub fn cpu_limit_millis(&self) -> Option<u64> {
+        match (self.cpu_quota, self.cpu_period) {
+            (Some(q), Some(p)) if q > 0 && p > 0 => {
+                Some(u64::try_from(q).unwrap_or(0).saturating_mul(1000) / p)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A CPU limit to write: `quota` µs per `period` µs, `None` for unlimited.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuLimit {
+    pub quota: Option<u64>,
+    pub period: u64,
+}
+
+/// cgroup reads and writes. Paths are cgroups within the hierarchy (`/a/b`, see [`resolve`]).
+pub trait CgroupIo: Send + Sync + fmt::Debug {
+    fn version(&self) -> CgroupVersion;
+    /// Reads the actual limits and usage of `cgroup`.
+    fn read_actual(&self, cgroup: &Path) -> Result<ActualResources, CgroupError>;
+    /// Sets the CFS bandwidth limit of `cgroup` (a pod cgroup: the resize engine writes those).
+    fn set_cpu_limit(&self, cgroup: &Path, limit: CpuLimit) -> Result<(), CgroupError>;
+    /// Sets the memory limit of `cgroup` in bytes, `None` for unlimited.
+    fn set_memory_limit(&self, cgroup: &Path, limit: Option<u64>) -> Result<(), CgroupError>;
+}
+
+/// cgroup v1: one mount per controller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct V1 {
+    pub cpu: PathBuf,
+    pub memory: PathBuf,
+}
+
+/// cgroup v2: one unified hierarchy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct V2 {
+    pub root: PathBuf,
+}
+
+/// The cgroup I/O of the node: v1 or v2, each with an injectable root.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cgroups {
+    V1(V1),
+    V2(V2),
+}
+
+impl Cgroups {
+    /// Detects v1 or v2 under `root` (normally `/sys/fs/cgroup`).
+    pub fn detect(root: &Path) -> Self {
+        Self::from_layout(&CgroupLayout::detect(root))
+    }
+
+    /// The same mounts the observer uses.
+    pub fn from_layout(layout: &CgroupLayout) -> Self {
+        match layout {
+            CgroupLayout::V1 { cpu, memory } => Self::V1(V1 {
+                cpu: cpu.clone(),
+                memory: memory.clone(),
+            }),
+            CgroupLayout::V2 { root } => Self::V2(V2 { root: root.clone() }),
+        }
+    }
+}
+
+/// Joins a hierarchy root and a cgroup, refusing anything but an absolute path of normal
+/// components (no `..`): the result is always below `root`.
+pub fn join_root(root: &Path, cgroup: &Path) -> Result<PathBuf, CgroupError> {
+    let text = cgroup.to_string_lossy();
+    if text.is_empty() {
+        return Err(CgroupError::EmptyPath);
+    }
+    let clean = path::validated(&text)?;
+    let relative = clean.strip_prefix("/").unwrap_or(&clean);
+    Ok(root.join(relative))
+}
+
+fn existing_dir(root: &Path, cgroup: &Path) -> Result<PathBuf, CgroupError> {
+    let dir = join_root(root, cgroup)?;
+    if dir.is_dir() {
+        Ok(dir)
+    } else {
+        Err(CgroupError::Missing { path: dir })
+    }
+}
+
+/// Reads a cgroup file; `Ok(None)` if it does not exist.
+fn read_file(dir: &Path, file: &str) -> Result<Option<String>, CgroupError> {
+    let path = dir.join(file);
+    let mut text = String::new();
+    match std::fs::File::open(&path).and_then(|mut f| f.read_to_string(&mut text)) {
+        Ok(_) => Ok(Some(text)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(CgroupError::Read { path, source }),
+    }
+}
+
+fn parse_err(dir: &Path, file: &str, content: &str) -> CgroupError {
+    CgroupError::Parse {
+        path: dir.join(file),
+        content: content.trim().to_owned(),
+    }
+}
+
+fn read_u64(dir: &Path, file: &str) -> Result<Option<u64>, CgroupError> {
+    read_file(dir, file)?
+        .map(|t| t.trim().parse().map_err(|_| parse_err(dir, file, &t)))
+        .transpose()
+}
+
+fn read_i64(dir: &Path, file: &str) -> Result<Option<i64>, CgroupError> {
+    read_file(dir, file)?
+        .map(|t| t.trim().parse().map_err(|_| parse_err(dir, file, &t)))
+        .transpose()
+}
+
+/// A byte limit: `max` (v2) or a v1 value at `PAGE_COUNTER_MAX` is unlimited (-1).
+fn read_limit(dir: &Path, file: &str) -> Result<Option<i64>, CgroupError> {
+    let Some(text) = read_file(dir, file)? else {
+        return Ok(None);
+    };
+    let t = text.trim();
+    if t == "max" {
+        return Ok(Some(-1));
+    }
+    let v: u64 = t.parse().map_err(|_| parse_err(dir, file, t))?;
+    Ok(Some(if v >= UNLIMITED_BYTES {
+        -1
+    } else {
+        i64::try_from(v).unwrap_or(-1)
+    }))
+}
+
+fn write_file(dir: &Path, file: &str, value: &str) -> Result<(), CgroupError> {
+    let path = dir.join(file);
+    std::fs::write(&path, value).map_err(|source| write_error(path, value, source))
+}
+
+/// EINVAL (value refused, e.g. a v1 child quota above its parent's) and EBUSY (e.g. a v1 memory
+/// limit below what cannot be reclaimed) are told apart: the resize engine reacts differently.
+fn write_error(path: PathBuf, value: &str, source: std::io::Error) -> CgroupError {
+    let value = value.to_owned();
+    match source.raw_os_error() {
+        Some(libc::EINVAL) => CgroupError::InvalidValue {
+            path,
+            value,
+            source,
+        },
+        Some(libc::EBUSY) => CgroupError::Busy {
+            path,
+            value,
+            source,
+        },
+        _ => CgroupError::Write {
+            path,
+            value,
+            source,
+        },
+    }
+}
+
+impl CgroupIo for V1 {
+    fn version(&self) -> CgroupVersion {
+        CgroupVersion::V1
+    }
+
+    fn read_actual(&self, cgroup: &Path) -> Result<ActualResources, CgroupError> {
+        let cpu = existing_dir(&self.cpu, cgroup)?;
+        let memory = existing_dir(&self.memory, cgroup)?;
+        Ok(ActualResources {
+            cpu_quota: read_i64(&cpu, "cpu.cfs_quota_us")?,
+            cpu_period: read_u64(&cpu, "cpu.cfs_period_us")?,
+            cpu_shares: read_u64(&cpu, "cpu.shares")?,
+            cpu_weight: None,
+            memory_limit: read_limit(&memory, "memory.limit_in_bytes")?,
+            memory_soft_limit: read_limit(&memory, "memory.soft_limit_in_bytes")?,
+            memory_usage: read_u64(&memory, "memory.usage_in_bytes")?,
+        })
+    }
+
+    fn set_cpu_limit(&self, cgroup: &Path, limit: CpuLimit) -> Result<(), CgroupError> {
+        let dir = existing_dir(&self.cpu, cgroup)?;
+        // Period first: the kernel validates the quota against the period in effect.
+        write_file(&dir, "cpu.cfs_period_us", &limit.period.to_string())?;
+        let quota = limit
+            .quota
+            .map_or_else(|| "-1".to_owned(), |q| q.to_string());
+        write_file(&dir, "cpu.cfs_quota_us", &quota)
+    }
+
+    fn set_memory_limit(&self, cgroup: &Path, limit: Option<u64>) -> Result<(), CgroupError> {
+        let dir = existing_dir(&self.memory, cgroup)?;
+        let value = limit.map_or_else(|| "-1".to_owned(), |l| l.to_string());
+        write_file(&dir, "memory.limit_in_bytes", &value)
+    }
+}
+
+impl CgroupIo for V2 {
+    fn version(&self) -> CgroupVersion {
+        CgroupVersion::V2
+    }
+
+    fn read_actual(&self, cgroup: &Path) -> Result<ActualResources, CgroupError> {
+        let dir = existing_dir(&self.root, cgroup)?;
+        let (cpu_quota, cpu_period) = match read_file(&dir, "cpu.max")? {
+            None => (None, None),
+            Some(text) => {
+                let mut it = text.split_whitespace();
+                let quota = match it.next() {
+                    Some("max") => -1,
+                    Some(q) => q.parse().map_err(|_| parse_err(&dir, "cpu.max", &text))?,
+                    None => return Err(parse_err(&dir, "cpu.max", &text)),
+                };
+                let period = it
+                    .next()
+                    .and_then(|p| p.parse().ok())
+                    .ok_or_else(|| parse_err(&dir, "cpu.max", &text))?;
+                (Some(quota), Some(period))
+            }
+        };
+        Ok(ActualResources {
+            cpu_quota,
+            cpu_period,
+            cpu_shares: None,
+            cpu_weight: read_u64(&dir, "cpu.weight")?,
+            memory_limit: read_limit(&dir, "memory.max")?,
+            memory_soft_limit: read_limit(&dir, "memory.high")?,
+            memory_usage: read_u64(&dir, "memory.current")?,
+        })
+    }
+
+    fn set_cpu_limit(&self, cgroup: &Path, limit: CpuLimit) -> Result<(), CgroupError> {
+        let dir = existing_dir(&self.root, cgroup)?;
+        let value = match limit.quota {
+            Some(q) => format!("{q} {}", limit.period),
+            None => format!("max {}", limit.period),
+        };
+        write_file(&dir, "cpu.max", &value)
+    }
+
+    fn set_memory_limit(&self, cgroup: &Path, limit: Option<u64>) -> Result<(), CgroupError> {
+        let dir = existing_dir(&self.root, cgroup)?;
+        let value = limit.map_or_else(|| "max".to_owned(), |l| l.to_string());
+        write_file(&dir, "memory.max", &value)
+    }
+}
+
+impl CgroupIo for Cgroups {
+    fn version(&self) -> CgroupVersion {
+        match self {
+            Self::V1(v) => v.version(),
+            Self::V2(v) => v.version(),
+        }
+    }
+
+    fn read_actual(&self, cgroup: &Path) -> Result<ActualResources, CgroupError> {
+        match self {
+            Self::V1(v) => v.read_actual(cgroup),
+            Self::V2(v) => v.read_actual(cgroup),
+        }
+    }
+
+    fn set_cpu_limit(&self, cgroup: &Path, limit: CpuLimit) -> Result<(), CgroupError> {
+        match self {
+            Self::V1(v) => v.set_cpu_limit(cgroup, limit),
+            Self::V2(v) => v.set_cpu_limit(cgroup, limit),
+        }
+    }
+
+    fn set_memory_limit(&self, cgroup: &Path, limit: Option<u64>) -> Result<(), CgroupError> {
+        match self {
+            Self::V1(v) => v.set_memory_limit(cgroup, limit),
+            Self::V2(v) => v.set_memory_limit(cgroup, limit),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, file: &str, value: &str) {
+        std::fs::write(dir.join(file), value).expect("write fixture");
+    }
+
+    fn v1_fixture() -> (tempfile::TempDir, Cgroups) {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let cpu = tmp.path().join("cpu");
+        let memory = tmp.path().join("memory");
+        let c = cpu.join("pod1/ctr");
+        let m = memory.join("pod1/ctr");
+        std::fs::create_dir_all(&c).expect("mkdir");
+        std::fs::create_dir_all(&m).expect("mkdir");
+        write(&c, "cpu.cfs_quota_us", "10000\n");
+        write(&c, "cpu.cfs_period_us", "100000\n");
+        write(&c, "cpu.shares", "102\n");
+        write(&m, "memory.limit_in_bytes", "104857600\n");
+        write(&m, "memory.soft_limit_in_bytes", "9223372036854771712\n");
+        write(&m, "memory.usage_in_bytes", "4096\n");
+        (tmp, Cgroups::V1(V1 { cpu, memory }))
+    }
+
+    fn v2_fixture() -> (tempfile::TempDir, Cgroups) {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let d = tmp.path().join("pod1/ctr");
+        std::fs::create_dir_all(&d).expect("mkdir");
+        write(&d, "cpu.max", "20000 100000\n");
+        write(&d, "cpu.weight", "4\n");
+        write(&d, "memory.max", "max\n");
+        write(&d, "memory.high", "67108864\n");
+        write(&d, "memory.current", "8192\n");
+        let root = tmp.path().to_owned();
+        (tmp, Cgroups::V2(V2 { root }))
+    }
+
+    #[test]
+    fn reads_v1_actual_values_under_an_injected_root() {
+        let (_tmp, cg) = v1_fixture();
+        assert_eq!(cg.version(), CgroupVersion::V1);
+        let a = cg.read_actual(Path::new("/pod1/ctr")).expect("read");
+        assert_eq!(
+            a,
+            ActualResources {
+                cpu_quota: Some(10_000),
+                cpu_period: Some(100_000),
+                cpu_shares: Some(102),
+                cpu_weight: None,
+                memory_limit: Some(100 << 20),
+                memory_soft_limit: Some(-1),
+                memory_usage: Some(4096),
+            }
+        );
+        assert_eq!(a.cpu_limit_millis(), Some(100));
+    }
+
+    #[test]
+    fn reads_v2_actual_values_under_an_injected_root() {
+        let (_tmp, cg) = v2_fixture();
+        let a = cg.read_actual(Path::new("/pod1/ctr")).expect("read");
+        assert_eq!(
+            a,
+            ActualResources {
+                cpu_quota: Some(20_000),
+                cpu_period: Some(100_000),
+                cpu_shares: None,
+                cpu_weight: Some(4),
+                memory_limit: Some(-1),
+                memory_soft_limit: Some(64 << 20),
+                memory_usage: Some(8192),
+            }
+        );
+        assert_eq!(a.cpu_limit_millis(), Some(200));
+    }
+
+    #[test]
+    fn writes_pod_limits_in_each_version_format() {
+        let (tmp, v1) = v1_fixture();
+        let pod = Path::new("/pod1");
+        std::fs::create_dir_all(tmp.path().join("cpu/pod1")).expect("mkdir");
+        v1.set_cpu_limit(
+            pod,
+            CpuLimit {
+                quota: Some(50_000),
+                period: 100_000,
+            },
+        )
+        .expect("set cpu");
+        v1.set_memory_limit(pod, Some(256 << 20)).expect("set mem");
+        let read = |p: &str| std::fs::read_to_string(tmp.path().join(p)).expect("read");
+        assert_eq!(read("cpu/pod1/cpu.cfs_quota_us"), "50000");
+        assert_eq!(read("cpu/pod1/cpu.cfs_period_us"), "100000");
+        assert_eq!(read("memory/pod1/memory.limit_in_bytes"), "268435456");
+        v1.set_cpu_limit(
+            pod,
+            CpuLimit {
+                quota: None,
+                period: 100_000,
+            },
+        )
+        .expect("unlimit");
+        assert_eq!(read("cpu/pod1/cpu.cfs_quota_us"), "-1");
+
+        let (tmp2, v2) = v2_fixture();
+        v2.set_cpu_limit(
+            pod,
+            CpuLimit {
+                quota: None,
+                period: 100_000,
+            },
+        )
+        .expect("set cpu");
+        v2.set_memory_limit(pod, None).expect("set mem");
+        let read2 = |p: &str| std::fs::read_to_string(tmp2.path().join(p)).expect("read");
+        assert_eq!(read2("pod1/cpu.max"), "max 100000");
+        assert_eq!(read2("pod1/memory.max"), "max");
+    }
+
+    #[test]
+    fn bad_or_absent_paths_are_clear_errors() {
+        let (_tmp, cg) = v2_fixture();
+        let err = cg.read_actual(Path::new("/pod1/gone")).expect_err("absent");
+        assert!(
+            matches!(&err, CgroupError::Missing { path } if path.ends_with("pod1/gone")),
+            "{err}"
+        );
+        for bad in ["/pod1/../../etc", "relative", ""] {
+            let err = cg.read_actual(Path::new(bad)).expect_err(bad);
+            assert!(
+                matches!(
+                    err,
+                    CgroupError::Traversal { .. }
+                        | CgroupError::RelativePath { .. }
+                        | CgroupError::EmptyPath
+                ),
+                "{bad:?}: {err}"
+            );
+            let err = cg.set_memory_limit(Path::new(bad), Some(1)).expect_err(bad);
+            assert!(!err.to_string().is_empty());
+        }
+    }
+
+    #[test]
+    fn write_errors_carry_path_value_and_errno() {
+        let (tmp, cg) = v2_fixture();
+        // A directory where the file should be: EISDIR, reported as a plain write error.
+        std::fs::create_dir_all(tmp.path().join("pod1/memory.max")).expect("mkdir");
+        let err = cg
+            .set_memory_limit(Path::new("/pod1"), Some(4096))
+            .expect_err("EISDIR");
+        assert!(
+            matches!(&err, CgroupError::Write { path, value, .. }
+                if path.ends_with("pod1/memory.max") && value == "4096"),
+            "{err}"
+        );
+        assert_eq!(err.errno(), Some(libc::EISDIR));
+        // The kernel's EINVAL/EBUSY cannot be produced in a temp dir: the mapping on its own.
+        let p = PathBuf::from("/x/memory.max");
+        let e = |errno| std::io::Error::from_raw_os_error(errno);
+        let einval = write_error(p.clone(), "1", e(libc::EINVAL));
+        assert!(
+            matches!(einval, CgroupError::InvalidValue { .. }),
+            "{einval}"
+        );
+        assert!(einval.to_string().contains("EINVAL"), "{einval}");
+        let ebusy = write_error(p, "1", e(libc::EBUSY));
+        assert!(matches!(ebusy, CgroupError::Busy { .. }), "{ebusy}");
+        assert_eq!(ebusy.errno(), Some(libc::EBUSY));
+    }
+
+    #[test]
+    fn garbage_in_a_file_is_a_parse_error_naming_it() {
+        let (tmp, cg) = v2_fixture();
+        write(&tmp.path().join("pod1/ctr"), "cpu.max", "lots\n");
+        let err = cg.read_actual(Path::new("/pod1/ctr")).expect_err("garbage");
+        assert!(err.to_string().contains("cpu.max"), "{err}");
+    }
+}

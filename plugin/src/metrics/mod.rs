@@ -1,0 +1,523 @@
+//! What Prometheus sees: an explicit [`Registry`] with the `nri_resize_` prefix (no global
+//! registry), per-container series labelled `namespace`, `pod`, `container` and removed when the
+//! container goes, the observer's strategies, and NRI handler counts and latency.
+//!
+//! Served as Prometheus text on `--metrics-addr` by [`serve`], with `/healthz` and `/readyz`.
+//! The catalog is in `docs/observer.md`.
+
+mod server;
+
+use std::fmt;
+
+use prometheus::core::Collector;
+use prometheus::{
+    Counter, CounterVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry,
+};
+
+pub use server::{serve, MetricsServer, Readiness};
+
+use crate::cgroup::ActualResources;
+use crate::model::LinuxResources;
+use crate::nri::HandlerObserver;
+use crate::observer::{
+    HotplugStrategy, Observation, OomStrategy, ReclaimStrategy, Strategies, ThrottleStrategy,
+};
+
+const PREFIX: &str = "nri_resize";
+const CONTAINER_LABELS: [&str; 3] = ["namespace", "pod", "container"];
+
+/// Errors of metric registration and encoding.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    #[error("register metric: {0}")]
+    Register(#[source] prometheus::Error),
+    #[error("encode metrics: {0}")]
+    Encode(#[source] prometheus::Error),
+    #[error("metrics listener {addr}: {source}")]
+    Bind {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The labels of a container's series: bounded by the containers on the node.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ContainerLabels {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+}
+
+impl ContainerLabels {
+    fn values(&self) -> [&str; 3] {
+        [&self.namespace, &self.pod, &self.container]
+    }
+}
+
+/// All metrics of the daemon, in their own registry.
+pub struct Metrics {
+    registry: Registry,
+    throttled_periods: IntCounterVec,
+    throttled_seconds: CounterVec,
+    reclaimed_bytes: IntCounterVec,
+    direct_reclaim_seconds: CounterVec,
+    oom_kills: IntCounterVec,
+    desired_cpu_millicores: IntGaugeVec,
+    actual_cpu_millicores: IntGaugeVec,
+    desired_memory_bytes: IntGaugeVec,
+    actual_memory_bytes: IntGaugeVec,
+    observer_strategy: IntGaugeVec,
+    nri_connected: IntGauge,
+    nri_events: IntCounterVec,
+    nri_deadlines: IntCounterVec,
+    nri_handler_duration: HistogramVec,
+    page_size: u64,
+}
+
+impl fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+fn register<C: Collector + Clone + 'static>(registry: &Registry, c: C) -> Result<C, MetricsError> {
+    registry
+        .register(Box::new(c.clone()))
+        .map_err(MetricsError::Register)?;
+    Ok(c)
+}
+
+fn opts(name: &str, help: &str) -> Opts {
+    Opts::new(name, help)
+}
+
+impl Metrics {
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one declaration per metric: the catalog reads top to bottom"
+    )]
+    pub fn new() -> Result<Self, MetricsError> {
+        let registry =
+            Registry::new_custom(Some(PREFIX.to_owned()), None).map_err(MetricsError::Register)?;
+        let r = &registry;
+        let int_counter = |name: &str, help: &str, labels: &[&str]| {
+            IntCounterVec::new(opts(name, help), labels)
+                .map_err(MetricsError::Register)
+                .and_then(|c| register(r, c))
+        };
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            CounterVec::new(opts(name, help), labels)
+                .map_err(MetricsError::Register)
+                .and_then(|c| register(r, c))
+        };
+        let gauge = |name: &str, help: &str, labels: &[&str]| {
+            IntGaugeVec::new(opts(name, help), labels)
+                .map_err(MetricsError::Register)
+                .and_then(|c| register(r, c))
+        };
+        let page_size = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+            .ok()
+            .flatten()
+            .and_then(|p| u64::try_from(p).ok())
+            .unwrap_or(4096);
+        Ok(Metrics {
+            throttled_periods: int_counter(
+                "container_throttled_periods_total",
+                "CFS throttle events of the container's cgroup (see docs/observer.md for what one event is per strategy).",
+                &CONTAINER_LABELS,
+            )?,
+            throttled_seconds: counter(
+                "container_throttled_seconds_total",
+                "Time the container's cgroup spent CFS-throttled.",
+                &CONTAINER_LABELS,
+            )?,
+            reclaimed_bytes: int_counter(
+                "container_reclaimed_bytes_total",
+                "Memory reclaimed from the container's memcg (pages stolen by kswapd and direct reclaim times the page size).",
+                &CONTAINER_LABELS,
+            )?,
+            direct_reclaim_seconds: counter(
+                "container_direct_reclaim_seconds_total",
+                "Time the container's tasks spent in memcg direct reclaim.",
+                &CONTAINER_LABELS,
+            )?,
+            oom_kills: int_counter(
+                "container_oom_kills_total",
+                "OOM kills of processes in the container's memcg.",
+                &CONTAINER_LABELS,
+            )?,
+            desired_cpu_millicores: gauge(
+                "container_desired_cpu_millicores",
+                "CPU limit the runtime was last asked for (quota / period), in millicores.",
+                &CONTAINER_LABELS,
+            )?,
+            actual_cpu_millicores: gauge(
+                "container_actual_cpu_millicores",
+                "CPU limit in the container's cgroup when last read, in millicores.",
+                &CONTAINER_LABELS,
+            )?,
+            desired_memory_bytes: gauge(
+                "container_desired_memory_bytes",
+                "Memory limit the runtime was last asked for, in bytes.",
+                &CONTAINER_LABELS,
+            )?,
+            actual_memory_bytes: gauge(
+                "container_actual_memory_bytes",
+                "Memory limit in the container's cgroup when last read, in bytes.",
+                &CONTAINER_LABELS,
+            )?,
+            observer_strategy: gauge(
+                "observer_strategy",
+                "1 for the strategy in effect per observer measurement, 0 for the others.",
+                &["program", "strategy"],
+            )?,
+            nri_connected: register(
+                r,
+                IntGauge::with_opts(opts(
+                    "nri_connected",
+                    "1 while registered with the runtime over NRI.",
+                ))
+                .map_err(MetricsError::Register)?,
+            )?,
+            nri_events: int_counter(
+                "nri_events_total",
+                "NRI events handled, by event.",
+                &["event"],
+            )?,
+            nri_deadlines: int_counter(
+                "nri_handler_deadline_exceeded_total",
+                "NRI handler calls that overran their budget and were answered fail-open.",
+                &["event"],
+            )?,
+            nri_handler_duration: register(
+                r,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "nri_handler_duration_seconds",
+                        "Time spent in the plugin's NRI handler per event.",
+                    )
+                    .buckets(vec![
+                        0.000_01, 0.000_05, 0.000_1, 0.000_5, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5,
+                        1.0, 2.0,
+                    ]),
+                    &["event"],
+                )
+                .map_err(MetricsError::Register)?,
+            )?,
+            page_size,
+            registry,
+        })
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Prometheus text exposition of everything registered.
+    pub fn encode(&self) -> Result<String, MetricsError> {
+        prometheus::TextEncoder::new()
+            .encode_to_string(&self.registry.gather())
+            .map_err(MetricsError::Encode)
+    }
+
+    pub fn set_nri_connected(&self, connected: bool) {
+        self.nri_connected.set(i64::from(connected));
+    }
+
+    /// Marks the strategy in effect per measurement (1) and the others (0).
+    pub fn set_strategies(&self, s: Strategies) {
+        let set = |program: &str, strategy: &str, on: bool| {
+            self.observer_strategy
+                .with_label_values(&[program, strategy])
+                .set(i64::from(on));
+        };
+        for t in ThrottleStrategy::ALL {
+            set("throttle", t.as_str(), t == s.throttle);
+        }
+        for r in ReclaimStrategy::ALL {
+            set("reclaim", r.as_str(), r == s.reclaim);
+        }
+        for o in OomStrategy::ALL {
+            set("oom", o.as_str(), o == s.oom);
+        }
+        for h in HotplugStrategy::ALL {
+            set("hotplug", h.as_str(), h == s.hotplug);
+        }
+    }
+
+    /// The series of one container; counters start from the observer's first reading.
+    pub fn container(&self, labels: &ContainerLabels) -> ContainerSeries {
+        let v = labels.values();
+        ContainerSeries {
+            throttled_periods: self.throttled_periods.with_label_values(&v),
+            throttled_seconds: self.throttled_seconds.with_label_values(&v),
+            oom_kills: self.oom_kills.with_label_values(&v),
+            reclaimed_bytes: None,
+            direct_reclaim_seconds: None,
+            labels: labels.clone(),
+            last: Observation::default(),
+            page_size: self.page_size,
+        }
+    }
+
+    /// Sets the desired limits of a container (from the runtime's spec or the last update).
+    pub fn set_desired(&self, labels: &ContainerLabels, desired: &LinuxResources) {
+        let v = labels.values();
+        match desired.cpu_limit_millis() {
+            Some(m) => self
+                .desired_cpu_millicores
+                .with_label_values(&v)
+                .set(i64::try_from(m).unwrap_or(i64::MAX)),
+            None => {
+                let _ = self.desired_cpu_millicores.remove_label_values(&v);
+            }
+        }
+        match desired.memory_limit() {
+            Some(l) if l > 0 => self.desired_memory_bytes.with_label_values(&v).set(l),
+            _ => {
+                let _ = self.desired_memory_bytes.remove_label_values(&v);
+            }
+        }
+    }
+
+    /// Sets the actual limits of a container (read from its cgroup).
+    pub fn set_actual(&self, labels: &ContainerLabels, actual: &ActualResources) {
+        let v = labels.values();
+        match actual.cpu_limit_millis() {
+            Some(m) => self
+                .actual_cpu_millicores
+                .with_label_values(&v)
+                .set(i64::try_from(m).unwrap_or(i64::MAX)),
+            None => {
+                let _ = self.actual_cpu_millicores.remove_label_values(&v);
+            }
+        }
+        match actual.memory_limit {
+            Some(l) if l > 0 => self.actual_memory_bytes.with_label_values(&v).set(l),
+            _ => {
+                let _ = self.actual_memory_bytes.remove_label_values(&v);
+            }
+        }
+    }
+
+    /// Removes every series of a container that went away.
+    pub fn remove_container(&self, labels: &ContainerLabels) {
+        let v = labels.values();
+        let _ = self.throttled_periods.remove_label_values(&v);
+        let _ = self.throttled_seconds.remove_label_values(&v);
+        let _ = self.reclaimed_bytes.remove_label_values(&v);
+        let _ = self.direct_reclaim_seconds.remove_label_values(&v);
+        let _ = self.oom_kills.remove_label_values(&v);
+        let _ = self.desired_cpu_millicores.remove_label_values(&v);
+        let _ = self.actual_cpu_millicores.remove_label_values(&v);
+        let _ = self.desired_memory_bytes.remove_label_values(&v);
+        let _ = self.actual_memory_bytes.remove_label_values(&v);
+    }
+
+    /// Series that only exist once their strategy has something to say.
+    fn reclaim_series(&self, labels: &ContainerLabels) -> (IntCounter, Counter) {
+        let v = labels.values();
+        (
+            self.reclaimed_bytes.with_label_values(&v),
+            self.direct_reclaim_seconds.with_label_values(&v),
+        )
+    }
+}
+
+/// One container's series, holding the metric handles (no label lookup per update) and the
+/// last observation (counters advance by the difference).
+#[derive(Debug)]
+pub struct ContainerSeries {
+    throttled_periods: IntCounter,
+    throttled_seconds: Counter,
+    oom_kills: IntCounter,
+    reclaimed_bytes: Option<IntCounter>,
+    direct_reclaim_seconds: Option<Counter>,
+    labels: ContainerLabels,
+    last: Observation,
+    page_size: u64,
+}
+
+#[expect(
+    clippy::cast_precision_loss,
+    reason = "nanoseconds to seconds as f64 for a counter"
+)]
+fn ns_to_secs(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+impl ContainerSeries {
+    pub fn labels(&self) -> &ContainerLabels {
+        &self.labels
+    }
+
+    /// Advances the counters to `now`. A counter that went backwards (eBPF map entry forgotten,
+    /// cgroup recreated) restarts from the new value.
+    pub fn update(&mut self, metrics: &Metrics, now: &Observation) {
+        let delta = |new: u64, old: u64| if new >= old { new - old } else { new };
+        if let Some(t) = now.throttling {
+            let old = self.last.throttling.unwrap_or_default();
+            self.throttled_periods.inc_by(delta(t.count, old.count));
+            self.throttled_seconds
+                .inc_by(ns_to_secs(delta(t.throttled_ns, old.throttled_ns)));
+        }
+        if let Some(pages) = now.reclaim.pgsteal() {
+            if self.reclaimed_bytes.is_none() {
+                let (bytes, secs) = metrics.reclaim_series(&self.labels);
+                self.reclaimed_bytes = Some(bytes);
+                self.direct_reclaim_seconds = Some(secs);
+            }
+            let old = self.last.reclaim.pgsteal().unwrap_or(0);
+            if let Some(c) = &self.reclaimed_bytes {
+                c.inc_by(delta(pages, old).saturating_mul(self.page_size));
+            }
+            if let (Some(c), Some(ns)) =
+                (&self.direct_reclaim_seconds, now.reclaim.direct_reclaim_ns)
+            {
+                let old = self.last.reclaim.direct_reclaim_ns.unwrap_or(0);
+                c.inc_by(ns_to_secs(delta(ns, old)));
+            }
+        }
+        self.oom_kills
+            .inc_by(delta(now.oom.kills, self.last.oom.kills));
+        self.last = *now;
+    }
+}
+
+impl HandlerObserver for Metrics {
+    fn observe(&self, event: &'static str, seconds: f64, outcome: &'static str) {
+        self.nri_events.with_label_values(&[event]).inc();
+        self.nri_handler_duration
+            .with_label_values(&[event])
+            .observe(seconds);
+        if outcome != "ok" {
+            self.nri_deadlines.with_label_values(&[event]).inc();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{CpuResources, MemoryResources};
+    use crate::observer::{OomKills, Reclaim, Throttling};
+
+    fn labels() -> ContainerLabels {
+        ContainerLabels {
+            namespace: "ns".into(),
+            pod: "web".into(),
+            container: "app".into(),
+        }
+    }
+
+    fn observation(count: u64, ns: u64, pgsteal: Option<u64>, kills: u64) -> Observation {
+        Observation {
+            throttling: Some(Throttling {
+                count,
+                throttled_ns: ns,
+            }),
+            reclaim: Reclaim {
+                pgsteal_direct: pgsteal,
+                direct_reclaim_ns: pgsteal.map(|_| 500_000_000),
+                ..Reclaim::default()
+            },
+            oom: OomKills {
+                kills,
+                ..OomKills::default()
+            },
+        }
+    }
+
+    #[test]
+    fn container_series_follow_observations_and_are_removed() {
+        let m = Metrics::new().expect("metrics");
+        let mut s = m.container(&labels());
+        s.update(&m, &observation(3, 2_000_000_000, None, 0));
+        s.update(&m, &observation(5, 3_000_000_000, Some(10), 1));
+        let text = m.encode().expect("encode");
+        let l = r#"{container="app",namespace="ns",pod="web"}"#;
+        for want in [
+            format!("nri_resize_container_throttled_periods_total{l} 5"),
+            format!("nri_resize_container_throttled_seconds_total{l} 3"),
+            format!(
+                "nri_resize_container_reclaimed_bytes_total{l} {}",
+                10 * m.page_size
+            ),
+            format!("nri_resize_container_direct_reclaim_seconds_total{l} 0.5"),
+            format!("nri_resize_container_oom_kills_total{l} 1"),
+        ] {
+            assert!(text.contains(&want), "missing {want:?} in\n{text}");
+        }
+        m.remove_container(&labels());
+        let text = m.encode().expect("encode");
+        assert!(!text.contains(r#"container="app""#), "{text}");
+    }
+
+    #[test]
+    fn reclaim_series_appear_only_when_the_strategy_knows() {
+        let m = Metrics::new().expect("metrics");
+        let mut s = m.container(&labels());
+        s.update(&m, &observation(0, 0, None, 0));
+        assert!(!m
+            .encode()
+            .expect("encode")
+            .contains("reclaimed_bytes_total{"));
+    }
+
+    #[test]
+    fn desired_and_actual_gauges() {
+        let m = Metrics::new().expect("metrics");
+        let desired = LinuxResources {
+            cpu: Some(CpuResources {
+                quota: Some(200_000),
+                period: Some(100_000),
+                ..CpuResources::default()
+            }),
+            memory: Some(MemoryResources {
+                limit: Some(100 << 20),
+                ..MemoryResources::default()
+            }),
+            ..LinuxResources::default()
+        };
+        m.set_desired(&labels(), &desired);
+        m.set_actual(
+            &labels(),
+            &ActualResources {
+                cpu_quota: Some(10_000),
+                cpu_period: Some(100_000),
+                memory_limit: Some(-1),
+                ..ActualResources::default()
+            },
+        );
+        let text = m.encode().expect("encode");
+        assert!(text.contains("nri_resize_container_desired_cpu_millicores{container=\"app\",namespace=\"ns\",pod=\"web\"} 2000"), "{text}");
+        assert!(text.contains("nri_resize_container_actual_cpu_millicores{container=\"app\",namespace=\"ns\",pod=\"web\"} 100"), "{text}");
+        assert!(text.contains("nri_resize_container_desired_memory_bytes{container=\"app\",namespace=\"ns\",pod=\"web\"} 104857600"), "{text}");
+        assert!(
+            !text.contains("nri_resize_container_actual_memory_bytes{"),
+            "unlimited is no series: {text}"
+        );
+    }
+
+    #[test]
+    fn strategies_and_nri_handler_metrics() {
+        let m = Metrics::new().expect("metrics");
+        m.set_strategies(Strategies::POLLING);
+        m.set_nri_connected(true);
+        m.observe("CreateContainer", 0.000_2, "ok");
+        m.observe("CreateContainer", 3.0, "deadline");
+        let text = m.encode().expect("encode");
+        for want in [
+            r#"nri_resize_observer_strategy{program="throttle",strategy="cpu_stat_polling"} 1"#,
+            r#"nri_resize_observer_strategy{program="throttle",strategy="tp_btf_sched_switch"} 0"#,
+            "nri_resize_nri_connected 1",
+            r#"nri_resize_nri_events_total{event="CreateContainer"} 2"#,
+            r#"nri_resize_nri_handler_deadline_exceeded_total{event="CreateContainer"} 1"#,
+            r#"nri_resize_nri_handler_duration_seconds_count{event="CreateContainer"} 2"#,
+        ] {
+            assert!(text.contains(want), "missing {want:?} in\n{text}");
+        }
+    }
+}

@@ -1,0 +1,151 @@
+//! `cargo xtask demo`: a private containerd (1.7 by default; `NRI_RESIZE_DEMO_CONTAINERD=2` for
+//! 2.x), the nri-resize plugin attached to it, and a pod created and resized through CRI the way
+//! kubelet does, with the plugin's view printed after every step.
+
+use std::time::Duration;
+
+use nri_resize::api::ApiClient;
+use nri_resize::model::{CpuResources, LinuxResources, MemoryResources};
+use nri_resize_tests::{
+    ContainerSpec, Containerd, ContainerdOptions, ContainerdVersion, PluginProcess, PodSpec,
+    Resources,
+};
+
+const MIB: i64 = 1 << 20;
+
+async fn show(api: &ApiClient, since: &mut u64, title: &str) {
+    println!("\n--- {title}");
+    let events = api.events(*since).await.expect("events API");
+    for e in &events {
+        let r = e.resources.clone().unwrap_or_default();
+        let cpu = r
+            .cpu_limit_millis()
+            .map_or("-".to_string(), |m| format!("{m}m"));
+        let mem = r
+            .memory_limit()
+            .map_or("-".to_string(), |m| format!("{}Mi", m >> 20));
+        println!(
+            "  plugin saw #{:<3} {:<22} {:<22} {:<8} cpu={cpu:<6} mem={mem}",
+            e.seq,
+            e.event.as_str(),
+            e.pod,
+            e.container
+        );
+        *since = e.seq;
+    }
+    let status = api.status().await.expect("status API");
+    for p in &status.pods {
+        for c in &p.containers {
+            let r = c.resources.clone().unwrap_or_default();
+            println!(
+                "  model: {}/{} state={:?} cpu quota={:?} period={:?} shares={:?} memory={:?}",
+                p.pod.full_name(),
+                c.name,
+                c.state,
+                r.cpu_quota(),
+                r.cpu_period(),
+                r.cpu_shares(),
+                r.memory_limit()
+            );
+        }
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 4)]
+async fn main() {
+    let version = match std::env::var("NRI_RESIZE_DEMO_CONTAINERD").as_deref() {
+        Ok("2") => ContainerdVersion::V2,
+        _ => ContainerdVersion::V1_7,
+    };
+    println!("== starting a private {version} with NRI enabled");
+    let ctrd = Containerd::start(version, ContainerdOptions::default()).await;
+    println!(
+        "   containerd {} at {}",
+        ctrd.version(),
+        ctrd.base_dir().display()
+    );
+    let mut plugin = PluginProcess::start(&ctrd, "nri-resize", &[]);
+    plugin.wait_ready(Duration::from_secs(15)).await;
+    let api = plugin.api();
+    let mut since = 0;
+    show(&api, &mut since, "plugin registered and synchronized").await;
+
+    println!("\n== creating pod default/demo (pod cgroup limited to 2 CPUs / 512Mi) with container 'app' at 500m / 128Mi");
+    let mut spec = PodSpec::new("demo");
+    spec.resources = Resources::limits(200_000, 512 * MIB);
+    let pod = Box::pin(ctrd.run_pod(spec)).await.expect("RunPodSandbox");
+    let mut c = ContainerSpec::new("app", &["sleep", "3600"]);
+    c.resources = Resources::limits(50_000, 128 * MIB);
+    let id = Box::pin(ctrd.create_container(&pod, c))
+        .await
+        .expect("CreateContainer");
+    ctrd.start_container(&id).await.expect("StartContainer");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    show(&api, &mut since, "after create + start").await;
+
+    println!(
+        "\n== kubelet-style resize through CRI UpdateContainerResources: 500m/128Mi -> 1000m/256Mi"
+    );
+    ctrd.update_container_resources(&id, &Resources::limits(100_000, 256 * MIB))
+        .await
+        .expect("UpdateContainerResources");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    show(&api, &mut since, "after the CRI update").await;
+    println!(
+        "   cgroupfs: cpu.cfs_quota_us={} memory.limit_in_bytes={}",
+        ctrd.read_container_cgroup(&id, "cpu.cfs_quota_us"),
+        ctrd.read_container_cgroup(&id, "memory.limit_in_bytes")
+    );
+
+    println!("\n== plugin-initiated resize through NRI UpdateContainers (nri-resize update): -> 1500m/384Mi");
+    let want = LinuxResources {
+        cpu: Some(CpuResources {
+            quota: Some(150_000),
+            period: Some(100_000),
+            ..Default::default()
+        }),
+        memory: Some(MemoryResources {
+            limit: Some(384 * MIB),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let result = api
+        .update_resources(&id, &want)
+        .await
+        .expect("update through the plugin");
+    assert!(result.failed.is_empty(), "runtime failed the update");
+    show(&api, &mut since, "after the plugin's update").await;
+    let reported = ctrd
+        .container_resources(&id)
+        .await
+        .expect("ContainerStatus")
+        .unwrap_or_default();
+    println!(
+        "   cgroupfs: cpu.cfs_quota_us={} memory.limit_in_bytes={}",
+        ctrd.read_container_cgroup(&id, "cpu.cfs_quota_us"),
+        ctrd.read_container_cgroup(&id, "memory.limit_in_bytes")
+    );
+    println!(
+        "   CRI ContainerStatus (what kubelet reads): cpu_quota={} memory_limit_in_bytes={}",
+        reported.cpu_quota, reported.memory_limit_in_bytes
+    );
+
+    println!("\n== `nri-resize status` as an operator sees it:");
+    let out = std::process::Command::new(nri_resize_tests::plugin_binary())
+        .args(["status", "--api-socket"])
+        .arg(&plugin.api_socket)
+        .output()
+        .expect("run nri-resize status");
+    print!("{}", String::from_utf8_lossy(&out.stdout));
+
+    println!("\n== tearing down");
+    ctrd.stop_container(&id, 0).await.expect("StopContainer");
+    ctrd.remove_container(&id).await.expect("RemoveContainer");
+    ctrd.stop_pod(&pod).await.expect("StopPodSandbox");
+    ctrd.remove_pod(&pod).await.expect("RemovePodSandbox");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    show(&api, &mut since, "after teardown").await;
+    plugin.stop();
+    println!("\n== demo done: containerd, plugin, pod cgroups and temp dirs are cleaned up");
+}
