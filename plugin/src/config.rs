@@ -29,7 +29,7 @@ pub enum ConfigError {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
-    /// Number of recent events kept for `nri-resize events` (1..=1_000_000).
+    /// Number of recent events kept for `nri-resize events` (`1..=1_000_000`).
     pub journal_size: usize,
 }
 

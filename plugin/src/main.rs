@@ -82,6 +82,10 @@ struct ApiArgs {
 }
 
 #[derive(Debug, Args)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "independent command-line switches, as clap flags"
+)]
 struct RunArgs {
     /// containerd's NRI socket.
     #[arg(
@@ -114,22 +118,22 @@ struct RunArgs {
     /// How often the observer reads every container's counters (e.g. `1s`, `500ms`).
     #[arg(long, env = "NRI_RESIZE_OBSERVER_INTERVAL", default_value = "1s", value_parser = parse_interval)]
     observer_interval: Duration,
-    /// Start the throttling probe at this strategy (fentry, tp_btf_sched_switch, cpu_stat_polling),
+    /// Start the throttling probe at this strategy (`fentry`, `tp_btf_sched_switch`, `cpu_stat_polling`),
     /// to exercise the fallbacks.
     #[arg(long, env = "NRI_RESIZE_OBSERVER_FORCE_THROTTLE")]
     observer_force_throttle: Option<ThrottleStrategy>,
-    /// Measure reclaim by polling memory.stat instead of the memcg tracepoints.
+    /// Measure reclaim by polling `memory.stat` instead of the memcg tracepoints.
     #[arg(long, env = "NRI_RESIZE_OBSERVER_FORCE_RECLAIM")]
     observer_force_reclaim: bool,
-    /// Count OOM kills by polling memory.events / memory.oom_control instead of tp_btf/mark_victim.
+    /// Count OOM kills by polling `memory.events` / `memory.oom_control` instead of `tp_btf/mark_victim`.
     #[arg(long, env = "NRI_RESIZE_OBSERVER_FORCE_OOM")]
     observer_force_oom: bool,
     /// Load no eBPF at all: every measurement polls cgroup files.
     #[arg(long, env = "NRI_RESIZE_NO_EBPF")]
     no_ebpf: bool,
     /// Where to serve /metrics, /healthz and /readyz (port 0: any free port, logged and shown
-    /// in `status`); `off` disables it.
-    #[arg(long, env = "NRI_RESIZE_METRICS_ADDR", default_value = "0.0.0.0:9464", value_parser = parse_metrics_addr)]
+    /// in `status`); `off` disables it. Given more than once, the last one wins.
+    #[arg(long, env = "NRI_RESIZE_METRICS_ADDR", default_value = "0.0.0.0:9464", value_parser = parse_metrics_addr, overrides_with = "metrics_addr")]
     metrics_addr: MetricsAddr,
 }
 

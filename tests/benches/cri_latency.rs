@@ -114,8 +114,14 @@ async fn main() {
         // Interleaved rounds (without, with, without, with, ...) so that drift in machine load
         // hits both sides alike.
         let rounds = 3;
-        let mut base = Sample { create: Vec::new(), update: Vec::new() };
-        let mut ours = Sample { create: Vec::new(), update: Vec::new() };
+        let mut base = Sample {
+            create: Vec::new(),
+            update: Vec::new(),
+        };
+        let mut ours = Sample {
+            create: Vec::new(),
+            update: Vec::new(),
+        };
         for round in 0..rounds {
             let b = measure(&ctrd, &pod, iters / rounds, &format!("base{round}")).await;
             base.create.extend(b.create);

@@ -75,6 +75,8 @@ impl PluginProcess {
             .arg(&self.nri_socket)
             .arg("--api-socket")
             .arg(&self.api_socket)
+            // Tests run several plugins at once: an ephemeral metrics port each.
+            .args(["--metrics-addr", "127.0.0.1:0"])
             .args(&self.args)
             .env("NRI_RESIZE_LOG", "nri_resize=debug,info")
             .stdin(Stdio::null())

@@ -168,6 +168,10 @@ async fn wait_reconnected(api: &ApiClient, connects: u64) {
     }
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "one plugin lifecycle against the runtime, step by step"
+)]
 async fn lifecycle(version: ContainerdVersion) {
     let mut ctrd = Containerd::start(version, ContainerdOptions::default()).await;
     eprintln!(
@@ -200,6 +204,18 @@ async fn lifecycle(version: ContainerdVersion) {
 
     let run = wait_for_event(&plugin, &pod.id, "", EventKind::RunPodSandbox).await;
     assert_eq!(run.pod, format!("{}/web", pod.namespace));
+    // Pod-level resources, when the runtime passes them, are the pod's (kubelet's pod limits).
+    match limits(run.resources.as_ref()) {
+        (None, _, _, None) => eprintln!("{version}: runtime passes no pod resources"),
+        (quota, _, _, memory) => {
+            eprintln!("{version}: runtime passes pod resources quota={quota:?} memory={memory:?}");
+            assert_eq!(
+                (quota, memory),
+                (Some(400_000), Some(1024 * MIB)),
+                "pod resources in RunPodSandbox"
+            );
+        }
+    }
     let created = wait_for_event(&plugin, &pod.id, "app", EventKind::CreateContainer).await;
     assert_eq!(
         limits(created.resources.as_ref()),
@@ -371,7 +387,7 @@ async fn plugin_lifecycle_containerd_2() {
 }
 
 /// `--exit-on-disconnect`: the alternative to reconnecting, for setups that prefer the
-/// DaemonSet to restart the plugin.
+/// `DaemonSet` to restart the plugin.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exit_on_disconnect_exits_with_status_3() {
     let mut ctrd = Containerd::start(ContainerdVersion::V1_7, ContainerdOptions::default()).await;

@@ -529,13 +529,12 @@ async fn reclaim(ctrd: &Containerd, plugins: &Plugins) {
             (None, None) => None,
             (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
         };
-    let kernel_reclaimed = match pgsteal(&stat) {
-        Some(_) => d(pgsteal(&stat), pgsteal(&stat_before)),
-        None => {
-            let cache = nri_resize::observer::parse::flat_keyed(&stat_text, "cache")
-                .expect("memory.stat cache");
-            (written - cache.min(written)) / PAGE
-        }
+    let kernel_reclaimed = if pgsteal(&stat).is_some() {
+        d(pgsteal(&stat), pgsteal(&stat_before))
+    } else {
+        let cache = nri_resize::observer::parse::flat_keyed(&stat_text, "cache")
+            .expect("memory.stat cache");
+        (written - cache.min(written)) / PAGE
     };
     let kernel_pgpgout = d(stat.pgpgout, stat_before.pgpgout);
     let after = wait_all(plugins, Duration::from_secs(5), "reclaim", async |p| {

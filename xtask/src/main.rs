@@ -2,7 +2,7 @@
 //!
 //! - `setup`      install what the project needs on a fresh Debian 12 machine (idempotent)
 //! - `build-ebpf` build the observer's kernel programs from source
-//! - `test`       setup + every tier: lint, unit, kernel, containerd 1.7 and 2.x, fuzz smoke
+//! - `test`       setup + every tier: format, lint, unit, kernel, containerd 1.7 and 2.x, fuzz
 //! - `demo`       a private containerd + the plugin + a pod created and resized, narrated
 //! - `bench`      every benchmark, side by side with its baseline
 //! - `fuzz`       run one fuzz target (default: all, 60 s each)
@@ -149,6 +149,10 @@ fn test(fuzz_seconds: u64) -> anyhow::Result<()> {
         run(
             "unit tests (pure logic, in-process transport)",
             cargo().args(["test", "--workspace", "--lib", "--bins"]),
+        )?;
+        run(
+            "the CLI on bad input",
+            cargo().args(["test", "-p", "nri-resize", "--test", "cli"]),
         )
     });
     tier(&mut results, "kernel", || {
@@ -173,12 +177,6 @@ fn test(fuzz_seconds: u64) -> anyhow::Result<()> {
         run(
             "real containerd 1.7 and 2.x through CRI",
             cargo().args(["test", "-p", "nri-resize-tests", "--", "--nocapture"]),
-        )
-    });
-    tier(&mut results, "bench-build", || {
-        run(
-            "benchmarks compile",
-            cargo().args(["bench", "--workspace", "--no-run"]),
         )
     });
     tier(&mut results, "fuzz", || fuzz(&FUZZ_TARGETS, fuzz_seconds));

@@ -6,7 +6,7 @@
 //! counter), reads every watched cgroup with the observer's reused buffers, advances the metrics
 //! through cached series handles and publishes one [`ContainerObservation`] per container.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -199,14 +199,15 @@ impl NodeState {
     pub(crate) fn retrack(&self, pods: &[Pod], containers: &[Container]) {
         let by_id: HashMap<&str, &Pod> = pods.iter().map(|p| (p.id.as_str(), p)).collect();
         let empty = Pod::default();
+        let live: HashSet<&str> = containers.iter().map(|c| c.id.as_str()).collect();
         self.observed(|o| {
-            let keep: Vec<String> = o
+            let gone: Vec<String> = o
                 .targets
                 .keys()
-                .filter(|id| !containers.iter().any(|c| &c.id == *id))
+                .filter(|id| !live.contains(id.as_str()))
                 .cloned()
                 .collect();
-            for id in keep {
+            for id in gone {
                 self.untrack_locked(o, &id);
             }
         });

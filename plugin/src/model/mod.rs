@@ -25,7 +25,7 @@ pub struct Pod {
     pub cgroup_parent: String,
     /// Sum of the containers' resources, when the runtime passes it (containerd 2.x).
     pub resources: Option<LinuxResources>,
-    /// Pod overhead (RuntimeClass), when the runtime passes it.
+    /// Pod overhead (`RuntimeClass`), when the runtime passes it.
     pub overhead: Option<LinuxResources>,
     pub ips: Vec<String>,
 }

@@ -66,15 +66,14 @@ fn parts(
     ctr: &MessageField<pb::Container>,
     what: &str,
 ) -> ttrpc::Result<(Pod, Container)> {
-    match (pod.as_ref(), ctr.as_ref()) {
-        (Some(p), Some(c)) => Ok((pod_from_pb(p), container_from_pb(c))),
-        _ => {
-            warn!(request = what, "malformed request without pod or container");
-            Err(status(
-                ttrpc::Code::INVALID_ARGUMENT,
-                format!("{what}: request lacks pod or container"),
-            ))
-        }
+    if let (Some(p), Some(c)) = (pod.as_ref(), ctr.as_ref()) {
+        Ok((pod_from_pb(p), container_from_pb(c)))
+    } else {
+        warn!(request = what, "malformed request without pod or container");
+        Err(status(
+            ttrpc::Code::INVALID_ARGUMENT,
+            format!("{what}: request lacks pod or container"),
+        ))
     }
 }
 
@@ -127,17 +126,16 @@ impl<H: Handler> PluginService<H> {
                 if out.is_ok() { "ok" } else { "deadline" },
             );
         }
-        match out {
-            Ok(v) => Some(v),
-            Err(_) => {
-                error!(
-                    event = event.as_str(),
-                    subject,
-                    budget_ms = self.budget().as_millis(),
-                    "handler overran the runtime deadline; answering fail-open"
-                );
-                None
-            }
+        if let Ok(v) = out {
+            Some(v)
+        } else {
+            error!(
+                event = event.as_str(),
+                subject,
+                budget_ms = self.budget().as_millis(),
+                "handler overran the runtime deadline; answering fail-open"
+            );
+            None
         }
     }
 

@@ -73,8 +73,10 @@ impl Handler for Recorder {
         if self.slow {
             tokio::time::sleep(Duration::from_secs(30)).await;
         }
-        let mut adjust = LinuxResources::default();
-        adjust.pids_limit = Some(77);
+        let adjust = LinuxResources {
+            pids_limit: Some(77),
+            ..Default::default()
+        };
         Ok(CreateReply {
             adjust: Some(adjust),
             ..Default::default()
@@ -276,6 +278,10 @@ fn configure_req(nri_version: &str, config: &str) -> pb::ConfigureRequest {
 }
 
 #[tokio::test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one protocol conversation, step by step"
+)]
 async fn full_v0_6_flow_registration_config_split_sync_events_and_updates() {
     let s = setup(Recorder::default()).await;
     assert_eq!(
@@ -594,7 +600,7 @@ async fn unknown_method_gets_an_error_status() {
     req.set_method("NoSuchMethod".into());
     req.set_timeout_nano(1_000_000_000);
     let resp = s.rt.raw.request(req).await;
-    let err = resp.err().expect("unknown method must fail");
+    let err = resp.expect_err("unknown method must fail");
     let msg = err.to_string();
     assert!(
         msg.contains("NoSuchMethod") || msg.to_lowercase().contains("not"),
@@ -620,8 +626,7 @@ async fn garbage_payload_for_a_real_method_is_an_error_not_a_panic() {
         s.rt.raw
             .request(req)
             .await
-            .err()
-            .expect("undecodable request must fail");
+            .expect_err("undecodable request must fail");
     assert!(!err.to_string().is_empty());
     assert!(
         s.handler.calls().is_empty(),
@@ -702,4 +707,3 @@ async fn cancel_ends_a_live_session() {
     assert!(!s.link.status().connected);
     drop(s.rt.mux);
 }
-

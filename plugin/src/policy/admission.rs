@@ -507,13 +507,7 @@ mod tests {
             (vec![guaranteed(1000, GI), be], QosClass::Burstable),
             (vec![cpu_only], QosClass::Burstable),
             (vec![be, be], QosClass::BestEffort),
-            (
-                vec![ResourceQuantity::default()]
-                    .into_iter()
-                    .map(|_| Quantities::default())
-                    .collect(),
-                QosClass::BestEffort,
-            ),
+            (vec![Quantities::default()], QosClass::BestEffort),
         ];
         for (i, (cs, want)) in cases.into_iter().enumerate() {
             assert_eq!(qos_class(&cs), want, "case {i}");
