@@ -95,7 +95,7 @@ async fn measure<H: Handler>(h: &H, event: EventKind) -> (Duration, Duration) {
         match event {
             EventKind::CreateContainer => drop(black_box(h.create_container(p, c).await)),
             EventKind::UpdateContainer => {
-                drop(black_box(h.update_container(p, c, resources(n)).await))
+                drop(black_box(h.update_container(p, c, resources(n)).await));
             }
             EventKind::PostUpdateContainer => h.post_update_container(p, c).await,
             EventKind::StartContainer => h.start_container(p, c).await,
@@ -115,7 +115,7 @@ fn us(d: Duration) -> String {
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let state = NodeState::new(Config::default());
-    let pods: Vec<Pod> = (0..MODEL_CONTAINERS / 3 + 1).map(pod).collect();
+    let pods: Vec<Pod> = (0..=(MODEL_CONTAINERS / 3)).map(pod).collect();
     let containers: Vec<Container> = (0..MODEL_CONTAINERS).map(|i| container(i, i / 3)).collect();
     let handler = ModelHandler::new(state.clone());
     handler

@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::policy::PolicyDefaults;
+
 /// Why a configuration could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -25,17 +27,70 @@ pub enum ConfigError {
 /// ```toml
 /// # how many recent NRI events the status API keeps (nri-resize events)
 /// journal_size = 1024
+///
+/// [resize]
+/// mode = "enforce"              # or "observe": decide and report, change nothing
+/// reserved_memory = 1073741824  # bytes of node memory kept back from admission
+/// step_pause_ms = 0             # pause between the steps of a whole-pod resize
+/// max_attempts = 5              # attempts of a whole-pod resize before it is an Error
+///
+/// [policy]                      # node defaults; see docs/annotations.md
+/// action = "LiveResizePreferred"
+/// memory = { decrease = "RestartContainer" }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// Number of recent events kept for `nri-resize events` (`1..=1_000_000`).
     pub journal_size: usize,
+    /// The resize engine.
+    pub resize: ResizeConfig,
+    /// Node-default resize policy (pods may only tighten it through annotations).
+    pub policy: PolicyDefaults,
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Config { journal_size: 1024 }
+        Config {
+            journal_size: 1024,
+            resize: ResizeConfig::default(),
+            policy: PolicyDefaults::default(),
+        }
+    }
+}
+
+/// Whether the engine acts on its decisions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Refuse updates the policy or admission refuses, evict for restart, order writes.
+    #[default]
+    Enforce,
+    /// Decide and report (status, logs) but let every update through unchanged.
+    Observe,
+}
+
+/// `[resize]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ResizeConfig {
+    pub mode: Mode,
+    /// Bytes of node memory admission keeps back for the system.
+    pub reserved_memory: u64,
+    /// Milliseconds to pause between the steps of a whole-pod resize (0: none).
+    pub step_pause_ms: u64,
+    /// Attempts of a whole-pod resize (with backoff) before it is reported as an Error.
+    pub max_attempts: u32,
+}
+
+impl Default for ResizeConfig {
+    fn default() -> Self {
+        ResizeConfig {
+            mode: Mode::Enforce,
+            reserved_memory: 0,
+            step_pause_ms: 0,
+            max_attempts: 5,
+        }
     }
 }
 
@@ -73,6 +128,24 @@ impl Config {
     }
 
     fn validate(&self, origin: &str) -> Result<(), ConfigError> {
+        if !(1..=100).contains(&self.resize.max_attempts) {
+            return Err(ConfigError::Invalid {
+                origin: origin.to_string(),
+                message: format!(
+                    "resize.max_attempts must be within 1..=100, got {}",
+                    self.resize.max_attempts
+                ),
+            });
+        }
+        if self.resize.step_pause_ms > 60_000 {
+            return Err(ConfigError::Invalid {
+                origin: origin.to_string(),
+                message: format!(
+                    "resize.step_pause_ms must be at most 60000, got {}",
+                    self.resize.step_pause_ms
+                ),
+            });
+        }
         if !(1..=1_000_000).contains(&self.journal_size) {
             return Err(ConfigError::Invalid {
                 origin: origin.to_string(),
@@ -132,6 +205,30 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(range.contains("1..=1000000"), "{range}");
+    }
+
+    #[test]
+    fn resize_and_policy_tables_parse() {
+        let cfg = Config::parse(
+            "[resize]\nmode = \"observe\"\nreserved_memory = 1024\n[policy]\naction = \"LiveResize\"\nmemory = { decrease = \"RestartContainer\" }\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(cfg.resize.mode, Mode::Observe);
+        assert_eq!(cfg.resize.reserved_memory, 1024);
+        assert_eq!(cfg.policy.action, crate::policy::ResizeAction::LiveResize);
+        assert_eq!(
+            cfg.policy.memory.decrease,
+            crate::policy::RestartPolicy::RestartContainer
+        );
+        let bad = Config::parse("[resize]\nmode = \"maybe\"\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(bad.contains("maybe") || bad.contains("mode"), "{bad}");
+        let bad = Config::parse("[policy]\naction = \"Sometimes\"\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(bad.contains("Sometimes") || bad.contains("action"), "{bad}");
     }
 
     #[test]

@@ -231,6 +231,10 @@ fn nr_throttled(ctrd: &Containerd, id: &str) -> u64 {
         .nr_throttled
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scenario read top to bottom: workload, checks, resize, checks"
+)]
 async fn throttling(ctrd: &Containerd, plugins: &Plugins) {
     let mut spec = PodSpec::new("throttle");
     spec.resources = Resources::limits(200_000, 0);
@@ -481,6 +485,10 @@ async fn oom(ctrd: &Containerd, plugins: &Plugins) {
         .expect("RemovePodSandbox");
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scenario read top to bottom: workload, checks"
+)]
 async fn reclaim(ctrd: &Containerd, plugins: &Plugins) {
     let pod = Box::pin(ctrd.run_pod(PodSpec::new("reclaim")))
         .await

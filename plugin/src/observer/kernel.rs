@@ -70,6 +70,10 @@ struct Resolved {
     cpuhp: Result<(), String>,
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "one linear list of lookups, each with its own fallback"
+)]
 fn resolve(
     btf: &KernelBtf,
     tracefs: Result<&Path, &str>,

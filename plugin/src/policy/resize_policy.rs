@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::quantity::{Direction, Resource};
 
@@ -31,7 +31,9 @@ const MAX_TOKEN_IN_MESSAGE: usize = 64;
 /// Whether changing a resource needs the container restarted (KEP-1287 `restartPolicy`).
 ///
 /// Strictness order: `NotRequired < RestartContainer`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize,
+)]
 pub enum RestartPolicy {
     /// The change can be applied to the running container.
     #[default]
@@ -70,7 +72,9 @@ impl fmt::Display for RestartPolicy {
 /// may change a *running* container on the pod's behalf: `LiveResizePreferred` may resize in
 /// place or restart, `LiveResize` only in place (or refuse), `Restart` never writes a running
 /// container's limits (it is recreated through the ordinary create path).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize,
+)]
 pub enum ResizeAction {
     /// Resize in place when the policy allows, otherwise restart.
     #[default]
@@ -108,7 +112,7 @@ impl fmt::Display for ResizeAction {
 }
 
 /// The restart policy of one resource, per direction.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DirectionalPolicy {
     /// Policy when the resource grows.
@@ -187,7 +191,7 @@ impl ResizePolicy {
 ///
 /// Every field is optional; the default is the KEP's behaviour (everything `NotRequired`,
 /// action `LiveResizePreferred`, annotations honoured).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PolicyDefaults {
     /// Whether pods may tighten the policy through annotations. When `false` every nri-resize

@@ -1,0 +1,90 @@
+//! Node capacity as admission sees it: online CPUs (sysfs) and total memory (procfs), read
+//! under an injectable root so tests use a fixture.
+
+use std::path::{Path, PathBuf};
+
+use crate::policy::{CpuSet, NodeCapacity};
+
+/// Node capacity could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("reading {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("cannot parse {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+}
+
+/// Reads node capacity from `<root>/sys/devices/system/cpu/online` and `<root>/proc/meminfo`.
+#[derive(Debug, Clone)]
+pub struct NodeReader {
+    root: PathBuf,
+}
+
+impl NodeReader {
+    /// `root` is `/` on a node.
+    pub fn new(root: impl AsRef<Path>) -> Self {
+        NodeReader { root: root.as_ref().to_path_buf() }
+    }
+
+    fn read(&self, rel: &str) -> Result<(PathBuf, String), NodeError> {
+        let path = self.root.join(rel);
+        let text = std::fs::read_to_string(&path).map_err(|source| NodeError::Read { path: path.clone(), source })?;
+        Ok((path, text))
+    }
+
+    /// The node's capacity with `reserved_memory_bytes` kept back for the system.
+    pub fn capacity(&self, reserved_memory_bytes: u64) -> Result<NodeCapacity, NodeError> {
+        let (cpu_path, online) = self.read("sys/devices/system/cpu/online")?;
+        let online_cpus = CpuSet::parse(online.trim()).map_err(|e| NodeError::Parse { path: cpu_path, message: e.to_string() })?;
+        let (mem_path, meminfo) = self.read("proc/meminfo")?;
+        let memory_bytes = meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.trim().strip_suffix("kB"))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+            .ok_or_else(|| NodeError::Parse { path: mem_path, message: "no MemTotal line in kB".into() })?;
+        Ok(NodeCapacity {
+            online_cpus_millis: u64::from(online_cpus.count()) * 1000,
+            memory_bytes,
+            reserved_memory_bytes,
+            online_cpus,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(online: &str, meminfo: &str) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("sys/devices/system/cpu")).unwrap();
+        std::fs::create_dir_all(dir.path().join("proc")).unwrap();
+        std::fs::write(dir.path().join("sys/devices/system/cpu/online"), online).unwrap();
+        std::fs::write(dir.path().join("proc/meminfo"), meminfo).unwrap();
+        dir
+    }
+
+    #[test]
+    fn reads_cpus_and_memory() {
+        let dir = fixture("0-3,6\n", "MemTotal:       24576000 kB\nMemFree: 1 kB\n");
+        let cap = NodeReader::new(dir.path()).capacity(1 << 30).unwrap();
+        assert_eq!(cap.online_cpus_millis, 5000);
+        assert_eq!(cap.memory_bytes, 24_576_000 * 1024);
+        assert_eq!(cap.reserved_memory_bytes, 1 << 30);
+    }
+
+    #[test]
+    fn bad_files_are_clear_errors() {
+        let dir = fixture("zero\n", "MemTotal: 5 MB\n");
+        let err = NodeReader::new(dir.path()).capacity(0).unwrap_err().to_string();
+        assert!(err.contains("online"), "{err}");
+        let dir = fixture("0\n", "nothing\n");
+        let err = NodeReader::new(dir.path()).capacity(0).unwrap_err().to_string();
+        assert!(err.contains("meminfo") && err.contains("MemTotal"), "{err}");
+        let err = NodeReader::new("/nonexistent").capacity(0).unwrap_err().to_string();
+        assert!(err.contains("/nonexistent"), "{err}");
+    }
+
+}
