@@ -14,3 +14,4 @@ pub mod model;
 pub mod nri;
 pub mod observer;
 pub mod policy;
+pub mod resize;

@@ -35,6 +35,16 @@ struct Cli {
 enum Command {
     /// Run the plugin daemon.
     Run(RunArgs),
+    /// Resize a whole pod in place, in KEP order: `nri-resize resize default/web app=cpu=1500m,memory=512Mi`.
+    Resize {
+        #[command(flatten)]
+        api: ApiArgs,
+        /// `namespace/name` of the pod.
+        pod: String,
+        /// `container=cpu=<q>,memory=<q>` per container to change (CPU: 1500m or 1.5; memory: 512Mi, 2Gi, bytes).
+        #[arg(required = true)]
+        containers: Vec<String>,
+    },
     /// Show pods and containers as the plugin sees them.
     Status {
         #[command(flatten)]
@@ -109,6 +119,13 @@ struct RunArgs {
     /// Status API socket.
     #[arg(long, env = "NRI_RESIZE_API_SOCKET", default_value = DEFAULT_API_SOCKET)]
     api_socket: PathBuf,
+    /// Where in-flight resizes are checkpointed (created 0700 if absent).
+    #[arg(
+        long,
+        env = "NRI_RESIZE_STATE_DIR",
+        default_value = "/var/lib/nri-resize"
+    )]
+    state_dir: PathBuf,
     /// Exit with status 3 when the runtime connection is lost instead of reconnecting.
     #[arg(long, env = "NRI_RESIZE_EXIT_ON_DISCONNECT")]
     exit_on_disconnect: bool,
@@ -225,6 +242,7 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         .observer_force_oom
         .then_some(OomStrategy::MemoryEventsPolling);
     let opts = RunOptions {
+        state_dir: args.state_dir,
         identity: PluginIdentity {
             socket: args.nri_socket,
             name: args.plugin_name,
@@ -269,7 +287,7 @@ fn fmt_resources(r: Option<&LinuxResources>) -> (String, String) {
     (cpu, mem)
 }
 
-fn print_status(s: &Status) -> std::io::Result<()> {
+fn print_status(s: &Status, resizes: &nri_resize::api::Resizes) -> std::io::Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
@@ -289,8 +307,8 @@ fn print_status(s: &Status) -> std::io::Result<()> {
     )?;
     writeln!(
         out,
-        "{:<40} {:<20} {:<14} {:<10} {:<32} {:<10}",
-        "POD", "CONTAINER", "ID", "STATE", "CPU", "MEMORY"
+        "{:<40} {:<20} {:<14} {:<10} {:<32} {:<10} {:<12} REASON",
+        "POD", "CONTAINER", "ID", "STATE", "CPU", "MEMORY", "RESIZE"
     )?;
     for p in &s.pods {
         if p.containers.is_empty() {
@@ -299,15 +317,27 @@ fn print_status(s: &Status) -> std::io::Result<()> {
         for c in &p.containers {
             let (cpu, mem) = fmt_resources(c.resources.as_ref());
             let id: String = c.id.chars().take(13).collect();
+            let (resize, reason) =
+                resizes
+                    .containers
+                    .get(&c.id)
+                    .map_or(("-".to_string(), String::new()), |r| {
+                        (
+                            r.state.map_or("-".to_string(), |s| format!("{s:?}")),
+                            r.reason.clone(),
+                        )
+                    });
             writeln!(
                 out,
-                "{:<40} {:<20} {:<14} {:<10} {:<32} {:<10}",
+                "{:<40} {:<20} {:<14} {:<10} {:<32} {:<10} {:<12} {}",
                 p.pod.full_name(),
                 c.name,
                 id,
                 format!("{:?}", c.state).to_lowercase(),
                 cpu,
-                mem
+                mem,
+                resize,
+                reason
             )?;
         }
     }
@@ -322,7 +352,11 @@ async fn client_command(cmd: Command) -> anyhow::Result<ExitCode> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&status)?);
             } else {
-                print_status(&status)?;
+                let resizes = ApiClient::new(&api.api_socket)
+                    .resizes()
+                    .await
+                    .unwrap_or_default();
+                print_status(&status, &resizes)?;
             }
         }
         Command::Events { api, since, json } => {
@@ -341,6 +375,40 @@ async fn client_command(cmd: Command) -> anyhow::Result<ExitCode> {
                     );
                 }
             }
+        }
+        Command::Resize {
+            api,
+            pod,
+            containers,
+        } => {
+            let (namespace, name) = pod
+                .split_once('/')
+                .ok_or_else(|| anyhow::anyhow!("pod must be namespace/name, got {pod:?}"))?;
+            let mut req = nri_resize::resize::PodResizeRequest::default();
+            for spec in &containers {
+                let (container, target) = spec.split_once('=').ok_or_else(|| {
+                    anyhow::anyhow!("{spec:?}: expected container=cpu=..,memory=..")
+                })?;
+                let target = nri_resize::resize::parse_target(target)
+                    .map_err(|e| anyhow::anyhow!("{container}: {e}"))?;
+                req.containers.insert(container.to_string(), target);
+            }
+            let done = ApiClient::new(&api.api_socket)
+                .resize_pod(namespace, name, &req)
+                .await?;
+            for (i, s) in done.steps.iter().enumerate() {
+                println!(
+                    "step {}: {}{}",
+                    i + 1,
+                    s.step,
+                    if s.ok {
+                        String::new()
+                    } else {
+                        format!(" FAILED: {}", s.error)
+                    }
+                );
+            }
+            println!("resized {pod} in {} steps", done.steps.len());
         }
         Command::Update {
             api,

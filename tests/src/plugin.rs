@@ -46,6 +46,8 @@ pub struct PluginProcess {
     pub log_path: PathBuf,
     args: Vec<String>,
     nri_socket: PathBuf,
+    /// Checkpoints of in-flight resizes; kept across `restart`.
+    pub state_dir: PathBuf,
 }
 
 impl PluginProcess {
@@ -58,6 +60,7 @@ impl PluginProcess {
             log_path: dir.join(format!("{name}.log")),
             args: extra.iter().map(ToString::to_string).collect(),
             nri_socket: ctrd.nri_socket(),
+            state_dir: dir.join(format!("{name}-state")),
         };
         p.spawn();
         p
@@ -75,8 +78,10 @@ impl PluginProcess {
             .arg(&self.nri_socket)
             .arg("--api-socket")
             .arg(&self.api_socket)
-            // Tests run several plugins at once: an ephemeral metrics port each.
+            // Tests run several plugins at once: an ephemeral metrics port and a state dir each.
             .args(["--metrics-addr", "127.0.0.1:0"])
+            .arg("--state-dir")
+            .arg(&self.state_dir)
             .args(&self.args)
             .env("NRI_RESIZE_LOG", "nri_resize=debug,info")
             .stdin(Stdio::null())

@@ -113,6 +113,23 @@ impl ApiClient {
             .await
     }
 
+    /// A whole-pod resize; returns when it finished.
+    pub async fn resize_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        req: &crate::resize::PodResizeRequest,
+    ) -> Result<crate::resize::PodResize, ClientError> {
+        let path = format!("/v1/pods/{namespace}/{name}/resize");
+        self.json(Method::POST, &path, Some(Self::encode(req)?))
+            .await
+    }
+
+    /// Resize records of containers and pods.
+    pub async fn resizes(&self) -> Result<super::Resizes, ClientError> {
+        self.json(Method::GET, "/v1/resizes", None).await
+    }
+
     /// `true` when `/readyz` answers 200.
     pub async fn ready(&self) -> Result<bool, ClientError> {
         let (status, _) = self.call(Method::GET, "/readyz", None).await?;

@@ -34,6 +34,7 @@ use crate::daemon::{Confirmation, ContainerObservation, NodeState, ObserverInfo}
 use crate::model::{Container, EventRecord, LinuxResources, Pod, PodView};
 use crate::nri::{ContainerUpdate, LinkError, LinkStatus, RuntimeLink};
 use crate::observer::Strategies;
+use crate::resize::{ContainerResize, Engine, PodResize, PodResizeRequest, ResizeError};
 
 /// `GET /v1/status`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -308,6 +309,7 @@ pub struct ApiError {
 struct Ctx {
     state: Arc<NodeState>,
     link: RuntimeLink,
+    engine: Option<Arc<Engine>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -323,14 +325,66 @@ fn api_err(code: StatusCode, msg: impl Into<String>) -> (StatusCode, Json<ApiErr
 }
 
 /// Builds the router (also used by tests without a socket).
-fn router(state: Arc<NodeState>, link: RuntimeLink) -> Router {
+fn router(state: Arc<NodeState>, link: RuntimeLink, engine: Option<Arc<Engine>>) -> Router {
     Router::new()
         .route("/v1/status", get(status))
         .route("/v1/events", get(events))
         .route("/v1/containers/{id}/resources", post(update_resources))
+        .route("/v1/pods/{namespace}/{name}/resize", post(resize_pod))
+        .route("/v1/resizes", get(resizes))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
-        .with_state(Ctx { state, link })
+        .with_state(Ctx {
+            state,
+            link,
+            engine,
+        })
+}
+
+/// `GET /v1/resizes`: per container (by id) and per whole-pod resize.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Resizes {
+    pub containers: std::collections::BTreeMap<String, ContainerResize>,
+    pub pods: Vec<PodResize>,
+}
+
+async fn resizes(State(ctx): State<Ctx>) -> Json<Resizes> {
+    Json(
+        ctx.engine
+            .as_ref()
+            .map_or_else(Resizes::default, |e| Resizes {
+                containers: e.container_resizes().into_iter().collect(),
+                pods: e.pod_resizes(),
+            }),
+    )
+}
+
+async fn resize_pod(
+    State(ctx): State<Ctx>,
+    UrlPath((namespace, name)): UrlPath<(String, String)>,
+    Json(req): Json<PodResizeRequest>,
+) -> ApiResult<PodResize> {
+    let engine = ctx
+        .engine
+        .as_ref()
+        .ok_or_else(|| api_err(StatusCode::SERVICE_UNAVAILABLE, "the resize engine is off"))?;
+    engine
+        .resize_pod(&namespace, &name, &req)
+        .await
+        .map(Json)
+        .map_err(|e| {
+            let code = match &e {
+                ResizeError::UnknownPod(_) | ResizeError::UnknownContainer { .. } => {
+                    StatusCode::NOT_FOUND
+                }
+                ResizeError::Invalid(_) => StatusCode::BAD_REQUEST,
+                ResizeError::Refused { .. } => StatusCode::CONFLICT,
+                ResizeError::Cgroup { .. } | ResizeError::Failed(_) => {
+                    StatusCode::INTERNAL_SERVER_ERROR
+                }
+            };
+            api_err(code, e.to_string())
+        })
 }
 
 async fn status(State(ctx): State<Ctx>) -> Json<Status> {
@@ -409,6 +463,7 @@ pub async fn serve(
     socket: &Path,
     state: Arc<NodeState>,
     link: RuntimeLink,
+    engine: Option<Arc<Engine>>,
     cancel: CancellationToken,
 ) -> std::io::Result<JoinHandle<std::io::Result<()>>> {
     let with_path = |e: std::io::Error| {
@@ -437,7 +492,7 @@ pub async fn serve(
     let listener = UnixListener::bind(socket).map_err(with_path)?;
     std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600)).map_err(with_path)?;
     info!(socket = %socket.display(), "status API listening");
-    let app = router(state, link);
+    let app = router(state, link, engine);
     let path = socket.to_path_buf();
     Ok(tokio::spawn(async move {
         let r = axum::serve(listener, app)

@@ -18,6 +18,7 @@ use crate::model::{
 use crate::nri::{
     ContainerUpdate, CreateReply, EventSet, Handler, Rejection, RuntimeInfo, UpdateReply,
 };
+use crate::resize::Engine;
 
 /// State shared by the handler, the API and the daemon.
 #[derive(Debug)]
@@ -98,11 +99,22 @@ impl NodeState {
 #[derive(Debug, Clone)]
 pub struct ModelHandler {
     state: Arc<NodeState>,
+    engine: Option<Arc<Engine>>,
 }
 
 impl ModelHandler {
     pub fn new(state: Arc<NodeState>) -> Self {
-        ModelHandler { state }
+        ModelHandler {
+            state,
+            engine: None,
+        }
+    }
+
+    /// With the resize engine deciding kubelet-driven updates.
+    #[must_use]
+    pub fn with_engine(mut self, engine: Arc<Engine>) -> Self {
+        self.engine = Some(engine);
+        self
     }
 
     fn container_event(&self, event: EventKind, pod: Pod, ctr: Container) {
@@ -180,6 +192,9 @@ impl Handler for ModelHandler {
         };
         self.state.retrack(&pods, &containers);
         self.state.write_model(|m| m.rebuild(pods, containers));
+        if let Some(engine) = &self.engine {
+            engine.resume_checkpointed();
+        }
         self.state
             .record(EventKind::Synchronize, &sync_pod, None, None);
         Ok(Vec::new())
@@ -253,24 +268,33 @@ impl Handler for ModelHandler {
         resources: LinuxResources,
     ) -> Result<UpdateReply, Rejection> {
         debug!(pod = %pod.full_name(), container = %ctr.name, "update requested");
-        self.state.expect_update(&ctr.id, &resources);
         self.state.record(
             EventKind::UpdateContainer,
             &pod,
             Some(&ctr),
-            Some(resources),
+            Some(resources.clone()),
         );
+        let reply = match &self.engine {
+            Some(engine) => engine.on_update(&pod, &ctr, &resources)?,
+            None => UpdateReply::default(),
+        };
+        self.state.expect_update(&ctr.id, &resources);
         self.state.write_model(|m| {
             m.upsert_pod(pod);
             m.upsert_container(ctr);
         });
-        Ok(UpdateReply::default())
+        Ok(reply)
     }
 
     async fn post_update_container(&self, pod: Pod, ctr: Container) {
         let id = ctr.id.clone();
         self.container_event(EventKind::PostUpdateContainer, pod, ctr);
         // Confirmation: what the update asked vs what the cgroup now says.
+        if let Some(engine) = &self.engine {
+            if let Some(c) = self.state.read_model(|m| m.container(&id).cloned()) {
+                engine.applied(&c);
+            }
+        }
         let desired = self.state.take_expected_update(&id);
         self.state.confirm(&id, desired);
     }
@@ -286,6 +310,9 @@ impl Handler for ModelHandler {
         self.state
             .record(EventKind::RemoveContainer, &pod, Some(&ctr), None);
         self.state.untrack(&ctr.id);
+        if let Some(engine) = &self.engine {
+            engine.forget_container(&ctr.id);
+        }
         self.state.write_model(|m| m.remove_container(&ctr.id));
     }
 }

@@ -28,6 +28,9 @@ use crate::cgroup::Cgroups;
 use crate::config::Config;
 use crate::metrics::{self, Readiness};
 use crate::nri::{self, HandlerObserver, PluginIdentity, RuntimeLink, SessionEnd};
+use crate::resize::checkpoint::CheckpointStore;
+use crate::resize::node::NodeReader;
+use crate::resize::Engine;
 
 /// Exit status when the runtime connection is lost and `--exit-on-disconnect` is set.
 pub const EXIT_DISCONNECTED: i32 = 3;
@@ -45,6 +48,8 @@ pub struct RunOptions {
     pub observer: ObserverOptions,
     /// Where to serve `/metrics`, `/healthz`, `/readyz` (port 0: any free port); `None`: off.
     pub metrics_addr: Option<SocketAddr>,
+    /// Where in-flight resizes are checkpointed.
+    pub state_dir: PathBuf,
 }
 
 /// Why the daemon stopped.
@@ -123,10 +128,26 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
         }
         None => None,
     };
+    // An unusable state directory is reported and the daemon serves on without checkpoints.
+    let checkpoints = match CheckpointStore::open(&opts.state_dir) {
+        Ok(store) => Some(store),
+        Err(err) => {
+            error!(%err, "resize checkpoints disabled: in-flight resizes will not survive a restart");
+            None
+        }
+    };
+    let engine = Arc::new(Engine::new(
+        state.clone(),
+        link.clone(),
+        state.cgroups.clone(),
+        NodeReader::new("/"),
+        checkpoints,
+    ));
     let api_server = api::serve(
         &opts.api_socket,
         state.clone(),
         link.clone(),
+        Some(engine.clone()),
         cancel.clone(),
     )
     .await?;
@@ -135,7 +156,7 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
     let (stop_observer, stop_rx) = std::sync::mpsc::channel::<()>();
     let observer_thread = observe::spawn(state.clone(), opts.observer.clone(), stop_rx)?;
 
-    let handler = Arc::new(ModelHandler::new(state.clone()));
+    let handler = Arc::new(ModelHandler::new(state.clone()).with_engine(engine));
     let handler_observer: Arc<dyn HandlerObserver> = state.metrics.clone();
     let exit = session_loop(&opts, handler, &link, Some(handler_observer), &cancel).await;
     cancel.cancel();

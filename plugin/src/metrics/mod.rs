@@ -73,6 +73,8 @@ pub struct Metrics {
     nri_events: IntCounterVec,
     nri_deadlines: IntCounterVec,
     nri_handler_duration: HistogramVec,
+    resize_outcomes: IntCounterVec,
+    annotation_errors: IntCounter,
     page_size: u64,
 }
 
@@ -206,9 +208,32 @@ impl Metrics {
                 )
                 .map_err(MetricsError::Register)?,
             )?,
+            resize_outcomes: int_counter(
+                "resize_outcomes_total",
+                "Resize decisions by outcome: in_place, restart, rejected, deferred, infeasible, error.",
+                &["outcome"],
+            )?,
+            annotation_errors: register(
+                r,
+                IntCounter::with_opts(opts(
+                    "annotation_errors_total",
+                    "Malformed or disallowed nri-resize pod annotations that were ignored.",
+                ))
+                .map_err(MetricsError::Register)?,
+            )?,
             page_size,
             registry,
         })
+    }
+
+    /// Counts one resize decision (`outcome` is one of a fixed set of values).
+    pub fn resize_outcome(&self, outcome: &'static str) {
+        self.resize_outcomes.with_label_values(&[outcome]).inc();
+    }
+
+    /// Counts one ignored annotation.
+    pub fn annotation_error(&self) {
+        self.annotation_errors.inc();
     }
 
     pub fn registry(&self) -> &Registry {

@@ -81,7 +81,7 @@ impl fmt::Display for Direction {
 
 /// KEP-1287's `Pod.Status.Resize` values, plus `Error` for a resize that failed while being
 /// actuated. "No resize pending" is `Option::<ResizeStatus>::None`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum ResizeState {
     /// Seen, not yet accepted or rejected.
     Proposed,

@@ -9,7 +9,10 @@ use crate::policy::{CpuSet, NodeCapacity};
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
     #[error("reading {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot parse {path}: {message}")]
     Parse { path: PathBuf, message: String },
 }
@@ -23,19 +26,27 @@ pub struct NodeReader {
 impl NodeReader {
     /// `root` is `/` on a node.
     pub fn new(root: impl AsRef<Path>) -> Self {
-        NodeReader { root: root.as_ref().to_path_buf() }
+        NodeReader {
+            root: root.as_ref().to_path_buf(),
+        }
     }
 
     fn read(&self, rel: &str) -> Result<(PathBuf, String), NodeError> {
         let path = self.root.join(rel);
-        let text = std::fs::read_to_string(&path).map_err(|source| NodeError::Read { path: path.clone(), source })?;
+        let text = std::fs::read_to_string(&path).map_err(|source| NodeError::Read {
+            path: path.clone(),
+            source,
+        })?;
         Ok((path, text))
     }
 
     /// The node's capacity with `reserved_memory_bytes` kept back for the system.
     pub fn capacity(&self, reserved_memory_bytes: u64) -> Result<NodeCapacity, NodeError> {
         let (cpu_path, online) = self.read("sys/devices/system/cpu/online")?;
-        let online_cpus = CpuSet::parse(online.trim()).map_err(|e| NodeError::Parse { path: cpu_path, message: e.to_string() })?;
+        let online_cpus = CpuSet::parse(online.trim()).map_err(|e| NodeError::Parse {
+            path: cpu_path,
+            message: e.to_string(),
+        })?;
         let (mem_path, meminfo) = self.read("proc/meminfo")?;
         let memory_bytes = meminfo
             .lines()
@@ -43,7 +54,10 @@ impl NodeReader {
             .and_then(|v| v.trim().strip_suffix("kB"))
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map(|kb| kb * 1024)
-            .ok_or_else(|| NodeError::Parse { path: mem_path, message: "no MemTotal line in kB".into() })?;
+            .ok_or_else(|| NodeError::Parse {
+                path: mem_path,
+                message: "no MemTotal line in kB".into(),
+            })?;
         Ok(NodeCapacity {
             online_cpus_millis: u64::from(online_cpus.count()) * 1000,
             memory_bytes,
@@ -78,13 +92,21 @@ mod tests {
     #[test]
     fn bad_files_are_clear_errors() {
         let dir = fixture("zero\n", "MemTotal: 5 MB\n");
-        let err = NodeReader::new(dir.path()).capacity(0).unwrap_err().to_string();
+        let err = NodeReader::new(dir.path())
+            .capacity(0)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("online"), "{err}");
         let dir = fixture("0\n", "nothing\n");
-        let err = NodeReader::new(dir.path()).capacity(0).unwrap_err().to_string();
+        let err = NodeReader::new(dir.path())
+            .capacity(0)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("meminfo") && err.contains("MemTotal"), "{err}");
-        let err = NodeReader::new("/nonexistent").capacity(0).unwrap_err().to_string();
+        let err = NodeReader::new("/nonexistent")
+            .capacity(0)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("/nonexistent"), "{err}");
     }
-
 }

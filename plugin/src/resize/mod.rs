@@ -1,0 +1,1150 @@
+//! The resize engine: KEP-1287's node side, inside the runtime.
+//!
+//! Two entry points, one set of rules:
+//! - **kubelet-driven** updates arrive one container at a time as NRI `UpdateContainer`
+//!   ([`Engine::on_update`]): the resize policy decides in place / restart (eviction) / reject,
+//!   admission refuses what can never fit (Infeasible) or does not fit now (Deferred), and when
+//!   the container's new limit needs a larger pod cgroup first (cgroup v1 `EINVAL`,
+//!   kubernetes/kubernetes#127356) the pod cgroup is raised before the runtime writes the
+//!   container;
+//! - **whole-pod** resizes through the API ([`Engine::resize_pod`]) are planned by
+//!   [`crate::policy::plan`] into KEP-ordered steps and executed one by one — pod cgroup through
+//!   cgroupfs, containers through NRI `UpdateContainers` — re-planned from the cgroups' actual
+//!   values after every step, so a newer request takes over mid-resize and a resumed resize never
+//!   applies a step twice. In-flight resizes are checkpointed in the state directory.
+//!
+//! `mode = "observe"` decides and reports everything but changes nothing.
+
+pub mod checkpoint;
+pub mod node;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use tracing::{error, info, warn};
+
+use self::checkpoint::CheckpointStore;
+use self::node::NodeReader;
+use crate::cgroup::{container_path, pod_path, CgroupIo, CgroupVersion, Cgroups, CpuLimit};
+use crate::config::{Config, Mode};
+use crate::daemon::NodeState;
+use crate::model::{Container, CpuResources, LinuxResources, MemoryResources, Pod};
+use crate::nri::{ContainerUpdate, Eviction, Rejection, RuntimeLink, UpdateReply};
+use crate::policy::{
+    admit, check_invariants, decide, parse_effective_policy, plan, plan_single, Admission,
+    Allocated, ContainerAllocation, CpuSet, Decision, Limit, Limits, LimitsUpdate, PlanOptions,
+    PodAllocation, PodResources, Quantities, ResizeState, Step, DEFAULT_CFS_PERIOD_US,
+};
+
+/// Memory limits at or above this are "unlimited" (cgroup v1 reports `PAGE_COUNTER_MAX` pages).
+const UNLIMITED_MEMORY: i64 = 1 << 62;
+
+/// The resize record of one container, in the KEP's words.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerResize {
+    pub pod_id: String,
+    pub container: String,
+    /// What the latest request asks for.
+    pub desired: Option<LinuxResources>,
+    /// What the plugin accepted (what the container holds once actuated).
+    pub allocated: Option<LinuxResources>,
+    /// `None`: no resize pending.
+    pub state: Option<ResizeState>,
+    pub reason: String,
+    pub updated_ms: u64,
+}
+
+/// One executed step of a whole-pod resize, with the cgroups' actual values after it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepRecord {
+    /// `pod` or the container's name.
+    pub target: String,
+    /// The step as people read it (`app cpu=1500m memory=512Mi`).
+    pub step: String,
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub error: String,
+    /// Pod and container limits read back from cgroupfs after the step.
+    pub actual: Option<SnapshotLimits>,
+    /// An invariant the actual state broke after this step (must never happen).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub violation: String,
+}
+
+/// Pod and container limits: CPU millicores and memory bytes, `None` = unlimited.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotLimits {
+    pub pod: LimitPair,
+    pub containers: BTreeMap<String, LimitPair>,
+}
+
+/// CPU millicores and memory bytes, `None` = unlimited.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitPair {
+    pub cpu_millis: Option<u64>,
+    pub memory_bytes: Option<u64>,
+}
+
+impl From<Limits> for LimitPair {
+    fn from(l: Limits) -> Self {
+        LimitPair {
+            cpu_millis: l.cpu.value(),
+            memory_bytes: l.memory.value(),
+        }
+    }
+}
+
+impl From<LimitPair> for Limits {
+    fn from(p: LimitPair) -> Self {
+        Limits::new(
+            Limit::from_option(p.cpu_millis),
+            Limit::from_option(p.memory_bytes),
+        )
+    }
+}
+
+fn snapshot(p: &PodResources) -> SnapshotLimits {
+    SnapshotLimits {
+        pod: p.pod.into(),
+        containers: p
+            .containers
+            .iter()
+            .map(|(n, l)| (n.clone(), (*l).into()))
+            .collect(),
+    }
+}
+
+fn from_snapshot(s: &SnapshotLimits) -> PodResources {
+    PodResources {
+        pod: s.pod.into(),
+        containers: s
+            .containers
+            .iter()
+            .map(|(n, l)| (n.clone(), (*l).into()))
+            .collect(),
+    }
+}
+
+/// A whole-pod resize request: new limits per container name (unnamed containers keep theirs).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PodResizeRequest {
+    pub containers: BTreeMap<String, ContainerTarget>,
+}
+
+/// New limits of one container; absent = unchanged.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContainerTarget {
+    pub cpu_millis: Option<u64>,
+    pub memory_bytes: Option<u64>,
+}
+
+/// The state of a whole-pod resize, as the API reports it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodResize {
+    pub pod_id: String,
+    pub pod: String,
+    pub target: SnapshotLimits,
+    pub state: Option<ResizeState>,
+    pub reason: String,
+    pub attempts: u32,
+    /// Every step executed, in order, with the actual cgroup values after it.
+    pub steps: Vec<StepRecord>,
+    /// The resize was picked up again from a checkpoint after a restart.
+    pub resumed: bool,
+}
+
+/// What is checkpointed for an in-flight whole-pod resize.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct ResizeCheckpoint {
+    pod_id: String,
+    pod: String,
+    target: SnapshotLimits,
+}
+
+/// Why a whole-pod resize was refused before it started.
+#[derive(Debug, thiserror::Error)]
+pub enum ResizeError {
+    #[error("no pod {0} known to the plugin")]
+    UnknownPod(String),
+    #[error("pod {pod} has no container {container}")]
+    UnknownContainer { pod: String, container: String },
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    #[error("{state:?}: {reason}")]
+    Refused { state: ResizeState, reason: String },
+    #[error("cgroup access for pod {pod}: {message}")]
+    Cgroup { pod: String, message: String },
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct Engine {
+    state: Arc<NodeState>,
+    link: RuntimeLink,
+    cgroups: Option<Cgroups>,
+    node: NodeReader,
+    checkpoints: Option<CheckpointStore>,
+    containers: Mutex<HashMap<String, ContainerResize>>,
+    pods: Mutex<HashMap<String, PodResize>>,
+    /// Latest target per pod id, and whether an executor is running for it.
+    targets: Mutex<HashMap<String, (SnapshotLimits, bool)>>,
+    resumed: std::sync::atomic::AtomicBool,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A step's update as the Linux resources the runtime applies.
+fn update_resources(u: &LimitsUpdate) -> LinuxResources {
+    let cpu = (u.cpu.is_some() || u.cpu_shares.is_some()).then(|| CpuResources {
+        quota: u.cpu.map(|l| {
+            l.value().map_or(-1, |m| {
+                i64::try_from(m * DEFAULT_CFS_PERIOD_US / 1000).unwrap_or(i64::MAX)
+            })
+        }),
+        period: u.cpu.map(|_| DEFAULT_CFS_PERIOD_US),
+        shares: u.cpu_shares,
+        ..CpuResources::default()
+    });
+    let memory = u.memory.map(|l| MemoryResources {
+        limit: Some(
+            l.value()
+                .map_or(-1, |b| i64::try_from(b).unwrap_or(i64::MAX)),
+        ),
+        ..MemoryResources::default()
+    });
+    LinuxResources {
+        cpu,
+        memory,
+        ..LinuxResources::default()
+    }
+}
+
+impl Engine {
+    pub fn new(
+        state: Arc<NodeState>,
+        link: RuntimeLink,
+        cgroups: Option<Cgroups>,
+        node: NodeReader,
+        checkpoints: Option<CheckpointStore>,
+    ) -> Self {
+        Engine {
+            state,
+            link,
+            cgroups,
+            node,
+            checkpoints,
+            containers: Mutex::new(HashMap::new()),
+            pods: Mutex::new(HashMap::new()),
+            targets: Mutex::new(HashMap::new()),
+            resumed: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    fn config(&self) -> Config {
+        self.state
+            .config
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn plan_options(&self) -> PlanOptions {
+        PlanOptions {
+            cgroup_v1: self
+                .cgroups
+                .as_ref()
+                .is_some_and(|c| c.version() == CgroupVersion::V1),
+        }
+    }
+
+    fn record(
+        &self,
+        pod: &Pod,
+        ctr: &Container,
+        desired: Option<&LinuxResources>,
+        state: Option<ResizeState>,
+        reason: &str,
+    ) {
+        let mut all = lock(&self.containers);
+        let entry = all.entry(ctr.id.clone()).or_default();
+        entry.pod_id.clone_from(&pod.id);
+        entry.container.clone_from(&ctr.name);
+        if let Some(d) = desired {
+            entry.desired = Some(d.clone());
+        }
+        if entry.allocated.is_none() {
+            entry.allocated.clone_from(&ctr.resources);
+        }
+        entry.state = state;
+        entry.reason = reason.to_string();
+        entry.updated_ms = now_ms();
+    }
+
+    /// The resize records of every container (by container id).
+    pub fn container_resizes(&self) -> HashMap<String, ContainerResize> {
+        lock(&self.containers).clone()
+    }
+
+    /// Whole-pod resizes, newest state of each.
+    pub fn pod_resizes(&self) -> Vec<PodResize> {
+        let mut v: Vec<PodResize> = lock(&self.pods).values().cloned().collect();
+        v.sort_by(|a, b| a.pod.cmp(&b.pod));
+        v
+    }
+
+    /// Forgets a removed container.
+    pub fn forget_container(&self, id: &str) {
+        lock(&self.containers).remove(id);
+    }
+
+    /// The runtime applied an update: what was desired is now allocated.
+    pub fn applied(&self, ctr: &Container) {
+        if let Some(r) = lock(&self.containers).get_mut(&ctr.id) {
+            r.allocated.clone_from(&ctr.resources);
+            // An in-place resize is done; one waiting for a restart keeps its state and reason.
+            if r.state == Some(ResizeState::InProgress) && r.reason.is_empty() {
+                r.state = None;
+                r.reason.clear();
+            }
+            r.updated_ms = now_ms();
+        }
+    }
+
+    fn admission(&self, pod: &Pod, desired: &BTreeMap<String, Quantities>) -> Admission {
+        self.admission_with(pod, None, desired)
+    }
+
+    /// Admission with the pod's own allocation given (`None`: as the model has it).
+    fn admission_with(
+        &self,
+        pod: &Pod,
+        this_pod: Option<&PodAllocation>,
+        desired: &BTreeMap<String, Quantities>,
+    ) -> Admission {
+        let cfg = self.config();
+        let node = match self.node.capacity(cfg.resize.reserved_memory) {
+            Ok(n) => n,
+            Err(e) => {
+                warn!(error = %e, "node capacity unknown; admitting without node checks");
+                return Admission::Fits;
+            }
+        };
+        self.state.read_model(|m| {
+            let snap = m.snapshot();
+            let mut others = Allocated::default();
+            let mut this = PodAllocation::default();
+            for pv in &snap {
+                for c in &pv.containers {
+                    let q = c
+                        .resources
+                        .as_ref()
+                        .map(Quantities::from_linux)
+                        .unwrap_or_default();
+                    if pv.pod.id == pod.id {
+                        let cpuset = c
+                            .resources
+                            .as_ref()
+                            .and_then(|r| r.cpu.as_ref())
+                            .map(|c| c.cpus.as_str())
+                            .filter(|s| !s.is_empty());
+                        let cpuset = cpuset
+                            .and_then(|s| CpuSet::parse(s).ok())
+                            .unwrap_or_default();
+                        this.containers.insert(
+                            c.name.clone(),
+                            ContainerAllocation {
+                                quantities: q,
+                                cpuset,
+                            },
+                        );
+                    } else if matches!(
+                        c.state,
+                        crate::model::ContainerState::Running
+                            | crate::model::ContainerState::Created
+                    ) {
+                        others = others.saturating_add(Allocated::of(&q));
+                    }
+                }
+            }
+            this.overhead = pod
+                .overhead
+                .as_ref()
+                .map(Quantities::from_linux)
+                .unwrap_or_default();
+            if let Some(given) = this_pod {
+                this.containers.clone_from(&given.containers);
+            }
+            admit(&node, &others, &this, desired)
+        })
+    }
+
+    /// The pod's current limits: the pod cgroup as cgroupfs says, containers as the model says.
+    fn current_pod(&self, pod: &Pod) -> Result<PodResources, String> {
+        let cg = self.cgroups.as_ref().ok_or("cgroup access is off")?;
+        let path = pod_path(&pod.cgroup_parent).map_err(|e| e.to_string())?;
+        let actual = cg.read_actual(&path).map_err(|e| e.to_string())?;
+        let pod_limits = Limits::new(
+            Limit::from_option(actual.cpu_limit_millis()),
+            Limit::from_option(
+                actual
+                    .memory_limit
+                    .filter(|&m| m > 0 && m < UNLIMITED_MEMORY)
+                    .and_then(|m| u64::try_from(m).ok()),
+            ),
+        );
+        let containers = self.state.read_model(|m| {
+            m.snapshot()
+                .into_iter()
+                .filter(|pv| pv.pod.id == pod.id)
+                .flat_map(|pv| pv.containers)
+                .filter(|c| !matches!(c.state, crate::model::ContainerState::Stopped))
+                .map(|c| {
+                    (
+                        c.name.clone(),
+                        c.resources
+                            .as_ref()
+                            .map(Limits::from_linux)
+                            .unwrap_or_default(),
+                    )
+                })
+                .collect()
+        });
+        Ok(PodResources {
+            pod: pod_limits,
+            containers,
+        })
+    }
+
+    /// Reads back the actual limits of the pod and its containers from cgroupfs.
+    fn actual_pod(&self, pod: &Pod) -> Option<PodResources> {
+        let cg = self.cgroups.as_ref()?;
+        let read = |p: &Path| -> Option<Limits> {
+            let a = cg.read_actual(p).ok()?;
+            Some(Limits::new(
+                Limit::from_option(a.cpu_limit_millis()),
+                Limit::from_option(
+                    a.memory_limit
+                        .filter(|&m| m > 0 && m < UNLIMITED_MEMORY)
+                        .and_then(|m| u64::try_from(m).ok()),
+                ),
+            ))
+        };
+        let pod_limits = read(&pod_path(&pod.cgroup_parent).ok()?)?;
+        let containers = self.state.read_model(|m| {
+            m.snapshot()
+                .into_iter()
+                .filter(|pv| pv.pod.id == pod.id)
+                .flat_map(|pv| pv.containers)
+                .filter(|c| !matches!(c.state, crate::model::ContainerState::Stopped))
+                .filter_map(|c| {
+                    Some((
+                        c.name.clone(),
+                        read(&container_path(&c.cgroups_path).ok()?)?,
+                    ))
+                })
+                .collect()
+        });
+        Some(PodResources {
+            pod: pod_limits,
+            containers,
+        })
+    }
+
+    fn write_pod(&self, pod: &Pod, u: &LimitsUpdate) -> Result<(), String> {
+        let cg = self.cgroups.as_ref().ok_or("cgroup access is off")?;
+        let path = pod_path(&pod.cgroup_parent).map_err(|e| e.to_string())?;
+        if let Some(cpu) = u.cpu {
+            let quota = cpu.value().map(|m| m * DEFAULT_CFS_PERIOD_US / 1000);
+            cg.set_cpu_limit(
+                &path,
+                CpuLimit {
+                    quota,
+                    period: DEFAULT_CFS_PERIOD_US,
+                },
+            )
+            .map_err(|e| e.to_string())?;
+        }
+        if let Some(mem) = u.memory {
+            cg.set_memory_limit(&path, mem.value())
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// A kubelet-driven `UpdateContainer`: see the module docs. Runs inside the NRI handler:
+    /// in-memory decisions and at most two cgroupfs writes, well within the deadline.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one decision, read top to bottom: policy, admission, ordering"
+    )]
+    pub fn on_update(
+        &self,
+        pod: &Pod,
+        ctr: &Container,
+        requested: &LinuxResources,
+    ) -> Result<UpdateReply, Rejection> {
+        let cfg = self.config();
+        let enforce = cfg.resize.mode == Mode::Enforce;
+        let allocated = ctr.resources.clone().unwrap_or_default();
+        let mut desired = allocated.clone();
+        desired.merge(requested);
+        let resolved = parse_effective_policy(&pod.annotations, &ctr.name, &cfg.policy);
+        for e in &resolved.errors {
+            warn!(pod = %pod.full_name(), container = %ctr.name, error = %e, "resize annotation ignored");
+            self.state.metrics.annotation_error();
+        }
+        let (from, to) = (
+            Quantities::from_linux(&allocated),
+            Quantities::from_linux(&desired),
+        );
+        let subject = format!("{}/{}", pod.full_name(), ctr.name);
+        match decide(&from, &to, &resolved.policy) {
+            Decision::NoChange => {
+                self.record(pod, ctr, Some(&desired), None, "");
+                return Ok(UpdateReply::default());
+            }
+            Decision::Restart { reason } => {
+                let reason = format!("restart required: {reason}");
+                info!(container = %subject, %reason, enforce, "resize needs a restart");
+                self.record(
+                    pod,
+                    ctr,
+                    Some(&desired),
+                    Some(ResizeState::InProgress),
+                    &reason,
+                );
+                self.state.metrics.resize_outcome("restart");
+                if enforce {
+                    self.restart_container(ctr, &subject);
+                    // Keep the container as it is (no in-place write) and evict it: the
+                    // orchestrator recreates it with the new resources.
+                    return Ok(UpdateReply {
+                        updates: vec![ContainerUpdate {
+                            container_id: ctr.id.clone(),
+                            resources: allocated,
+                            ignore_failure: true,
+                        }],
+                        evictions: vec![Eviction {
+                            container_id: ctr.id.clone(),
+                            reason: format!("nri-resize: {reason}"),
+                        }],
+                    });
+                }
+                return Ok(UpdateReply::default());
+            }
+            Decision::Reject { reason } => {
+                info!(container = %subject, %reason, enforce, "resize rejected by policy");
+                self.record(pod, ctr, Some(&desired), Some(ResizeState::Error), &reason);
+                self.state.metrics.resize_outcome("rejected");
+                if enforce {
+                    return Err(Rejection(format!("resize of {subject} refused: {reason}")));
+                }
+                return Ok(UpdateReply::default());
+            }
+            Decision::InPlace => {}
+        }
+        let verdict = self.admission(pod, &BTreeMap::from([(ctr.name.clone(), to)]));
+        if let Admission::Deferred { reason } | Admission::Infeasible { reason } = &verdict {
+            let state = verdict.resize_status().state;
+            info!(container = %subject, ?state, %reason, enforce, "resize not admitted");
+            self.record(pod, ctr, Some(&desired), Some(state), reason);
+            self.state
+                .metrics
+                .resize_outcome(if state == ResizeState::Deferred {
+                    "deferred"
+                } else {
+                    "infeasible"
+                });
+            if enforce {
+                return Err(Rejection(format!(
+                    "resize of {subject} is {state:?}: {reason}"
+                )));
+            }
+            return Ok(UpdateReply::default());
+        }
+        if enforce && self.cgroups.is_some() {
+            match self.current_pod(pod) {
+                Ok(current) => match plan_single(
+                    &current,
+                    &ctr.name,
+                    &Limits::from_linux(&desired),
+                    &self.plan_options(),
+                ) {
+                    Ok(Some(Step::SetPod(raise))) => {
+                        if let Err(e) = self.write_pod(pod, &raise) {
+                            error!(container = %subject, error = %e, "raising the pod cgroup before the container failed");
+                            self.record(pod, ctr, Some(&desired), Some(ResizeState::Error), &e);
+                            return Err(Rejection(format!(
+                                "resize of {subject}: raising the pod cgroup first failed: {e}"
+                            )));
+                        }
+                        info!(container = %subject, step = %Step::SetPod(raise), "pod cgroup raised before the container (KEP ordering)");
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        warn!(container = %subject, error = %e, "no ordering plan; the runtime writes as asked");
+                    }
+                },
+                Err(e) => {
+                    warn!(container = %subject, error = %e, "pod cgroup unreadable; the runtime writes as asked");
+                }
+            }
+        }
+        self.record(pod, ctr, Some(&desired), Some(ResizeState::InProgress), "");
+        self.state.metrics.resize_outcome("in_place");
+        Ok(UpdateReply::default())
+    }
+
+    /// Runtimes with NRI before v0.10 (containerd 1.7, 2.0, 2.1) accept evictions on the wire but
+    /// ignore them; there the container's init process is killed (SIGKILL, the same stop with a
+    /// zero timeout containerd uses for evictions) once the runtime has answered the update. The
+    /// `DaemonSet` runs in the host PID namespace for this.
+    fn restart_container(&self, ctr: &Container, subject: &str) {
+        let legacy = self
+            .link
+            .status()
+            .runtime
+            .is_none_or(|r| r.nri_version.is_empty());
+        if !legacy {
+            return;
+        }
+        let Some(pid) = ctr
+            .pid
+            .and_then(|p| i32::try_from(p).ok())
+            .filter(|p| *p > 1)
+        else {
+            warn!(container = %subject, "cannot restart: the runtime gave no pid and ignores NRI evictions");
+            return;
+        };
+        let subject = subject.to_string();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            match nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            ) {
+                Ok(()) => {
+                    info!(container = %subject, pid, "container stopped for restart (runtime NRI predates evictions)");
+                }
+                Err(e) => {
+                    warn!(container = %subject, pid, error = %e, "stopping the container for restart failed");
+                }
+            }
+        });
+    }
+
+    fn find_pod(&self, namespace: &str, name: &str) -> Option<Pod> {
+        self.state.read_model(|m| {
+            m.snapshot()
+                .into_iter()
+                .map(|pv| pv.pod)
+                .find(|p| p.namespace == namespace && p.name == name)
+        })
+    }
+
+    /// A whole-pod resize through the planner and executor; returns when it finished (or failed).
+    pub async fn resize_pod(
+        self: &Arc<Self>,
+        namespace: &str,
+        name: &str,
+        req: &PodResizeRequest,
+    ) -> Result<PodResize, ResizeError> {
+        let full = format!("{namespace}/{name}");
+        let pod = self
+            .find_pod(namespace, name)
+            .ok_or_else(|| ResizeError::UnknownPod(full.clone()))?;
+        if req.containers.is_empty() {
+            return Err(ResizeError::Invalid("no containers to resize".into()));
+        }
+        let current = self
+            .current_pod(&pod)
+            .map_err(|message| ResizeError::Cgroup {
+                pod: full.clone(),
+                message,
+            })?;
+        let target = build_target(&current, req, &full)?;
+        check_invariants(&target, &self.plan_options())
+            .map_err(|v| ResizeError::Invalid(format!("the resulting pod is not allowed: {v}")))?;
+        let desired: BTreeMap<String, Quantities> = req
+            .containers
+            .keys()
+            .filter_map(|n| {
+                target
+                    .containers
+                    .get(n)
+                    .map(|l| (n.clone(), limits_quantities(l)))
+            })
+            .collect();
+        // Requests follow limits on both sides: containerd before 2.2 does not apply CPU shares
+        // from NRI updates, so shares-derived requests would drift from the limits the API set.
+        let this_pod = PodAllocation {
+            containers: current
+                .containers
+                .iter()
+                .map(|(n, l)| {
+                    (
+                        n.clone(),
+                        ContainerAllocation {
+                            quantities: limits_quantities(l),
+                            cpuset: CpuSet::default(),
+                        },
+                    )
+                })
+                .collect(),
+            overhead: Quantities::default(),
+        };
+        let verdict = self.admission_with(&pod, Some(&this_pod), &desired);
+        let enforce = self.config().resize.mode == Mode::Enforce;
+        if let Admission::Deferred { reason } | Admission::Infeasible { reason } = &verdict {
+            let state = verdict.resize_status().state;
+            self.state
+                .metrics
+                .resize_outcome(if state == ResizeState::Deferred {
+                    "deferred"
+                } else {
+                    "infeasible"
+                });
+            return Err(ResizeError::Refused {
+                state,
+                reason: reason.clone(),
+            });
+        }
+        if !enforce {
+            return Err(ResizeError::Refused {
+                state: ResizeState::Proposed,
+                reason: "mode = observe: planned, not applied".into(),
+            });
+        }
+        let target = snapshot(&target);
+        self.checkpoint(&pod, &target);
+        self.run(pod, target, false).await
+    }
+
+    fn checkpoint(&self, pod: &Pod, target: &SnapshotLimits) {
+        if let Some(store) = &self.checkpoints {
+            let rec = ResizeCheckpoint {
+                pod_id: pod.id.clone(),
+                pod: pod.full_name(),
+                target: target.clone(),
+            };
+            if let Err(e) = store.save(&checkpoint_key(&pod.id), &rec) {
+                error!(pod = %pod.full_name(), error = %e, "cannot checkpoint the resize; it will not survive a restart");
+            }
+        }
+    }
+
+    /// Drives `pod` to `target` (the latest target wins if another request arrives meanwhile).
+    async fn run(
+        self: &Arc<Self>,
+        pod: Pod,
+        target: SnapshotLimits,
+        resumed: bool,
+    ) -> Result<PodResize, ResizeError> {
+        let running = {
+            let mut targets = lock(&self.targets);
+            let running = targets.get(&pod.id).is_some_and(|(_, r)| *r);
+            targets.insert(pod.id.clone(), (target.clone(), true));
+            running
+        };
+        if running {
+            return self.wait_for(&pod.id, &target).await;
+        }
+        let result = self.execute(&pod, resumed).await;
+        lock(&self.targets).remove(&pod.id);
+        if let Some(store) = &self.checkpoints {
+            if let Err(e) = store.remove(&checkpoint_key(&pod.id)) {
+                warn!(pod = %pod.full_name(), error = %e, "cannot remove the resize checkpoint");
+            }
+        }
+        result
+    }
+
+    /// Another executor runs for this pod and picked up `target`: wait until it is done.
+    async fn wait_for(
+        &self,
+        pod_id: &str,
+        target: &SnapshotLimits,
+    ) -> Result<PodResize, ResizeError> {
+        loop {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if !lock(&self.targets).contains_key(pod_id) {
+                let r = lock(&self.pods).get(pod_id).cloned().unwrap_or_default();
+                return if r.state.is_none() && &r.target == target {
+                    Ok(r)
+                } else {
+                    Err(ResizeError::Failed(format!(
+                        "superseded or failed: {}",
+                        r.reason
+                    )))
+                };
+            }
+        }
+    }
+
+    async fn execute(self: &Arc<Self>, pod: &Pod, resumed: bool) -> Result<PodResize, ResizeError> {
+        let cfg = self.config();
+        let opts = self.plan_options();
+        let full = pod.full_name();
+        let mut backoff = Duration::from_millis(100);
+        let mut attempts = 0u32;
+        let mut record = PodResize {
+            pod_id: pod.id.clone(),
+            pod: full.clone(),
+            resumed,
+            state: Some(ResizeState::InProgress),
+            ..PodResize::default()
+        };
+        'replan: loop {
+            let target = lock(&self.targets)
+                .get(&pod.id)
+                .map(|(t, _)| t.clone())
+                .unwrap_or_default();
+            record.target = target.clone();
+            lock(&self.pods).insert(pod.id.clone(), record.clone());
+            let current = self
+                .current_pod(pod)
+                .map_err(|message| ResizeError::Cgroup {
+                    pod: full.clone(),
+                    message,
+                })?;
+            let steps = match plan(&current, &from_snapshot(&target), &opts) {
+                Ok(p) => p.steps,
+                Err(e) => {
+                    record.state = Some(ResizeState::Error);
+                    record.reason = format!("no safe plan: {e}");
+                    lock(&self.pods).insert(pod.id.clone(), record.clone());
+                    return Err(ResizeError::Failed(record.reason));
+                }
+            };
+            if steps.is_empty() {
+                record.state = None;
+                record.reason.clear();
+                lock(&self.pods).insert(pod.id.clone(), record.clone());
+                info!(pod = %full, steps = record.steps.len(), attempts, "whole-pod resize done");
+                self.state.metrics.resize_outcome("in_place");
+                return Ok(record);
+            }
+            for step in steps {
+                if lock(&self.targets)
+                    .get(&pod.id)
+                    .is_some_and(|(t, _)| t != &target)
+                {
+                    info!(pod = %full, "newer resize request: re-planning from the current state");
+                    continue 'replan;
+                }
+                let outcome = self.apply_step(pod, &step).await;
+                let actual = self.actual_pod(pod);
+                let violation = actual
+                    .as_ref()
+                    .and_then(|a| check_invariants(a, &opts).err())
+                    .map(|v| v.to_string())
+                    .unwrap_or_default();
+                let target_name = match &step {
+                    Step::SetPod(_) => "pod".to_string(),
+                    Step::SetContainer { name, .. } => name.clone(),
+                };
+                record.steps.push(StepRecord {
+                    target: target_name,
+                    step: step.to_string(),
+                    ok: outcome.is_ok(),
+                    error: outcome.as_ref().err().cloned().unwrap_or_default(),
+                    actual: actual.as_ref().map(snapshot),
+                    violation,
+                });
+                lock(&self.pods).insert(pod.id.clone(), record.clone());
+                if let Err(e) = outcome {
+                    attempts += 1;
+                    warn!(pod = %full, step = %step, error = %e, attempts, "resize step failed; backing off");
+                    if attempts >= cfg.resize.max_attempts {
+                        record.state = Some(ResizeState::Error);
+                        record.reason = format!("step {step} failed {attempts} times: {e}");
+                        record.attempts = attempts;
+                        lock(&self.pods).insert(pod.id.clone(), record.clone());
+                        self.state.metrics.resize_outcome("error");
+                        return Err(ResizeError::Failed(record.reason));
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    record.attempts = attempts;
+                    continue 'replan;
+                }
+                if cfg.resize.step_pause_ms > 0 {
+                    tokio::time::sleep(Duration::from_millis(cfg.resize.step_pause_ms)).await;
+                }
+            }
+        }
+    }
+
+    async fn apply_step(&self, pod: &Pod, step: &Step) -> Result<(), String> {
+        match step {
+            Step::SetPod(u) => self.write_pod(pod, u),
+            Step::SetContainer { name, update } => {
+                let id = self
+                    .state
+                    .read_model(|m| {
+                        m.snapshot()
+                            .into_iter()
+                            .filter(|pv| pv.pod.id == pod.id)
+                            .flat_map(|pv| pv.containers)
+                            .find(|c| &c.name == name)
+                            .map(|c| c.id)
+                    })
+                    .ok_or_else(|| format!("container {name} is gone"))?;
+                let resources = update_resources(update);
+                let upd = ContainerUpdate {
+                    container_id: id.clone(),
+                    resources: resources.clone(),
+                    ignore_failure: false,
+                };
+                let failed = self
+                    .link
+                    .update_containers(&[upd], &[])
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if !failed.is_empty() {
+                    return Err(format!("the runtime could not update {name}"));
+                }
+                self.state
+                    .write_model(|m| m.apply_resources(&id, &resources));
+                Ok(())
+            }
+        }
+    }
+
+    /// After the first synchronize: picks up checkpointed resizes (once per process).
+    pub fn resume_checkpointed(self: &Arc<Self>) {
+        if self.resumed.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        let Some(store) = &self.checkpoints else {
+            return;
+        };
+        let (records, errors) = store.load_all::<ResizeCheckpoint>();
+        for e in errors {
+            error!(error = %e, "resize checkpoint unusable");
+        }
+        for (_, rec) in records {
+            let pod = self.state.read_model(|m| m.pod(&rec.pod_id).cloned());
+            let Some(pod) = pod else {
+                warn!(pod = %rec.pod, "checkpointed resize of a pod that no longer exists; dropping it");
+                let _ = store.remove(&checkpoint_key(&rec.pod_id));
+                continue;
+            };
+            info!(pod = %rec.pod, "resuming a checkpointed resize");
+            let engine = Arc::clone(self);
+            tokio::spawn(async move {
+                if let Err(e) = engine.run(pod, rec.target, true).await {
+                    error!(pod = %rec.pod, error = %e, "resumed resize failed");
+                }
+            });
+        }
+    }
+}
+
+/// Quantities of a whole-pod API resize: requests follow limits.
+fn limits_quantities(l: &Limits) -> Quantities {
+    let mut q = Quantities::default();
+    q.cpu.limit = l.cpu;
+    q.cpu.request = l.cpu.value();
+    q.memory.limit = l.memory;
+    q.memory.request = l.memory.value();
+    q
+}
+
+/// The pod's target: the containers' new limits, and a pod limit that follows its containers and
+/// keeps its headroom (overhead), as kubelet sizes it.
+fn build_target(
+    current: &PodResources,
+    req: &PodResizeRequest,
+    full: &str,
+) -> Result<PodResources, ResizeError> {
+    let mut target = current.clone();
+    for (cname, t) in &req.containers {
+        let limits =
+            target
+                .containers
+                .get_mut(cname)
+                .ok_or_else(|| ResizeError::UnknownContainer {
+                    pod: full.to_string(),
+                    container: cname.clone(),
+                })?;
+        if t.cpu_millis.is_some_and(|m| m < 10) || t.memory_bytes.is_some_and(|b| b < (4 << 20)) {
+            return Err(ResizeError::Invalid(format!(
+                "{cname}: CPU below 10m or memory below 4Mi"
+            )));
+        }
+        if let Some(m) = t.cpu_millis {
+            limits.cpu = Limit::Limited(m);
+            limits.cpu_shares = Some(crate::policy::millis_to_shares(m));
+        }
+        if let Some(b) = t.memory_bytes {
+            limits.memory = Limit::Limited(b);
+        }
+    }
+    // The pod limit follows its containers and keeps its headroom (overhead), as kubelet sizes it.
+    for r in crate::policy::Resource::ALL {
+        let sum = |p: &PodResources| {
+            p.containers
+                .values()
+                .fold(Limit::Limited(0), |a, l| a.saturating_add(l.get(r)))
+        };
+        let (old_sum, new_sum) = (sum(current), sum(&target));
+        let pod_now = current.pod.get(r);
+        let next = match (pod_now, old_sum, new_sum) {
+            (Limit::Limited(p), Limit::Limited(o), Limit::Limited(n)) => {
+                Limit::Limited((p + n).saturating_sub(o).max(n))
+            }
+            (Limit::Unlimited, _, _) => Limit::Unlimited,
+            (_, _, n) => n,
+        };
+        match r {
+            crate::policy::Resource::Cpu => target.pod.cpu = next,
+            crate::policy::Resource::Memory => target.pod.memory = next,
+        }
+    }
+    Ok(target)
+}
+
+fn checkpoint_key(pod_id: &str) -> String {
+    let safe: String = pod_id
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+        .take(100)
+        .collect();
+    format!("pod-{safe}")
+}
+
+/// Parses the CLI's `cpu=1500m,memory=512Mi` into a target.
+pub fn parse_target(spec: &str) -> Result<ContainerTarget, String> {
+    let mut t = ContainerTarget::default();
+    for part in spec.split(',').filter(|p| !p.is_empty()) {
+        let (k, v) = part
+            .split_once('=')
+            .ok_or_else(|| format!("{part:?}: expected key=value"))?;
+        match k {
+            "cpu" => t.cpu_millis = Some(parse_cpu(v)?),
+            "memory" => t.memory_bytes = Some(parse_memory(v)?),
+            other => return Err(format!("unknown resource {other:?} (cpu, memory)")),
+        }
+    }
+    if t.cpu_millis.is_none() && t.memory_bytes.is_none() {
+        return Err(format!("{spec:?}: give cpu= and/or memory="));
+    }
+    Ok(t)
+}
+
+fn parse_cpu(v: &str) -> Result<u64, String> {
+    let bad = || format!("bad CPU quantity {v:?} (e.g. 1500m or 1.5)");
+    if let Some(m) = v.strip_suffix('m') {
+        return m.parse().map_err(|_| bad());
+    }
+    let f: f64 = v.parse().map_err(|_| bad())?;
+    if !(0.0..=100_000.0).contains(&f) {
+        return Err(bad());
+    }
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "range checked above"
+    )]
+    Ok((f * 1000.0).round() as u64)
+}
+
+fn parse_memory(v: &str) -> Result<u64, String> {
+    let bad = || format!("bad memory quantity {v:?} (e.g. 512Mi, 2Gi, 1048576)");
+    let (num, mult) = [
+        ("Ki", 1u64 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("Ti", 1 << 40),
+        ("K", 1000),
+        ("M", 1_000_000),
+        ("G", 1_000_000_000),
+    ]
+    .iter()
+    .find_map(|(s, m)| v.strip_suffix(s).map(|n| (n, *m)))
+    .unwrap_or((v, 1));
+    num.parse::<u64>()
+        .map_err(|_| bad())?
+        .checked_mul(mult)
+        .ok_or_else(bad)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_cli_targets() {
+        assert_eq!(
+            parse_target("cpu=1500m,memory=512Mi").unwrap(),
+            ContainerTarget {
+                cpu_millis: Some(1500),
+                memory_bytes: Some(512 << 20)
+            }
+        );
+        assert_eq!(parse_target("cpu=2").unwrap().cpu_millis, Some(2000));
+        assert_eq!(parse_target("cpu=0.25").unwrap().cpu_millis, Some(250));
+        assert_eq!(
+            parse_target("memory=1Gi").unwrap().memory_bytes,
+            Some(1 << 30)
+        );
+        for bad in [
+            "",
+            "cpu",
+            "gpu=1",
+            "cpu=lots",
+            "memory=12Xi",
+            "cpu=-1",
+            "memory=99999999999999Ti",
+        ] {
+            assert!(parse_target(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn steps_become_runtime_resources() {
+        let u = LimitsUpdate {
+            cpu: Some(Limit::Limited(1500)),
+            memory: Some(Limit::Unlimited),
+            cpu_shares: Some(1536),
+        };
+        let r = update_resources(&u);
+        assert_eq!(
+            (
+                r.cpu_quota(),
+                r.cpu_period(),
+                r.cpu_shares(),
+                r.memory_limit()
+            ),
+            (Some(150_000), Some(100_000), Some(1536), Some(-1))
+        );
+        let r = update_resources(&LimitsUpdate {
+            memory: Some(Limit::Limited(1 << 30)),
+            ..LimitsUpdate::default()
+        });
+        assert!(r.cpu.is_none());
+        assert_eq!(r.memory_limit(), Some(1 << 30));
+    }
+
+    #[test]
+    fn checkpoint_keys_are_safe() {
+        assert_eq!(checkpoint_key("abc-123"), "pod-abc-123");
+        assert_eq!(checkpoint_key("../../etc"), "pod-etc");
+    }
+}

@@ -1,0 +1,640 @@
+//! The resize engine against real containerd and real cgroups: resize policy and actions,
+//! eviction for `RestartContainer`, admission (enforce and observe), the cgroup v1 ordering that
+//! kubelet's one-container updates need (kubernetes/kubernetes#127356), whole-pod resizes of a
+//! three-container Guaranteed pod through the API in every direction, and a plugin killed in the
+//! middle of a resize that resumes from its checkpoint.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use nri_resize::api::ApiClient;
+use nri_resize::policy::ResizeState;
+use nri_resize::resize::{ContainerTarget, PodResize, PodResizeRequest};
+use nri_resize_tests::cri::ContainerState;
+use nri_resize_tests::{
+    CgroupMode, ContainerSpec, Containerd, ContainerdOptions, ContainerdVersion, PluginProcess,
+    Pod, PodSpec, Resources,
+};
+
+const MIB: i64 = 1 << 20;
+const READY: Duration = Duration::from_secs(15);
+
+fn v1(ctrd: &Containerd) -> bool {
+    ctrd.cgroups().mode() == CgroupMode::V1
+}
+
+fn cpu_quota(ctrd: &Containerd, id: &str) -> i64 {
+    if v1(ctrd) {
+        ctrd.read_container_cgroup(id, "cpu.cfs_quota_us")
+            .parse()
+            .expect("quota")
+    } else {
+        let max = ctrd.read_container_cgroup(id, "cpu.max");
+        max.split_whitespace()
+            .next()
+            .and_then(|q| q.parse().ok())
+            .unwrap_or(-1)
+    }
+}
+
+fn memory_limit(ctrd: &Containerd, id: &str) -> i64 {
+    let file = if v1(ctrd) {
+        "memory.limit_in_bytes"
+    } else {
+        "memory.max"
+    };
+    ctrd.read_container_cgroup(id, file).parse().unwrap_or(-1)
+}
+
+async fn start_plugin(ctrd: &Containerd, name: &str, config: Option<&str>) -> PluginProcess {
+    let mut args = Vec::new();
+    let cfg_path = ctrd.base_dir().join(format!("{name}.toml"));
+    if let Some(text) = config {
+        std::fs::write(&cfg_path, text).expect("write plugin config");
+        args.push("--config".to_string());
+        args.push(cfg_path.to_string_lossy().into_owned());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut plugin = PluginProcess::start(ctrd, name, &args);
+    plugin.wait_ready(READY).await;
+    plugin
+}
+
+async fn pod_with(
+    ctrd: &Containerd,
+    name: &str,
+    annotations: &[(&str, &str)],
+    pod_limits: Resources,
+    containers: &[(&str, Resources)],
+) -> (Pod, Vec<String>) {
+    let mut spec = PodSpec::new(name);
+    for (k, v) in annotations {
+        spec.annotations.insert((*k).to_string(), (*v).to_string());
+    }
+    spec.resources = pod_limits;
+    let pod = Box::pin(ctrd.run_pod(spec)).await.expect("RunPodSandbox");
+    let mut ids = Vec::new();
+    for (cname, res) in containers {
+        let mut c = ContainerSpec::new(cname, &["sleep", "3600"]);
+        c.resources = res.clone();
+        let id = Box::pin(ctrd.create_container(&pod, c))
+            .await
+            .expect("CreateContainer");
+        ctrd.start_container(&id).await.expect("StartContainer");
+        ids.push(id);
+    }
+    (pod, ids)
+}
+
+async fn wait_exited(ctrd: &Containerd, id: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let st = ctrd.container_status(id).await.expect("ContainerStatus");
+        if st.state == ContainerState::ContainerExited as i32 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "container {id} was not evicted (state {})",
+            st.state
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn container_record(api: &ApiClient, id: &str) -> nri_resize::resize::ContainerResize {
+    api.resizes()
+        .await
+        .expect("resizes API")
+        .containers
+        .get(id)
+        .cloned()
+        .expect("a resize record for the container")
+}
+
+/// Each policy and action, as pod owners set them through annotations.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn resize_policy_and_actions() {
+    let ctrd = Containerd::start(ContainerdVersion::V1_7, ContainerdOptions::default()).await;
+    let plugin = start_plugin(&ctrd, "nri-resize", None).await;
+    let api = plugin.api();
+    let pod_limits = Resources::limits(400_000, 1024 * MIB);
+    let small = Resources::limits(10_000, 64 * MIB);
+
+    // Node default NotRequired: resized in place.
+    let (_, ids) = pod_with(
+        &ctrd,
+        "default-policy",
+        &[],
+        pod_limits.clone(),
+        &[("app", small.clone())],
+    )
+    .await;
+    ctrd.update_container_resources(&ids[0], &Resources::limits(20_000, 128 * MIB))
+        .await
+        .expect("in-place update");
+    assert_eq!(
+        (cpu_quota(&ctrd, &ids[0]), memory_limit(&ctrd, &ids[0])),
+        (20_000, 128 * MIB)
+    );
+
+    // RestartContainer for memory: a memory resize evicts the container, with the reason.
+    let restart = [(
+        "resize-policy.nri-resize.io/container.app",
+        "memory=RestartContainer",
+    )];
+    let (_, ids) = pod_with(
+        &ctrd,
+        "restart-memory",
+        &restart,
+        pod_limits.clone(),
+        &[("app", small.clone())],
+    )
+    .await;
+    ctrd.update_container_resources(&ids[0], &Resources::limits(10_000, 128 * MIB))
+        .await
+        .ok();
+    wait_exited(&ctrd, &ids[0]).await;
+    let rec = container_record(&api, &ids[0]).await;
+    assert!(rec.reason.contains("restart required"), "{rec:?}");
+
+    // ...while a CPU-only resize of the same policy stays in place.
+    let (_, ids) = pod_with(
+        &ctrd,
+        "restart-memory-cpu",
+        &restart,
+        pod_limits.clone(),
+        &[("app", small.clone())],
+    )
+    .await;
+    ctrd.update_container_resources(&ids[0], &Resources::limits(30_000, 64 * MIB))
+        .await
+        .expect("CPU resize stays in place");
+    assert_eq!(cpu_quota(&ctrd, &ids[0]), 30_000);
+    let st = ctrd.container_status(&ids[0]).await.expect("status");
+    assert_eq!(
+        st.state,
+        ContainerState::ContainerRunning as i32,
+        "a CPU resize must not restart it"
+    );
+
+    // Per direction: memory.decrease=RestartContainer restarts on a decrease only.
+    let dir = [(
+        "resize-policy.nri-resize.io/container.app",
+        "memory.decrease=RestartContainer",
+    )];
+    let (_, ids) = pod_with(
+        &ctrd,
+        "restart-on-decrease",
+        &dir,
+        pod_limits.clone(),
+        &[("app", small.clone())],
+    )
+    .await;
+    ctrd.update_container_resources(&ids[0], &Resources::limits(10_000, 96 * MIB))
+        .await
+        .expect("increase in place");
+    assert_eq!(memory_limit(&ctrd, &ids[0]), 96 * MIB);
+    ctrd.update_container_resources(&ids[0], &Resources::limits(10_000, 80 * MIB))
+        .await
+        .ok();
+    wait_exited(&ctrd, &ids[0]).await;
+
+    // LiveResize: in place or fail, never a restart.
+    let live = [
+        (
+            "resize-policy.nri-resize.io/container.app",
+            "memory=RestartContainer",
+        ),
+        ("resize-action.nri-resize.io/pod", "LiveResize"),
+    ];
+    let (_, ids) = pod_with(
+        &ctrd,
+        "live-resize",
+        &live,
+        pod_limits.clone(),
+        &[("app", small.clone())],
+    )
+    .await;
+    let err = ctrd
+        .update_container_resources(&ids[0], &Resources::limits(10_000, 128 * MIB))
+        .await
+        .expect_err("LiveResize that needs a restart fails");
+    assert!(err.message().contains("refused"), "{err:?}");
+    assert_eq!(memory_limit(&ctrd, &ids[0]), 64 * MIB, "nothing applied");
+    let st = ctrd.container_status(&ids[0]).await.expect("status");
+    assert_eq!(st.state, ContainerState::ContainerRunning as i32);
+    assert_eq!(
+        container_record(&api, &ids[0]).await.state,
+        Some(ResizeState::Error)
+    );
+
+    // Restart action: every resize restarts the container, even one the policy allows in place.
+    let (_, ids) = pod_with(
+        &ctrd,
+        "restart-action",
+        &[("resize-action.nri-resize.io/pod", "Restart")],
+        pod_limits.clone(),
+        &[("app", small.clone())],
+    )
+    .await;
+    ctrd.update_container_resources(&ids[0], &Resources::limits(15_000, 64 * MIB))
+        .await
+        .ok();
+    wait_exited(&ctrd, &ids[0]).await;
+
+    // A malformed annotation: the container is still created and resized by the node default.
+    let bad = [("resize-policy.nri-resize.io/pod", "cpu=Sometimes,,memory")];
+    let (_, ids) = pod_with(
+        &ctrd,
+        "malformed",
+        &bad,
+        pod_limits.clone(),
+        &[("app", small.clone())],
+    )
+    .await;
+    ctrd.update_container_resources(&ids[0], &Resources::limits(25_000, 64 * MIB))
+        .await
+        .expect("resize despite a bad annotation");
+    assert_eq!(cpu_quota(&ctrd, &ids[0]), 25_000);
+    let log = plugin.log_tail(200);
+    assert!(
+        log.contains("resize annotation ignored") && log.contains("Sometimes"),
+        "the bad annotation is reported:\n{log}"
+    );
+}
+
+/// Admission: a resize that can never fit is Infeasible; enforce fails it, observe reports it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn admission_enforce_and_observe() {
+    let huge = Resources::limits(50_000, 1 << 40); // 1 TiB of memory: above any test machine
+    for (mode, config) in [
+        ("enforce", None),
+        ("observe", Some("[resize]\nmode = \"observe\"\n")),
+    ] {
+        let ctrd = Containerd::start(ContainerdVersion::V1_7, ContainerdOptions::default()).await;
+        let plugin = start_plugin(&ctrd, "nri-resize", config).await;
+        let (_, ids) = pod_with(
+            &ctrd,
+            "admission",
+            &[],
+            Resources::limits(400_000, 0),
+            &[("app", Resources::limits(50_000, 64 * MIB))],
+        )
+        .await;
+        let r = ctrd.update_container_resources(&ids[0], &huge).await;
+        let rec = container_record(&plugin.api(), &ids[0]).await;
+        assert_eq!(rec.state, Some(ResizeState::Infeasible), "{mode}: {rec:?}");
+        assert!(
+            rec.reason.contains("memory"),
+            "{mode}: the reason names the resource: {rec:?}"
+        );
+        match mode {
+            "enforce" => {
+                let err = r.expect_err("enforce fails an infeasible resize");
+                assert!(err.message().contains("Infeasible"), "{err:?}");
+                assert_eq!(memory_limit(&ctrd, &ids[0]), 64 * MIB);
+            }
+            _ => {
+                r.expect("observe lets the update through");
+                assert_eq!(memory_limit(&ctrd, &ids[0]), 1 << 40);
+            }
+        }
+        eprintln!("admission ({mode}): {rec:?}");
+    }
+}
+
+/// kubelet updates one container at a time; on cgroup v1 a container quota above its pod's
+/// fails with EINVAL (kubernetes/kubernetes#127356). With the plugin the pod cgroup is raised first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kubelet_style_update_that_fails_on_v1_without_ordering_succeeds() {
+    let ctrd = Containerd::start(ContainerdVersion::V1_7, ContainerdOptions::default()).await;
+    assert!(
+        v1(&ctrd),
+        "this machine runs cgroup v1 (the VM tier covers v2)"
+    );
+    let (pod, ids) = pod_with(
+        &ctrd,
+        "einval",
+        &[],
+        Resources::limits(100_000, 512 * MIB),
+        &[("app", Resources::limits(50_000, 64 * MIB))],
+    )
+    .await;
+
+    // Without the plugin: the runtime's write fails.
+    let err = ctrd
+        .update_container_resources(&ids[0], &Resources::limits(150_000, 64 * MIB))
+        .await
+        .expect_err("EINVAL without ordering");
+    eprintln!("without the plugin: {}", err.message());
+    assert!(
+        err.message().to_lowercase().contains("invalid argument"),
+        "{err:?}"
+    );
+    assert_eq!(cpu_quota(&ctrd, &ids[0]), 50_000);
+
+    // With the plugin: the pod cgroup is raised first and the same update succeeds.
+    let _plugin = start_plugin(&ctrd, "nri-resize", None).await;
+    ctrd.update_container_resources(&ids[0], &Resources::limits(150_000, 64 * MIB))
+        .await
+        .expect("ordered update succeeds");
+    assert_eq!(cpu_quota(&ctrd, &ids[0]), 150_000);
+    let pod_quota = ctrd.pod_cgroup_limits(&pod).expect("pod cgroup").cpu_quota;
+    assert_eq!(
+        pod_quota,
+        Some(200_000),
+        "the pod grew by the container's growth, keeping its headroom"
+    );
+}
+
+fn targets(cs: &[(&str, u64, i64)]) -> PodResizeRequest {
+    PodResizeRequest {
+        containers: cs
+            .iter()
+            .map(|(n, cpu, mem)| {
+                (
+                    (*n).to_string(),
+                    ContainerTarget {
+                        cpu_millis: Some(*cpu),
+                        memory_bytes: Some(u64::try_from(*mem).expect("positive")),
+                    },
+                )
+            })
+            .collect(),
+    }
+}
+
+fn check_steps(r: &PodResize, label: &str) {
+    assert!(r.state.is_none(), "{label}: resize not done: {r:?}");
+    assert!(!r.steps.is_empty(), "{label}: no steps");
+    for (i, s) in r.steps.iter().enumerate() {
+        assert!(s.ok, "{label}: step {i} ({}) failed: {}", s.step, s.error);
+        assert!(
+            s.violation.is_empty(),
+            "{label}: after step {i} ({}) the cgroups broke an invariant: {}",
+            s.step,
+            s.violation
+        );
+        assert!(
+            s.actual.is_some(),
+            "{label}: step {i}: cgroups not read back"
+        );
+    }
+    eprintln!(
+        "{label}: {}",
+        r.steps
+            .iter()
+            .map(|s| s.step.as_str())
+            .collect::<Vec<_>>()
+            .join(" -> ")
+    );
+}
+
+async fn assert_cgroups(
+    ctrd: &Containerd,
+    pod: &Pod,
+    ids: &BTreeMap<String, String>,
+    want: &[(&str, u64, i64)],
+    label: &str,
+) {
+    let mut pod_cpu = 0;
+    let mut pod_mem = 0;
+    for (name, cpu, mem) in want {
+        let id = &ids[*name];
+        let quota = i64::try_from(*cpu * 100).expect("fits");
+        assert_eq!(
+            (cpu_quota(ctrd, id), memory_limit(ctrd, id)),
+            (quota, *mem),
+            "{label}: cgroupfs of {name}"
+        );
+        let reported = ctrd
+            .container_resources(id)
+            .await
+            .expect("ContainerStatus")
+            .expect("resources");
+        assert_eq!(
+            (reported.cpu_quota, reported.memory_limit_in_bytes),
+            (quota, *mem),
+            "{label}: ContainerStatus of {name}"
+        );
+        pod_cpu += quota;
+        pod_mem += *mem;
+    }
+    let limits = ctrd.pod_cgroup_limits(pod).expect("pod cgroup");
+    assert_eq!(
+        limits.cpu_quota,
+        Some(pod_cpu),
+        "{label}: pod cgroup CPU = sum of containers"
+    );
+    assert_eq!(
+        limits.memory_limit,
+        Some(u64::try_from(pod_mem).expect("positive")),
+        "{label}: pod cgroup memory = sum"
+    );
+}
+
+async fn three_container_pod_resizes(version: ContainerdVersion) {
+    let ctrd = Containerd::start(version, ContainerdOptions::default()).await;
+    eprintln!("=== whole-pod resizes on {version} ({})", ctrd.version());
+    let plugin = start_plugin(&ctrd, "nri-resize", None).await;
+    let api = plugin.api();
+    let each = Resources::limits(50_000, 128 * MIB);
+    let (pod, idv) = pod_with(
+        &ctrd,
+        "guaranteed",
+        &[],
+        Resources::limits(150_000, 384 * MIB),
+        &[
+            ("a", each.clone()),
+            ("b", each.clone()),
+            ("c", each.clone()),
+        ],
+    )
+    .await;
+    let ids: BTreeMap<String, String> = ["a", "b", "c"]
+        .iter()
+        .map(|n| (*n).to_string())
+        .zip(idv)
+        .collect();
+
+    let cases: [(&str, [(&str, u64, i64); 3]); 4] = [
+        (
+            "net increase",
+            [
+                ("a", 600, 192 * MIB),
+                ("b", 600, 192 * MIB),
+                ("c", 600, 192 * MIB),
+            ],
+        ),
+        (
+            "net decrease",
+            [
+                ("a", 300, 96 * MIB),
+                ("b", 300, 96 * MIB),
+                ("c", 300, 96 * MIB),
+            ],
+        ),
+        (
+            "no net change",
+            [
+                ("a", 500, 128 * MIB),
+                ("b", 200, 64 * MIB),
+                ("c", 200, 96 * MIB),
+            ],
+        ),
+        (
+            "mixed directions",
+            [
+                ("a", 200, 256 * MIB),
+                ("b", 500, 32 * MIB),
+                ("c", 300, 64 * MIB),
+            ],
+        ),
+    ];
+    for (label, want) in &cases {
+        let started = Instant::now();
+        let r = api
+            .resize_pod(&pod.namespace, &pod.name, &targets(want))
+            .await
+            .unwrap_or_else(|e| panic!("{label}: {e}\n{}", plugin.log_tail(30)));
+        eprintln!(
+            "{label}: {} steps in {:?}",
+            r.steps.len(),
+            started.elapsed()
+        );
+        check_steps(&r, label);
+        assert_cgroups(&ctrd, &pod, &ids, want, label).await;
+    }
+    // A request the pod cannot take is refused before anything is written.
+    let err = api
+        .resize_pod(
+            &pod.namespace,
+            &pod.name,
+            &targets(&[("zzz", 100, 64 * MIB)]),
+        )
+        .await
+        .expect_err("unknown container");
+    assert!(err.to_string().contains("zzz"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn whole_pod_resize_of_three_guaranteed_containers_containerd_1_7() {
+    Box::pin(three_container_pod_resizes(ContainerdVersion::V1_7)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn whole_pod_resize_of_three_guaranteed_containers_containerd_2() {
+    Box::pin(three_container_pod_resizes(ContainerdVersion::V2)).await;
+}
+
+/// SIGKILL in the middle of a whole-pod resize: the restarted plugin resumes from its checkpoint,
+/// reaches the target, and applies no step twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn plugin_killed_mid_resize_resumes_from_its_checkpoint() {
+    let ctrd = Containerd::start(ContainerdVersion::V1_7, ContainerdOptions::default()).await;
+    let mut plugin = start_plugin(
+        &ctrd,
+        "nri-resize",
+        Some("[resize]\nstep_pause_ms = 1500\n"),
+    )
+    .await;
+    let api = plugin.api();
+    let each = Resources::limits(50_000, 128 * MIB);
+    let (pod, idv) = pod_with(
+        &ctrd,
+        "resume",
+        &[],
+        Resources::limits(150_000, 384 * MIB),
+        &[
+            ("a", each.clone()),
+            ("b", each.clone()),
+            ("c", each.clone()),
+        ],
+    )
+    .await;
+    let ids: BTreeMap<String, String> = ["a", "b", "c"]
+        .iter()
+        .map(|n| (*n).to_string())
+        .zip(idv)
+        .collect();
+    let want = [
+        ("a", 600, 192 * MIB),
+        ("b", 600, 192 * MIB),
+        ("c", 600, 192 * MIB),
+    ];
+    let req = targets(&want);
+    let (ns, name) = (pod.namespace.clone(), pod.name.clone());
+    let call = {
+        let api = api.clone();
+        tokio::spawn(async move { api.resize_pod(&ns, &name, &req).await })
+    };
+    // Wait for the first step(s), then kill.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let before = loop {
+        let r = api.resizes().await.expect("resizes");
+        if let Some(p) = r
+            .pods
+            .iter()
+            .find(|p| p.pod_id == pod.id)
+            .filter(|p| !p.steps.is_empty())
+        {
+            break p.clone();
+        }
+        assert!(Instant::now() < deadline, "the resize never started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    plugin.stop_with(Signal::SIGKILL, Duration::from_secs(5));
+    assert!(
+        call.await.expect("join").is_err(),
+        "the API call dies with the plugin"
+    );
+    assert!(before.state.is_some(), "killed mid-resize, not after it");
+    eprintln!(
+        "killed after {} step(s): {:?}",
+        before.steps.len(),
+        before.steps.iter().map(|s| &s.step).collect::<Vec<_>>()
+    );
+
+    plugin.restart();
+    plugin.wait_ready(READY).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let resumed = loop {
+        let r = api.resizes().await.expect("resizes");
+        if let Some(p) = r
+            .pods
+            .iter()
+            .find(|p| p.pod_id == pod.id && p.resumed && p.state.is_none())
+        {
+            break p.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the resize was not resumed; log:\n{}",
+            plugin.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    for s in &resumed.steps {
+        assert!(s.ok && s.violation.is_empty(), "{s:?}");
+        assert!(
+            !before.steps.iter().any(|b| b.step == s.step),
+            "step {} applied twice",
+            s.step
+        );
+    }
+    eprintln!(
+        "resumed with {} step(s): {:?}",
+        resumed.steps.len(),
+        resumed.steps.iter().map(|s| &s.step).collect::<Vec<_>>()
+    );
+    assert_cgroups(&ctrd, &pod, &ids, &want, "after resume").await;
+    assert!(
+        std::fs::read_dir(&plugin.state_dir)
+            .expect("state dir")
+            .filter_map(Result::ok)
+            .all(|e| !e.file_name().to_string_lossy().ends_with(".json")),
+        "checkpoint removed when done"
+    );
+}
