@@ -344,6 +344,38 @@ fn print_status(s: &Status, resizes: &nri_resize::api::Resizes) -> std::io::Resu
     Ok(())
 }
 
+async fn resize_command(api: &ApiArgs, pod: &str, containers: &[String]) -> anyhow::Result<()> {
+    let (namespace, name) = pod
+        .split_once('/')
+        .ok_or_else(|| anyhow::anyhow!("pod must be namespace/name, got {pod:?}"))?;
+    let mut req = nri_resize::resize::PodResizeRequest::default();
+    for spec in containers {
+        let (container, target) = spec
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("{spec:?}: expected container=cpu=..,memory=.."))?;
+        let target = nri_resize::resize::parse_target(target)
+            .map_err(|e| anyhow::anyhow!("{container}: {e}"))?;
+        req.containers.insert(container.to_string(), target);
+    }
+    let done = ApiClient::new(&api.api_socket)
+        .resize_pod(namespace, name, &req)
+        .await?;
+    for (i, s) in done.steps.iter().enumerate() {
+        println!(
+            "step {}: {}{}",
+            i + 1,
+            s.step,
+            if s.ok {
+                String::new()
+            } else {
+                format!(" FAILED: {}", s.error)
+            }
+        );
+    }
+    println!("resized {pod} in {} steps", done.steps.len());
+    Ok(())
+}
+
 async fn client_command(cmd: Command) -> anyhow::Result<ExitCode> {
     match cmd {
         Command::Run(_) => unreachable!("handled by main"),
@@ -380,36 +412,7 @@ async fn client_command(cmd: Command) -> anyhow::Result<ExitCode> {
             api,
             pod,
             containers,
-        } => {
-            let (namespace, name) = pod
-                .split_once('/')
-                .ok_or_else(|| anyhow::anyhow!("pod must be namespace/name, got {pod:?}"))?;
-            let mut req = nri_resize::resize::PodResizeRequest::default();
-            for spec in &containers {
-                let (container, target) = spec.split_once('=').ok_or_else(|| {
-                    anyhow::anyhow!("{spec:?}: expected container=cpu=..,memory=..")
-                })?;
-                let target = nri_resize::resize::parse_target(target)
-                    .map_err(|e| anyhow::anyhow!("{container}: {e}"))?;
-                req.containers.insert(container.to_string(), target);
-            }
-            let done = ApiClient::new(&api.api_socket)
-                .resize_pod(namespace, name, &req)
-                .await?;
-            for (i, s) in done.steps.iter().enumerate() {
-                println!(
-                    "step {}: {}{}",
-                    i + 1,
-                    s.step,
-                    if s.ok {
-                        String::new()
-                    } else {
-                        format!(" FAILED: {}", s.error)
-                    }
-                );
-            }
-            println!("resized {pod} in {} steps", done.steps.len());
-        }
+        } => resize_command(&api, &pod, &containers).await?,
         Command::Update {
             api,
             container,

@@ -77,7 +77,7 @@ async fn pod_with(
     let mut ids = Vec::new();
     for (cname, res) in containers {
         let mut c = ContainerSpec::new(cname, &["sleep", "3600"]);
-        c.resources = res.clone();
+        c.resources = *res;
         let id = Box::pin(ctrd.create_container(&pod, c))
             .await
             .expect("CreateContainer");
@@ -115,6 +115,10 @@ async fn container_record(api: &ApiClient, id: &str) -> nri_resize::resize::Cont
 
 /// Each policy and action, as pod owners set them through annotations.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scenario per policy and action, in sequence"
+)]
 async fn resize_policy_and_actions() {
     let ctrd = Containerd::start(ContainerdVersion::V1_7, ContainerdOptions::default()).await;
     let plugin = start_plugin(&ctrd, "nri-resize", None).await;
@@ -123,14 +127,7 @@ async fn resize_policy_and_actions() {
     let small = Resources::limits(10_000, 64 * MIB);
 
     // Node default NotRequired: resized in place.
-    let (_, ids) = pod_with(
-        &ctrd,
-        "default-policy",
-        &[],
-        pod_limits.clone(),
-        &[("app", small.clone())],
-    )
-    .await;
+    let (_, ids) = pod_with(&ctrd, "default-policy", &[], pod_limits, &[("app", small)]).await;
     ctrd.update_container_resources(&ids[0], &Resources::limits(20_000, 128 * MIB))
         .await
         .expect("in-place update");
@@ -148,8 +145,8 @@ async fn resize_policy_and_actions() {
         &ctrd,
         "restart-memory",
         &restart,
-        pod_limits.clone(),
-        &[("app", small.clone())],
+        pod_limits,
+        &[("app", small)],
     )
     .await;
     ctrd.update_container_resources(&ids[0], &Resources::limits(10_000, 128 * MIB))
@@ -164,8 +161,8 @@ async fn resize_policy_and_actions() {
         &ctrd,
         "restart-memory-cpu",
         &restart,
-        pod_limits.clone(),
-        &[("app", small.clone())],
+        pod_limits,
+        &[("app", small)],
     )
     .await;
     ctrd.update_container_resources(&ids[0], &Resources::limits(30_000, 64 * MIB))
@@ -188,8 +185,8 @@ async fn resize_policy_and_actions() {
         &ctrd,
         "restart-on-decrease",
         &dir,
-        pod_limits.clone(),
-        &[("app", small.clone())],
+        pod_limits,
+        &[("app", small)],
     )
     .await;
     ctrd.update_container_resources(&ids[0], &Resources::limits(10_000, 96 * MIB))
@@ -209,14 +206,7 @@ async fn resize_policy_and_actions() {
         ),
         ("resize-action.nri-resize.io/pod", "LiveResize"),
     ];
-    let (_, ids) = pod_with(
-        &ctrd,
-        "live-resize",
-        &live,
-        pod_limits.clone(),
-        &[("app", small.clone())],
-    )
-    .await;
+    let (_, ids) = pod_with(&ctrd, "live-resize", &live, pod_limits, &[("app", small)]).await;
     let err = ctrd
         .update_container_resources(&ids[0], &Resources::limits(10_000, 128 * MIB))
         .await
@@ -235,8 +225,8 @@ async fn resize_policy_and_actions() {
         &ctrd,
         "restart-action",
         &[("resize-action.nri-resize.io/pod", "Restart")],
-        pod_limits.clone(),
-        &[("app", small.clone())],
+        pod_limits,
+        &[("app", small)],
     )
     .await;
     ctrd.update_container_resources(&ids[0], &Resources::limits(15_000, 64 * MIB))
@@ -246,14 +236,7 @@ async fn resize_policy_and_actions() {
 
     // A malformed annotation: the container is still created and resized by the node default.
     let bad = [("resize-policy.nri-resize.io/pod", "cpu=Sometimes,,memory")];
-    let (_, ids) = pod_with(
-        &ctrd,
-        "malformed",
-        &bad,
-        pod_limits.clone(),
-        &[("app", small.clone())],
-    )
-    .await;
+    let (_, ids) = pod_with(&ctrd, "malformed", &bad, pod_limits, &[("app", small)]).await;
     ctrd.update_container_resources(&ids[0], &Resources::limits(25_000, 64 * MIB))
         .await
         .expect("resize despite a bad annotation");
@@ -290,16 +273,13 @@ async fn admission_enforce_and_observe() {
             rec.reason.contains("memory"),
             "{mode}: the reason names the resource: {rec:?}"
         );
-        match mode {
-            "enforce" => {
-                let err = r.expect_err("enforce fails an infeasible resize");
-                assert!(err.message().contains("Infeasible"), "{err:?}");
-                assert_eq!(memory_limit(&ctrd, &ids[0]), 64 * MIB);
-            }
-            _ => {
-                r.expect("observe lets the update through");
-                assert_eq!(memory_limit(&ctrd, &ids[0]), 1 << 40);
-            }
+        if mode == "enforce" {
+            let err = r.expect_err("enforce fails an infeasible resize");
+            assert!(err.message().contains("Infeasible"), "{err:?}");
+            assert_eq!(memory_limit(&ctrd, &ids[0]), 64 * MIB);
+        } else {
+            r.expect("observe lets the update through");
+            assert_eq!(memory_limit(&ctrd, &ids[0]), 1 << 40);
         }
         eprintln!("admission ({mode}): {rec:?}");
     }
@@ -348,6 +328,9 @@ async fn kubelet_style_update_that_fails_on_v1_without_ordering_succeeds() {
         "the pod grew by the container's growth, keeping its headroom"
     );
 }
+
+/// Per container: name, CPU millicores, memory bytes.
+type Targets = [(&'static str, u64, i64); 3];
 
 fn targets(cs: &[(&str, u64, i64)]) -> PodResizeRequest {
     PodResizeRequest {
@@ -446,11 +429,7 @@ async fn three_container_pod_resizes(version: ContainerdVersion) {
         "guaranteed",
         &[],
         Resources::limits(150_000, 384 * MIB),
-        &[
-            ("a", each.clone()),
-            ("b", each.clone()),
-            ("c", each.clone()),
-        ],
+        &[("a", each), ("b", each), ("c", each)],
     )
     .await;
     let ids: BTreeMap<String, String> = ["a", "b", "c"]
@@ -459,7 +438,7 @@ async fn three_container_pod_resizes(version: ContainerdVersion) {
         .zip(idv)
         .collect();
 
-    let cases: [(&str, [(&str, u64, i64); 3]); 4] = [
+    let cases: [(&str, Targets); 4] = [
         (
             "net increase",
             [
@@ -547,11 +526,7 @@ async fn plugin_killed_mid_resize_resumes_from_its_checkpoint() {
         "resume",
         &[],
         Resources::limits(150_000, 384 * MIB),
-        &[
-            ("a", each.clone()),
-            ("b", each.clone()),
-            ("c", each.clone()),
-        ],
+        &[("a", each), ("b", each), ("c", each)],
     )
     .await;
     let ids: BTreeMap<String, String> = ["a", "b", "c"]
