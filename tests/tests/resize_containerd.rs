@@ -613,3 +613,63 @@ async fn plugin_killed_mid_resize_resumes_from_its_checkpoint() {
         "checkpoint removed when done"
     );
 }
+
+/// A newer whole-pod request arriving mid-resize takes over: the executor re-plans from the
+/// cgroups' actual state to the newest target, and the older request reports it was superseded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_newer_request_mid_resize_wins() {
+    let ctrd = Containerd::start(ContainerdVersion::V1_7, ContainerdOptions::default()).await;
+    let plugin = start_plugin(&ctrd, "nri-resize", Some("[resize]\nstep_pause_ms = 700\n")).await;
+    let api = plugin.api();
+    let each = Resources::limits(50_000, 128 * MIB);
+    let (pod, idv) = pod_with(
+        &ctrd,
+        "latest-wins",
+        &[],
+        Resources::limits(150_000, 384 * MIB),
+        &[("a", each), ("b", each), ("c", each)],
+    )
+    .await;
+    let ids: BTreeMap<String, String> = ["a", "b", "c"]
+        .iter()
+        .map(|n| (*n).to_string())
+        .zip(idv)
+        .collect();
+    let first = targets(&[
+        ("a", 600, 192 * MIB),
+        ("b", 600, 192 * MIB),
+        ("c", 600, 192 * MIB),
+    ]);
+    let newest = [
+        ("a", 300, 96 * MIB),
+        ("b", 400, 96 * MIB),
+        ("c", 300, 64 * MIB),
+    ];
+    let older = {
+        let (api, ns, name) = (api.clone(), pod.namespace.clone(), pod.name.clone());
+        tokio::spawn(async move { api.resize_pod(&ns, &name, &first).await })
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !api
+        .resizes()
+        .await
+        .expect("resizes")
+        .pods
+        .iter()
+        .any(|p| p.pod_id == pod.id && !p.steps.is_empty())
+    {
+        assert!(Instant::now() < deadline, "the first resize never started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let done = api
+        .resize_pod(&pod.namespace, &pod.name, &targets(&newest))
+        .await
+        .expect("the newest request completes");
+    check_steps(&done, "latest wins");
+    let err = older
+        .await
+        .expect("join")
+        .expect_err("the older request is superseded");
+    assert!(err.to_string().contains("superseded"), "{err}");
+    assert_cgroups(&ctrd, &pod, &ids, &newest, "latest wins").await;
+}

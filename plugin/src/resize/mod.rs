@@ -677,7 +677,12 @@ impl Engine {
                 pod: full.clone(),
                 message,
             })?;
-        let target = build_target(&current, req, &full)?;
+        // A resize in flight: the new request builds on its target (the latest desired state),
+        // not on the transient values of a half-done plan.
+        let base = lock(&self.targets)
+            .get(&pod.id)
+            .map_or_else(|| current.clone(), |(t, _)| from_snapshot(t));
+        let target = build_target(&base, req, &full)?;
         check_invariants(&target, &self.plan_options())
             .map_err(|v| ResizeError::Invalid(format!("the resulting pod is not allowed: {v}")))?;
         let desired: BTreeMap<String, Quantities> = req
@@ -764,7 +769,15 @@ impl Engine {
         if running {
             return self.wait_for(&pod.id, &target).await;
         }
-        let result = self.execute(&pod, resumed).await;
+        let result = self.execute(&pod, resumed).await.and_then(|r| {
+            if r.target == target {
+                Ok(r)
+            } else {
+                Err(ResizeError::Failed(
+                    "superseded by a newer resize request, which was applied instead".into(),
+                ))
+            }
+        });
         lock(&self.targets).remove(&pod.id);
         if let Some(store) = &self.checkpoints {
             if let Err(e) = store.remove(&checkpoint_key(&pod.id)) {
