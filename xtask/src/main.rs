@@ -86,21 +86,23 @@ fn ensure_cargo_fuzz() -> anyhow::Result<()> {
 fn fuzz(targets: &[&str], seconds: u64) -> anyhow::Result<()> {
     ensure_cargo_fuzz()?;
     for t in targets {
-        run(
-            &format!("fuzz {t} for {seconds} s"),
-            cargo()
-                .args([
-                    "+nightly",
-                    "fuzz",
-                    "run",
-                    "--fuzz-dir",
-                    "plugin/fuzz",
-                    t,
-                    "--",
-                ])
-                .arg(format!("-max_total_time={seconds}"))
-                .arg("-rss_limit_mb=4096"),
-        )?;
+        // `rustup run`: `$CARGO` is the toolchain's own cargo, which knows no `+nightly`.
+        let mut cmd = Command::new("rustup");
+        cmd.current_dir(root())
+            .args([
+                "run",
+                "nightly",
+                "cargo",
+                "fuzz",
+                "run",
+                "--fuzz-dir",
+                "plugin/fuzz",
+                t,
+                "--",
+            ])
+            .arg(format!("-max_total_time={seconds}"))
+            .arg("-rss_limit_mb=4096");
+        run(&format!("fuzz {t} for {seconds} s"), &mut cmd)?;
     }
     Ok(())
 }
@@ -230,10 +232,24 @@ fn bench() -> anyhow::Result<()> {
         cargo().args(["bench", "-p", "nri-resize", "--bench", "handler"]),
     )?;
     run(
+        "planner benchmarks",
+        cargo().args(["bench", "-p", "nri-resize", "--bench", "planner"]),
+    )?;
+    run(
+        "observer benchmarks (eBPF per-event cost, reader CPU)",
+        cargo().args(["bench", "-p", "nri-resize", "--bench", "observer"]),
+    )?;
+    run(
         "CRI latency with and without the plugin",
         cargo()
             .env("NRI_RESIZE_BIN", root().join("target/release/nri-resize"))
             .args(["bench", "-p", "nri-resize-tests", "--bench", "cri_latency"]),
+    )?;
+    run(
+        "whole-pod resize through the API vs kubelet's own writes",
+        cargo()
+            .env("NRI_RESIZE_BIN", root().join("target/release/nri-resize"))
+            .args(["bench", "-p", "nri-resize-tests", "--bench", "resize_api"]),
     )
 }
 

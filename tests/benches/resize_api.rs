@@ -1,0 +1,140 @@
+//! A whole-pod three-container resize through the nri-resize API (planner + executor, pod cgroup
+//! through cgroupfs, containers through NRI `UpdateContainers`), end to end, side by side with
+//! the baseline of kubelet doing the same writes itself (pod cgroup, then three CRI
+//! `UpdateContainerResources`) in one run. Target: < 50 ms.
+//!
+//! Run: `cargo bench -p nri-resize-tests --bench resize_api` (part of `cargo xtask bench`).
+
+use std::time::{Duration, Instant};
+
+use nri_resize::resize::{ContainerTarget, PodResizeRequest};
+use nri_resize_tests::{
+    CgroupLimits, ContainerSpec, Containerd, ContainerdOptions, ContainerdVersion, PluginProcess,
+    PodSpec, Resources,
+};
+
+const MIB: i64 = 1 << 20;
+
+fn pct(v: &mut [Duration], p: f64) -> Duration {
+    v.sort_unstable();
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss,
+        reason = "index of a small slice"
+    )]
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[i]
+}
+
+fn request(millis: u64, mem: i64) -> PodResizeRequest {
+    PodResizeRequest {
+        containers: ["a", "b", "c"]
+            .iter()
+            .map(|n| {
+                (
+                    (*n).to_string(),
+                    ContainerTarget {
+                        cpu_millis: Some(millis),
+                        memory_bytes: Some(u64::try_from(mem).expect("positive")),
+                    },
+                )
+            })
+            .collect(),
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 4)]
+async fn main() {
+    let iters: usize = std::env::var("NRI_RESIZE_BENCH_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(30);
+    let ctrd = Containerd::start(ContainerdVersion::V1_7, ContainerdOptions::default()).await;
+    let mut spec = PodSpec::new("bench-resize");
+    spec.resources = Resources::limits(150_000, 384 * MIB);
+    let pod = Box::pin(ctrd.run_pod(spec)).await.expect("RunPodSandbox");
+    let mut ids = Vec::new();
+    for n in ["a", "b", "c"] {
+        let mut c = ContainerSpec::new(n, &["sleep", "3600"]);
+        c.resources = Resources::limits(50_000, 128 * MIB);
+        let id = Box::pin(ctrd.create_container(&pod, c))
+            .await
+            .expect("create");
+        ctrd.start_container(&id).await.expect("start");
+        ids.push(id);
+    }
+    let mut plugin = PluginProcess::start(&ctrd, "nri-resize-bench", &[]);
+    plugin.wait_ready(Duration::from_secs(15)).await;
+    let api = plugin.api();
+
+    let (mut base, mut ours) = (Vec::new(), Vec::new());
+    for i in 0..iters {
+        let (millis, mem) = if i % 2 == 0 {
+            (600, 192 * MIB)
+        } else {
+            (500, 128 * MIB)
+        };
+        // Baseline: kubelet's own writes (pod cgroup first on a net increase, last on a decrease).
+        let quota = i64::try_from(millis).expect("small") * 100;
+        let pod_limits = CgroupLimits {
+            cpu_quota: Some(quota * 3),
+            cpu_period: 100_000,
+            cpu_shares: 2,
+            memory_limit: Some(u64::try_from(mem * 3).expect("positive")),
+        };
+        let t = Instant::now();
+        if i % 2 == 0 {
+            ctrd.set_pod_cgroup_limits(&pod, &pod_limits)
+                .expect("pod cgroup");
+        }
+        for id in &ids {
+            ctrd.update_container_resources(id, &Resources::limits(quota, mem))
+                .await
+                .expect("CRI update");
+        }
+        if i % 2 == 1 {
+            ctrd.set_pod_cgroup_limits(&pod, &pod_limits)
+                .expect("pod cgroup");
+        }
+        base.push(t.elapsed());
+        // Ours: back and forth through the API (the opposite direction of the baseline's write).
+        let (m2, mem2) = if i % 2 == 0 {
+            (500, 128 * MIB)
+        } else {
+            (600, 192 * MIB)
+        };
+        let t = Instant::now();
+        api.resize_pod(&pod.namespace, &pod.name, &request(m2, mem2))
+            .await
+            .expect("API resize");
+        ours.push(t.elapsed());
+    }
+    plugin.stop();
+    let ms = |d: Duration| format!("{:.1} ms", d.as_secs_f64() * 1e3);
+    println!(
+        "whole-pod 3-container resize, {iters} samples each, containerd {} (target: < 50 ms)",
+        ctrd.version()
+    );
+    println!("{:<48} {:>10} {:>10}", "measure", "p50", "p99");
+    let (b50, b99) = (pct(&mut base, 0.5), pct(&mut base, 0.99));
+    let (o50, o99) = (pct(&mut ours, 0.5), pct(&mut ours, 0.99));
+    println!(
+        "{:<48} {:>10} {:>10}",
+        "baseline: pod cgroup + 3x CRI UpdateContainerResources",
+        ms(b50),
+        ms(b99)
+    );
+    println!(
+        "{:<48} {:>10} {:>10}  ratio p50 {:.2}x  {}",
+        "ours: nri-resize resize (plan, execute, read back)",
+        ms(o50),
+        ms(o99),
+        o50.as_secs_f64() / b50.as_secs_f64(),
+        if o50 < Duration::from_millis(50) {
+            "ok"
+        } else {
+            "OVER TARGET"
+        }
+    );
+}
