@@ -287,6 +287,34 @@ fn fmt_resources(r: Option<&LinuxResources>) -> (String, String) {
     (cpu, mem)
 }
 
+/// `500m/128Mi`; `-` when unknown, `max` for unlimited.
+fn compact(cpu_millis: Option<u64>, cpu_limited: bool, memory: Option<i64>) -> String {
+    let cpu = match (cpu_millis, cpu_limited) {
+        (Some(m), true) => format!("{m}m"),
+        (_, false) => "max".to_string(),
+        (None, true) => "-".to_string(),
+    };
+    let mem = match memory {
+        Some(m) if m > 0 && m < (1 << 62) => format!("{}Mi", m >> 20),
+        Some(_) => "max".to_string(),
+        None => "-".to_string(),
+    };
+    format!("{cpu}/{mem}")
+}
+
+fn compact_spec(r: Option<&LinuxResources>) -> String {
+    r.map_or_else(
+        || "-".to_string(),
+        |r| {
+            compact(
+                r.cpu_limit_millis(),
+                r.cpu_quota().is_some_and(|q| q > 0),
+                r.memory_limit(),
+            )
+        },
+    )
+}
+
 fn print_status(s: &Status, resizes: &nri_resize::api::Resizes) -> std::io::Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(
@@ -307,36 +335,51 @@ fn print_status(s: &Status, resizes: &nri_resize::api::Resizes) -> std::io::Resu
     )?;
     writeln!(
         out,
-        "{:<40} {:<20} {:<14} {:<10} {:<32} {:<10} {:<12} REASON",
-        "POD", "CONTAINER", "ID", "STATE", "CPU", "MEMORY", "RESIZE"
+        "{:<32} {:<14} {:<8} {:<14} {:<14} {:<14} {:<11} {:>9}  REASON",
+        "POD", "CONTAINER", "STATE", "DESIRED", "ALLOCATED", "ACTUAL", "RESIZE", "THROTTLED"
     )?;
     for p in &s.pods {
         if p.containers.is_empty() {
-            writeln!(out, "{:<40} {:<20}", p.pod.full_name(), "-")?;
+            writeln!(out, "{:<32} {:<14}", p.pod.full_name(), "-")?;
         }
         for c in &p.containers {
-            let (cpu, mem) = fmt_resources(c.resources.as_ref());
-            let id: String = c.id.chars().take(13).collect();
-            let (resize, reason) =
-                resizes
-                    .containers
-                    .get(&c.id)
-                    .map_or(("-".to_string(), String::new()), |r| {
-                        (
-                            r.state.map_or("-".to_string(), |s| format!("{s:?}")),
-                            r.reason.clone(),
-                        )
-                    });
+            let rec = resizes.containers.get(&c.id);
+            let desired = compact_spec(
+                rec.and_then(|r| r.desired.as_ref())
+                    .or(c.resources.as_ref()),
+            );
+            let allocated = compact_spec(c.resources.as_ref());
+            let observed = c.observed.as_ref();
+            let actual = observed.and_then(|o| o.actual.as_ref()).map_or_else(
+                || "-".to_string(),
+                |a| {
+                    compact(
+                        a.cpu_limit_millis(),
+                        a.cpu_quota.is_some_and(|q| q > 0),
+                        a.memory_limit,
+                    )
+                },
+            );
+            let throttled = observed
+                .and_then(|o| o.throttling.as_ref())
+                .map_or_else(|| "-".to_string(), |t| t.count.to_string());
+            let (resize, reason) = rec.map_or(("-".to_string(), String::new()), |r| {
+                (
+                    r.state.map_or("-".to_string(), |s| format!("{s:?}")),
+                    r.reason.clone(),
+                )
+            });
             writeln!(
                 out,
-                "{:<40} {:<20} {:<14} {:<10} {:<32} {:<10} {:<12} {}",
+                "{:<32} {:<14} {:<8} {:<14} {:<14} {:<14} {:<11} {:>9}  {}",
                 p.pod.full_name(),
                 c.name,
-                id,
                 format!("{:?}", c.state).to_lowercase(),
-                cpu,
-                mem,
+                desired,
+                allocated,
+                actual,
                 resize,
+                throttled,
                 reason
             )?;
         }

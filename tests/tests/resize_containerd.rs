@@ -285,6 +285,45 @@ async fn admission_enforce_and_observe() {
     }
 }
 
+/// Deferred: the resize fits the node alone but not next to what other pods hold now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn admission_defers_what_does_not_fit_next_to_other_pods() {
+    let ctrd = Containerd::start(ContainerdVersion::V1_7, ContainerdOptions::default()).await;
+    let plugin = start_plugin(&ctrd, "nri-resize", None).await;
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online").expect("online CPUs");
+    let cpus = nri_resize::policy::CpuSet::parse(online.trim())
+        .expect("cpu list")
+        .count();
+    let cpus = i64::from(cpus);
+    // Another pod holds all CPUs but half of one; this pod asks for a whole one.
+    let big = (cpus * 1000 - 500) * 100;
+    let _other = pod_with(
+        &ctrd,
+        "big",
+        &[],
+        Resources::limits(big, 0),
+        &[("hog", Resources::limits(big, 64 * MIB))],
+    )
+    .await;
+    let (_, ids) = pod_with(
+        &ctrd,
+        "small",
+        &[],
+        Resources::limits(400_000, 0),
+        &[("app", Resources::limits(10_000, 64 * MIB))],
+    )
+    .await;
+    let err = ctrd
+        .update_container_resources(&ids[0], &Resources::limits(100_000, 64 * MIB))
+        .await
+        .expect_err("deferred in enforce mode");
+    assert!(err.message().contains("Deferred"), "{err:?}");
+    let rec = container_record(&plugin.api(), &ids[0]).await;
+    assert_eq!(rec.state, Some(ResizeState::Deferred), "{rec:?}");
+    assert_eq!(cpu_quota(&ctrd, &ids[0]), 10_000, "nothing applied");
+    eprintln!("deferred: {}", rec.reason);
+}
+
 /// kubelet updates one container at a time; on cgroup v1 a container quota above its pod's
 /// fails with EINVAL (kubernetes/kubernetes#127356). With the plugin the pod cgroup is raised first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
