@@ -70,13 +70,13 @@ async fn main() {
 
     let (mut base, mut ours) = (Vec::new(), Vec::new());
     for i in 0..iters {
-        let (millis, mem) = if i % 2 == 0 {
+        let (millis, mem): (i64, i64) = if i % 2 == 0 {
             (600, 192 * MIB)
         } else {
             (500, 128 * MIB)
         };
         // Baseline: kubelet's own writes (pod cgroup first on a net increase, last on a decrease).
-        let quota = i64::try_from(millis).expect("small") * 100;
+        let quota = millis * 100;
         let pod_limits = CgroupLimits {
             cpu_quota: Some(quota * 3),
             cpu_period: 100_000,
