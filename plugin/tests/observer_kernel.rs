@@ -351,10 +351,24 @@ fn oom_kill_is_attributed_to_the_victims_memcg_once() {
         Some(pid),
         "the victim is the dd process"
     );
+    // The cross-check file is read on the first read and whenever eBPF counted a kill (plus
+    // every `oom_cross_check_every` reads): the kill above forces a fresh read here.
     assert_eq!(
         after.kernel_oom_kill,
         Some(1),
         "memory.oom_control oom_kill agrees"
+    );
+    // An observer whose periodic cross-check never comes due still reads the file when it
+    // first sees the cgroup.
+    let mut rare_settings = host_settings();
+    rare_settings.hotplug = false;
+    rare_settings.oom_cross_check_every = u32::MAX;
+    let mut rare = start_observer(&rare_settings);
+    let first = rare.read(&observed).expect("read").oom;
+    assert_eq!(
+        first.kernel_oom_kill,
+        Some(1),
+        "first read cross-checks memory.oom_control"
     );
     let forced = polling.read(&observed).expect("read").oom;
     assert_eq!(

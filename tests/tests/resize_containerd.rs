@@ -525,6 +525,12 @@ async fn three_container_pod_resizes(version: ContainerdVersion) {
         check_steps(&r, label);
         assert_cgroups(&ctrd, &pod, &ids, want, label).await;
     }
+    // kubelet-style one-container updates still work after API resizes (containerd 1.7 ignores
+    // CPU shares in NRI updates, so shares-inferred requests drifted from limits meanwhile).
+    ctrd.update_container_resources(&ids["a"], &Resources::limits(40_000, 96 * MIB))
+        .await
+        .expect("a kubelet-style update after API resizes is not mistaken for a QoS change");
+    assert_eq!(cpu_quota(&ctrd, &ids["a"]), 40_000);
     // A request the pod cannot take is refused before anything is written.
     let err = api
         .resize_pod(

@@ -16,6 +16,9 @@ pub mod names {
     pub const OOM_MAP: &str = "OOM";
     /// Hash `pid -> ThrottleStart` of tasks currently switched out throttled.
     pub const THROTTLED_TASKS_MAP: &str = "THROTTLED_TASKS";
+    /// Array of `ThrottlePending`: one byte per pid, set while the pid is in `THROTTLED_TASKS`.
+    /// Sized by user space to the kernel's `pid_max` at load.
+    pub const THROTTLE_PENDING_MAP: &str = "THROTTLE_PENDING";
     /// Hash `pid -> ReclaimStart` of tasks currently in memcg direct reclaim.
     pub const RECLAIM_START_MAP: &str = "RECLAIM_START";
     /// Ring buffer of `CpuHotplugEvent`.
@@ -25,6 +28,8 @@ pub mod names {
 
     /// `tp_btf/sched_switch` program: counts throttling from `task_struct::throttled`.
     pub const PROG_SCHED_SWITCH: &str = "sched_switch";
+    /// Empty `tp_btf/sched_switch` program, attached only by the benchmark (dispatch floor).
+    pub const PROG_NOOP_SWITCH: &str = "noop_switch";
     /// `fentry/unthrottle_cfs_rq` program: counts throttling from the unthrottle path.
     pub const PROG_UNTHROTTLE: &str = "unthrottle_cfs_rq";
     /// `tracepoint/memcg/count_memcg_events` program.
@@ -80,6 +85,26 @@ pub struct ThrottleCounters {
 pub struct ThrottleStart {
     pub key: CgroupKey,
     pub since_ns: u64,
+}
+
+/// Pids per `ThrottlePending` array element.
+pub const THROTTLE_PENDING_PIDS_PER_SLOT: u32 = 64;
+
+/// One element of the `THROTTLE_PENDING` array: a byte per pid (`index * 64 + byte`), non-zero
+/// while that pid was switched out throttled and has not run since. Bytes, not bits: each is
+/// written whole by one CPU, so no atomic read-modify-write is needed.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ThrottlePending {
+    pub tasks: [u8; THROTTLE_PENDING_PIDS_PER_SLOT as usize],
+}
+
+impl Default for ThrottlePending {
+    fn default() -> Self {
+        Self {
+            tasks: [0; THROTTLE_PENDING_PIDS_PER_SLOT as usize],
+        }
+    }
 }
 
 /// Number of memcg event slots counted per cgroup. The event numbers
@@ -317,12 +342,13 @@ mod pod {
 
     use super::{
         CgroupKey, CpuHotplugEvent, CpuhpLayout, MemcgEventsLayout, ObserverConfig, OomCounters,
-        ReclaimCounters, ReclaimStart, ThrottleCounters, ThrottleStart,
+        ReclaimCounters, ReclaimStart, ThrottleCounters, ThrottlePending, ThrottleStart,
     };
 
     unsafe impl aya::Pod for CgroupKey {}
     unsafe impl aya::Pod for ThrottleCounters {}
     unsafe impl aya::Pod for ThrottleStart {}
+    unsafe impl aya::Pod for ThrottlePending {}
     unsafe impl aya::Pod for ReclaimCounters {}
     unsafe impl aya::Pod for ReclaimStart {}
     unsafe impl aya::Pod for OomCounters {}
@@ -336,6 +362,8 @@ mod pod {
 const _: () = assert!(core::mem::size_of::<CgroupKey>() == 16);
 const _: () = assert!(core::mem::size_of::<ThrottleCounters>() == 16);
 const _: () = assert!(core::mem::size_of::<ThrottleStart>() == 24);
+const _: () =
+    assert!(core::mem::size_of::<ThrottlePending>() == THROTTLE_PENDING_PIDS_PER_SLOT as usize);
 const _: () = assert!(core::mem::size_of::<ReclaimCounters>() == 8 * (RECLAIM_SLOTS + 3));
 const _: () = assert!(core::mem::size_of::<ReclaimStart>() == 24);
 const _: () = assert!(core::mem::size_of::<OomCounters>() == 16);

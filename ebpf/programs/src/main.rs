@@ -24,15 +24,15 @@ use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::{btf_tracepoint, fentry, map, tracepoint},
-    maps::{HashMap, LruPerCpuHashMap, RingBuf},
+    maps::{Array, HashMap, LruPerCpuHashMap, RingBuf},
     programs::{BtfTracePointContext, FEntryContext, TracePointContext},
     EbpfContext, Global,
 };
 use aya_log_ebpf::warn;
 use nri_resize_ebpf_common::{
     CgroupKey, CpuHotplugEvent, CpuhpLayout, ObserverConfig, OomCounters, ReclaimCounters,
-    ReclaimStart, ThrottleCounters, ThrottleStart, CPUHP_ENTER, CPUHP_EXIT, NO_FIELD, NO_ITEM,
-    RECLAIM_SLOTS,
+    ReclaimStart, ThrottleCounters, ThrottlePending, ThrottleStart, CPUHP_ENTER, CPUHP_EXIT,
+    NO_FIELD, NO_ITEM, RECLAIM_SLOTS, THROTTLE_PENDING_PIDS_PER_SLOT,
 };
 
 /// Offsets and enum values of the running kernel, written by user space before load.
@@ -50,6 +50,15 @@ static THROTTLE: LruPerCpuHashMap<CgroupKey, ThrottleCounters> =
 
 #[map(name = "THROTTLED_TASKS")]
 static THROTTLED_TASKS: HashMap<u32, ThrottleStart> = HashMap::with_max_entries(MAX_TASKS, 0);
+
+/// One byte per pid: non-zero while the pid has an entry in `THROTTLED_TASKS`. A flat array
+/// (the verifier inlines its lookups: no helper call) so that `sched_switch` can tell in a few
+/// instructions that `next` has no throttle pending, which is almost always the case. Sized for
+/// `PID_MAX_LIMIT` (4 Mi pids, 4 MiB) here; user space shrinks it to the running kernel's
+/// `kernel.pid_max` at load. A pid beyond the array takes the hash lookup.
+#[map(name = "THROTTLE_PENDING")]
+static THROTTLE_PENDING: Array<ThrottlePending> =
+    Array::with_max_entries((1 << 22) / THROTTLE_PENDING_PIDS_PER_SLOT, 0);
 
 #[map(name = "RECLAIM")]
 static RECLAIM: LruPerCpuHashMap<CgroupKey, ReclaimCounters> =
@@ -85,12 +94,29 @@ impl Error {
     }
 }
 
+/// One field of `CONFIG`, read on its own (a single load, not a copy of the whole struct).
+///
+/// `CONFIG` is in `.rodata`, which the loader freezes: the verifier then knows every value read
+/// from it as a constant, folds offsets into the instructions that use them and drops the
+/// branches a constant decides. The volatile read only keeps the compiler from folding in the
+/// build-time `UNCONFIGURED` value.
+macro_rules! conf {
+    ($field:ident) => {
+        // SAFETY: `Global<T>` is `repr(transparent)` over `MaybeUninit<T>`, itself transparent
+        // over an always-initialised `T`; the field pointer stays inside the static.
+        unsafe {
+            core::ptr::read_volatile(core::ptr::addr_of!(
+                (*core::ptr::addr_of!(CONFIG).cast::<ObserverConfig>()).$field
+            ))
+        }
+    };
+}
+
 fn config() -> Result<ObserverConfig, Error> {
-    let cfg = CONFIG.load();
-    if cfg.configured == 0 {
+    if conf!(configured) == 0 {
         return Err(Error::Unconfigured);
     }
-    Ok(cfg)
+    Ok(CONFIG.load())
 }
 
 /// Reads a `T` at `base + offset` of kernel memory.
@@ -164,41 +190,115 @@ fn now() -> u64 {
 /// `sched_switch(bool preempt, struct task_struct *prev, struct task_struct *next, ...)`.
 /// Since the task-based throttle model (6.18), a throttled task has `task_struct::throttled`
 /// set when it is switched out; it runs again only after being unthrottled.
+///
+/// This runs on every context switch of the machine, so the common case — `prev` not throttled,
+/// `next` not coming back from a throttle — is a handful of instructions: two direct loads
+/// through the BTF-typed task pointers (the verifier turns them into fault-safe loads; the
+/// offsets are constants from the frozen `CONFIG`), one inlined array lookup and no helper call.
+/// The clock, the cgroup walk and the hash maps are touched only when there is a throttle to
+/// count.
 #[btf_tracepoint(function = "sched_switch")]
 pub fn sched_switch(ctx: BtfTracePointContext) -> u32 {
-    if let Err(e) = try_sched_switch(&ctx) {
-        if !matches!(e, Error::Unconfigured) {
+    if conf!(configured) == 0 {
+        return 0;
+    }
+    let prev: *const u8 = ctx.arg(1);
+    let next: *const u8 = ctx.arg(2);
+    // SAFETY: `prev` is the BTF-typed `struct task_struct *` of this tracepoint and
+    // `task_throttled` is a `task_struct` field offset from the running kernel's BTF; the
+    // verifier checks the access against BTF and makes the load fault-safe.
+    let throttled_at = conf!(task_throttled) as usize;
+    let throttled = unsafe { *prev.add(throttled_at) };
+    if u32::from(throttled) & conf!(task_throttled_mask) != 0 {
+        if let Err(e) = switched_out_throttled(prev as u64) {
+            warn!(&ctx, "sched_switch: error {}", e.code());
+        }
+    }
+    let pid_at = conf!(task_pid) as usize;
+    // SAFETY: as above, for `task_struct::pid` (an `i32`) of `next`.
+    let next_pid = unsafe { *next.add(pid_at).cast::<u32>() };
+    if throttle_pending(next_pid) {
+        if let Err(e) = switched_in_after_throttle(next_pid) {
             warn!(&ctx, "sched_switch: error {}", e.code());
         }
     }
     0
 }
 
-fn try_sched_switch(ctx: &BtfTracePointContext) -> Result<(), Error> {
+/// An empty `tp_btf/sched_switch` program, never attached by the observer: the benchmark
+/// attaches it to measure what the tracepoint's BPF dispatch costs by itself (the floor under
+/// `sched_switch`'s per-event cost).
+#[btf_tracepoint(function = "sched_switch")]
+pub fn noop_switch(_ctx: BtfTracePointContext) -> u32 {
+    0
+}
+
+/// Where `pid`'s byte is in `THROTTLE_PENDING`.
+#[inline(always)]
+fn pending_slot(pid: u32) -> (u32, usize) {
+    (
+        pid / THROTTLE_PENDING_PIDS_PER_SLOT,
+        (pid % THROTTLE_PENDING_PIDS_PER_SLOT) as usize,
+    )
+}
+
+/// Whether `pid` may have an entry in `THROTTLED_TASKS` (true for a pid beyond the array).
+#[inline(always)]
+fn throttle_pending(pid: u32) -> bool {
+    let (index, byte) = pending_slot(pid);
+    match THROTTLE_PENDING.get(index) {
+        Some(slot) => slot.tasks.get(byte).is_some_and(|b| *b != 0),
+        None => true,
+    }
+}
+
+/// Sets or clears `pid`'s byte. Bytes are written whole, by one CPU at a time per pid (a task
+/// is switched out or in under its runqueue lock), so neighbours never race.
+#[inline(always)]
+fn set_pending(pid: u32, pending: bool) {
+    let (index, byte) = pending_slot(pid);
+    if let Some(slot) = THROTTLE_PENDING.get_ptr_mut(index) {
+        // SAFETY: an array value from a successful lookup; see above for concurrency.
+        if let Some(b) = unsafe { (*slot).tasks.get_mut(byte) } {
+            *b = u8::from(pending);
+        }
+    }
+}
+
+/// `prev` is being switched out throttled: count it and remember when.
+#[inline(never)]
+fn switched_out_throttled(prev: u64) -> Result<(), Error> {
     let cfg = config()?;
-    let prev: u64 = ctx.arg(1);
-    let next: u64 = ctx.arg(2);
-    let now = now();
-
-    let throttled: u8 = read(prev, cfg.task_throttled)?;
-    if u32::from(throttled) & cfg.task_throttled_mask != 0 {
-        let key = task_cgroup(&cfg, prev, cfg.cpu_subsys, cfg.cpu_hierarchy)?;
-        let pid: u32 = read(prev, cfg.task_pid)?;
-        update_counters(&THROTTLE, &key, |c| c.throttled_count += 1)?;
-        THROTTLED_TASKS
-            .insert(pid, ThrottleStart { key, since_ns: now }, 0)
-            .map_err(|e| Error::Map(e as i32))?;
-    }
-
-    let next_pid: u32 = read(next, cfg.task_pid)?;
-    // SAFETY: copied out at once; a concurrent delete can at worst make us read a stale start.
-    if let Some(start) = unsafe { THROTTLED_TASKS.get(next_pid) }.copied() {
-        let _ = THROTTLED_TASKS.remove(next_pid);
-        update_counters(&THROTTLE, &start.key, |c| {
-            c.throttled_ns += now.saturating_sub(start.since_ns);
-        })?;
-    }
+    let key = task_cgroup(&cfg, prev, cfg.cpu_subsys, cfg.cpu_hierarchy)?;
+    let pid: u32 = read(prev, cfg.task_pid)?;
+    update_counters(&THROTTLE, &key, |c| c.throttled_count += 1)?;
+    THROTTLED_TASKS
+        .insert(
+            pid,
+            ThrottleStart {
+                key,
+                since_ns: now(),
+            },
+            0,
+        )
+        .map_err(|e| Error::Map(e as i32))?;
+    set_pending(pid, true);
     Ok(())
+}
+
+/// `next` was switched out throttled and runs again: add the time it was held back.
+#[inline(never)]
+fn switched_in_after_throttle(pid: u32) -> Result<(), Error> {
+    // SAFETY: copied out at once; a concurrent delete can at worst make us read a stale start.
+    let Some(start) = unsafe { THROTTLED_TASKS.get(pid) }.copied() else {
+        return Ok(());
+    };
+    let _ = THROTTLED_TASKS.remove(pid);
+    set_pending(pid, false);
+    let now = now();
+    update_counters(&THROTTLE, &start.key, |c| {
+        c.throttled_ns += now.saturating_sub(start.since_ns);
+    })
 }
 
 /// `unthrottle_cfs_rq(struct cfs_rq *cfs_rq)`: one call per runqueue throttle period ended,
@@ -252,13 +352,17 @@ pub fn count_memcg_events(ctx: TracePointContext) -> u32 {
 }
 
 fn try_count_memcg_events(ctx: &TracePointContext) -> Result<(), Error> {
-    let cfg = config()?;
-    let layout = cfg.memcg_events;
+    // Fires for every memcg event (page faults included): read only the fields it needs.
+    if conf!(configured) == 0 {
+        return Err(Error::Unconfigured);
+    }
+    let layout = conf!(memcg_events);
     // SAFETY: offsets come from this tracepoint's tracefs `format`; reads are checked.
     let item: i32 = unsafe { ctx.read_at(layout.item as usize) }.map_err(Error::Read)?;
     let item = item as u32;
+    let items = conf!(reclaim_items);
     let mut slot = RECLAIM_SLOTS;
-    for (i, wanted) in cfg.reclaim_items.iter().enumerate() {
+    for (i, wanted) in items.iter().enumerate() {
         if *wanted != NO_ITEM && *wanted == item {
             slot = i;
             break;
@@ -271,7 +375,7 @@ fn try_count_memcg_events(ctx: &TracePointContext) -> Result<(), Error> {
     let id: u64 = unsafe { ctx.read_at(layout.id as usize) }.map_err(Error::Read)?;
     // SAFETY: as above.
     let val: u64 = unsafe { ctx.read_at(layout.val as usize) }.map_err(Error::Read)?;
-    let key = CgroupKey::new(cfg.memory_hierarchy, id);
+    let key = CgroupKey::new(conf!(memory_hierarchy), id);
     update_counters(&RECLAIM, &key, |c| {
         if let Some(count) = c.events.get_mut(slot) {
             *count += val;

@@ -123,6 +123,16 @@ impl Model {
         self.containers.get(id)
     }
 
+    /// Every pod, in no particular order.
+    pub fn pods(&self) -> impl Iterator<Item = &Pod> {
+        self.pods.values()
+    }
+
+    /// Every container, in no particular order.
+    pub fn containers(&self) -> impl Iterator<Item = &Container> {
+        self.containers.values()
+    }
+
     pub fn pod_count(&self) -> usize {
         self.pods.len()
     }

@@ -11,12 +11,13 @@ use aya_log::EbpfLogger;
 use nri_resize_ebpf_common::{
     names, CgroupKey, CpuHotplugEvent, CpuhpLayout, MemcgEventsLayout, ObserverConfig, OomCounters,
     ReclaimCounters, ReclaimSlot, ThrottleCounters, NO_FIELD, NO_ITEM, RECLAIM_SLOTS,
+    THROTTLE_PENDING_PIDS_PER_SLOT,
 };
 
 use super::btf::KernelBtf;
 use super::{
     maps, parse, Fallback, HotplugStrategy, ObjectSource, ObserverError, ObserverSettings,
-    OomStrategy, Reclaim, ReclaimStrategy, Strategies, ThrottleStrategy,
+    OomStrategy, ProgramStats, Reclaim, ReclaimStrategy, Strategies, ThrottleStrategy,
 };
 
 /// The object built by `cargo xtask build-ebpf`, when it existed at build time.
@@ -274,9 +275,15 @@ impl KernelSide {
             memory_hierarchy,
         );
 
-        let mut ebpf = EbpfLoader::new()
+        let mut loader = EbpfLoader::new();
+        loader
             .btf(Some(&aya_btf))
-            .override_global(names::CONFIG_GLOBAL, &r.config, true)
+            .override_global(names::CONFIG_GLOBAL, &r.config, true);
+        if let Some(slots) = throttle_pending_slots(&settings.pid_max) {
+            // An object without the map (an older build) simply ignores this.
+            loader.map_max_entries(names::THROTTLE_PENDING_MAP, slots);
+        }
+        let mut ebpf = loader
             .load(bytes)
             .map_err(|e| ObserverError::Load(format!("{e:#}")))?;
         let logger = EbpfLogger::init_with_logger(&mut ebpf, TracingLog)
@@ -419,6 +426,24 @@ impl KernelSide {
         }
     }
 
+    /// Run statistics and sizes of the programs that are loaded.
+    pub(super) fn program_stats(&self) -> Vec<ProgramStats> {
+        self.ebpf
+            .programs()
+            .filter_map(|(name, program)| {
+                let info = program.info().ok()?;
+                Some(ProgramStats {
+                    name: name.to_owned(),
+                    run_count: info.run_count(),
+                    run_time_ns: u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX),
+                    translated_instructions: info.size_translated().map_or(0, |b| b / 8),
+                    jited_bytes: info.size_jitted(),
+                    verified_instructions: info.verified_instruction_count(),
+                })
+            })
+            .collect()
+    }
+
     pub(super) fn flush_logs(&mut self) {
         if let Some(logger) = &mut self.logger {
             logger.flush();
@@ -439,6 +464,16 @@ impl KernelSide {
     pub(super) fn hotplug_fd(&self) -> Option<BorrowedFd<'_>> {
         self.hotplug.as_ref().map(AsFd::as_fd)
     }
+}
+
+/// Elements of `THROTTLE_PENDING` for the kernel's `pid_max` (64 pids each), or `None` to keep
+/// the object's size (room for `PID_MAX_LIMIT`) when `pid_max` cannot be read.
+fn throttle_pending_slots(pid_max: &Path) -> Option<u32> {
+    let text = std::fs::read_to_string(pid_max)
+        .map_err(|e| tracing::debug!(path = %pid_max.display(), error = %e, "observer: pid_max"))
+        .ok()?;
+    let pids: u32 = text.trim().parse().ok()?;
+    Some(pids.div_ceil(THROTTLE_PENDING_PIDS_PER_SLOT).max(1))
 }
 
 /// Throttling: `fentry`, then `tp_btf/sched_switch`, then `cpu.stat`.

@@ -16,17 +16,18 @@
 //! cgroup's creation. Callers compare deltas.
 
 mod btf;
+mod files;
 mod kernel;
 mod maps;
 pub mod parse;
 
 use std::fmt;
-use std::io::Read as _;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 
 pub use nri_resize_ebpf_common::{CgroupKey, CpuHotplugEvent, CPUHP_ENTER, CPUHP_EXIT};
 
+use files::{CgroupFile, CgroupFiles};
 use kernel::KernelSide;
 
 /// Errors of the observer.
@@ -233,6 +234,8 @@ pub struct ObserverSettings {
     pub btf: PathBuf,
     /// `/proc/cgroups`, for the v1 hierarchy ids.
     pub proc_cgroups: PathBuf,
+    /// `/proc/sys/kernel/pid_max`, to size the `sched_switch` program's per-pid flags.
+    pub pid_max: PathBuf,
     /// tracefs mount point; `None`: `/sys/kernel/tracing`, mounted there if needed.
     pub tracefs: Option<PathBuf>,
     /// Start the throttling probe at this strategy (to exercise fallbacks).
@@ -243,7 +246,18 @@ pub struct ObserverSettings {
     pub force_oom: Option<OomStrategy>,
     /// Follow CPU hotplug.
     pub hotplug: bool,
+    /// With eBPF OOM counting, re-read the cgroup's own `oom_kill` (`memory.oom_control` /
+    /// `memory.events`, the `kernel_oom_kill` cross-check) on the first read, after eBPF counted
+    /// a kill, and otherwise every this many reads of the cgroup (0 and 1: every read).
+    pub oom_cross_check_every: u32,
+    /// Most cgroup files kept open between reads (re-read with `pread`); beyond it files are
+    /// opened per read. `None`: a quarter of the soft `RLIMIT_NOFILE`; `Some(0)`: never kept.
+    pub max_open_files: Option<usize>,
 }
+
+/// Default of [`ObserverSettings::oom_cross_check_every`]: every 30 reads (30 s at the default
+/// 1 s interval).
+pub const DEFAULT_OOM_CROSS_CHECK_EVERY: u32 = 30;
 
 impl ObserverSettings {
     /// The host's usual paths, the embedded object, every strategy probed.
@@ -253,11 +267,14 @@ impl ObserverSettings {
             object: ObjectSource::Embedded,
             btf: PathBuf::from("/sys/kernel/btf/vmlinux"),
             proc_cgroups: PathBuf::from("/proc/cgroups"),
+            pid_max: PathBuf::from("/proc/sys/kernel/pid_max"),
             tracefs: None,
             force_throttle: None,
             force_reclaim: None,
             force_oom: None,
             hotplug: true,
+            oom_cross_check_every: DEFAULT_OOM_CROSS_CHECK_EVERY,
+            max_open_files: None,
         }
     }
 
@@ -351,6 +368,22 @@ pub struct Observation {
     pub oom: OomKills,
 }
 
+/// Size and run statistics of one loaded eBPF program. `run_count` and `run_time_ns` advance
+/// only while BPF statistics are enabled (`sysctl kernel.bpf_stats_enabled=1`, or
+/// `aya::sys::enable_stats`); `run_time_ns / run_count` is then the program's cost per event,
+/// without the tracepoint's own dispatch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProgramStats {
+    pub name: String,
+    pub run_count: u64,
+    pub run_time_ns: u64,
+    /// Instructions after the verifier's rewrites (`xlated_prog_len / 8`).
+    pub translated_instructions: u32,
+    pub jited_bytes: u32,
+    /// Instructions the verifier walked (kernel 5.16+).
+    pub verified_instructions: Option<u32>,
+}
+
 /// A measurement that fell back, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Fallback {
@@ -366,8 +399,8 @@ pub struct Observer {
     kernel: Option<KernelSide>,
     cpu_hierarchy: u32,
     memory_hierarchy: u32,
-    path_buf: PathBuf,
-    text_buf: String,
+    files: CgroupFiles,
+    oom_cross_check_every: u32,
     value_buf: Vec<u64>,
 }
 
@@ -429,8 +462,8 @@ impl Observer {
             kernel,
             cpu_hierarchy,
             memory_hierarchy,
-            path_buf: PathBuf::new(),
-            text_buf: String::new(),
+            files: CgroupFiles::new(settings.cgroups.is_v1(), settings.max_open_files),
+            oom_cross_check_every: settings.oom_cross_check_every,
             value_buf: Vec::new(),
         })
     }
@@ -469,16 +502,19 @@ impl Observer {
         })
     }
 
-    /// Reads everything known about `cgroup`. Reuses the observer's buffers: no allocation
-    /// once the buffers have grown to size.
+    /// Reads everything known about `cgroup`. Reuses the observer's buffers and keeps the
+    /// cgroup's files open between reads: no allocation and no `open` once warmed up. With
+    /// eBPF strategies a read is three map lookups, plus the `kernel_oom_kill` cross-check file
+    /// when it is due (see [`ObserverSettings::oom_cross_check_every`]); between checks
+    /// `kernel_oom_kill` repeats the last value read.
     pub fn read(&mut self, cgroup: &ObservedCgroup) -> Result<Observation, ObserverError> {
         if let Some(kernel) = &mut self.kernel {
             kernel.flush_logs();
         }
         let throttling = match self.strategies.throttle {
             ThrottleStrategy::CpuStatPolling => {
-                self.read_file(&cgroup.cpu_dir, "cpu.stat")?;
-                parse::cpu_stat(&self.text_buf).map(|s| Throttling {
+                let text = self.files.read(cgroup, CgroupFile::CpuStat)?;
+                parse::cpu_stat(text).map(|s| Throttling {
                     count: s.nr_throttled,
                     throttled_ns: s.throttled_ns,
                 })
@@ -498,8 +534,7 @@ impl Observer {
         };
         let reclaim = match self.strategies.reclaim {
             ReclaimStrategy::MemoryStatPolling => {
-                self.read_file(&cgroup.memory_dir, "memory.stat")?;
-                let s = parse::memory_stat(&self.text_buf);
+                let s = parse::memory_stat(self.files.read(cgroup, CgroupFile::MemoryStat)?);
                 Reclaim {
                     pgscan_kswapd: s.pgscan_kswapd,
                     pgscan_direct: s.pgscan_direct,
@@ -518,25 +553,32 @@ impl Observer {
                 kernel.reclaim(&cgroup.memory_key, &mut self.value_buf)?
             }
         };
-        let oom_file = if self.cgroups.is_v1() {
-            "memory.oom_control"
-        } else {
-            "memory.events"
-        };
-        self.read_file(&cgroup.memory_dir, oom_file)?;
-        let kernel_oom_kill = parse::oom_kill_count(&self.text_buf);
         let oom = match self.strategies.oom {
-            OomStrategy::MemoryEventsPolling => OomKills {
-                kills: kernel_oom_kill.unwrap_or(0),
-                last_victim_tgid: None,
-                kernel_oom_kill,
-            },
+            OomStrategy::MemoryEventsPolling => {
+                let kernel_oom_kill =
+                    parse::oom_kill_count(self.files.read(cgroup, CgroupFile::Oom)?);
+                OomKills {
+                    kills: kernel_oom_kill.unwrap_or(0),
+                    last_victim_tgid: None,
+                    kernel_oom_kill,
+                }
+            }
             OomStrategy::MarkVictim => {
                 let kernel = self
                     .kernel
                     .as_ref()
                     .expect("eBPF strategy without kernel side");
                 let (kills, tgid) = kernel.oom(&cgroup.memory_key, &mut self.value_buf)?;
+                let every = self.oom_cross_check_every;
+                let kernel_oom_kill = if self.files.oom_check(cgroup).due(kills, every) {
+                    let found = parse::oom_kill_count(self.files.read(cgroup, CgroupFile::Oom)?);
+                    let phase = cgroup.memory_key.cgroup_id % u64::from(every.max(1));
+                    let phase = u32::try_from(phase).unwrap_or(0);
+                    self.files.oom_check(cgroup).checked(found, phase);
+                    found
+                } else {
+                    self.files.oom_check(cgroup).kernel_oom_kill
+                };
                 OomKills {
                     kills,
                     last_victim_tgid: tgid,
@@ -551,8 +593,22 @@ impl Observer {
         })
     }
 
-    /// Drops the eBPF map entries of a removed cgroup.
+    /// Size and run statistics of the loaded eBPF programs (empty without eBPF).
+    pub fn program_stats(&self) -> Vec<ProgramStats> {
+        self.kernel
+            .as_ref()
+            .map(KernelSide::program_stats)
+            .unwrap_or_default()
+    }
+
+    /// Number of cgroup files kept open between reads.
+    pub fn open_files(&self) -> usize {
+        self.files.open_files()
+    }
+
+    /// Drops the eBPF map entries, open files and cross-check state of a removed cgroup.
     pub fn forget(&mut self, cgroup: &ObservedCgroup) {
+        self.files.forget(cgroup);
         if let Some(kernel) = &mut self.kernel {
             kernel.forget(cgroup.cpu_key, cgroup.memory_key);
         }
@@ -570,20 +626,6 @@ impl Observer {
     /// `tokio::io::unix::AsyncFd`).
     pub fn hotplug_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         self.kernel.as_ref().and_then(KernelSide::hotplug_fd)
-    }
-
-    fn read_file(&mut self, dir: &Path, file: &str) -> Result<(), ObserverError> {
-        self.path_buf.clear();
-        self.path_buf.push(dir);
-        self.path_buf.push(file);
-        self.text_buf.clear();
-        std::fs::File::open(&self.path_buf)
-            .and_then(|mut f| f.read_to_string(&mut self.text_buf))
-            .map(drop)
-            .map_err(|source| ObserverError::Io {
-                path: self.path_buf.clone(),
-                source,
-            })
     }
 }
 

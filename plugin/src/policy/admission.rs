@@ -15,8 +15,10 @@
 //!   container has a non-zero request or limit; `Guaranteed` when every container has CPU and
 //!   memory limits and the pod's summed requests equal its summed limits; else `Burstable`. With
 //!   unknown memory requests assumed equal to limits, a `Burstable` pod whose only difference is a
-//!   memory request below its limit reads as `Guaranteed`; both sides of a resize are classified the
-//!   same way, so only QoS-relevant changes to limits and shares are seen as class changes.
+//!   memory request below its limit reads as `Guaranteed`. **Admission compares classes by which
+//!   limits are set** (a set limit stands for its request): CPU requests are only seen through
+//!   `cpu.shares`, which runtimes may not update in place, and the API server already refuses
+//!   resizes that change the class through requests alone.
 //! - **Exclusive CPUs** (static CPU manager): a container is taken to hold exclusive CPUs when its
 //!   cpuset is a non-empty *strict* subset of the node's online CPUs, its CPU limit is integral,
 //!   and the cpuset has exactly that many CPUs. (A shared-pool container's cpuset is the whole
@@ -273,6 +275,21 @@ pub fn holds_exclusive_cpus(node: &NodeCapacity, c: &ContainerAllocation) -> boo
         && c.cpuset.is_strict_subset(&node.online_cpus)
 }
 
+/// What the `QoS` check compares: a set limit stands for its request too. CPU requests are only
+/// seen through `cpu.shares`, which runtimes may not update in place (containerd 1.7 ignores
+/// shares in NRI updates), so request-vs-limit equality is not observable reliably here; the API
+/// server already refuses resizes that change a pod's `QoS` class by requests alone.
+fn qos_shape(q: &Quantities) -> Quantities {
+    let mut n = *q;
+    if let Limit::Limited(v) = n.cpu.limit {
+        n.cpu.request = Some(v);
+    }
+    if let Limit::Limited(v) = n.memory.limit {
+        n.memory.request = Some(v);
+    }
+    n
+}
+
 /// The admission verdict.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[must_use]
@@ -324,8 +341,14 @@ pub fn admit(
         next.containers.entry(name.clone()).or_default().quantities = *q;
     }
 
-    let before = qos_class(pod.containers.values().map(|c| &c.quantities));
-    let after = qos_class(next.containers.values().map(|c| &c.quantities));
+    let shape = |p: &PodAllocation| -> Vec<Quantities> {
+        p.containers
+            .values()
+            .map(|c| qos_shape(&c.quantities))
+            .collect()
+    };
+    let before = qos_class(&shape(pod));
+    let after = qos_class(&shape(&next));
     if before != after {
         return Admission::Infeasible {
             reason: format!(
@@ -548,7 +571,20 @@ mod tests {
                 W::Infeasible("allocatable"),
             ),
             (
-                want(&[("app", burstable(500, 1000, GI))]),
+                // Dropping the CPU limit turns the Guaranteed pod Burstable.
+                want(&[(
+                    "app",
+                    Quantities {
+                        cpu: ResourceQuantity {
+                            request: Some(500),
+                            limit: Limit::Unlimited,
+                        },
+                        memory: ResourceQuantity {
+                            request: None,
+                            limit: Limit::Limited(GI),
+                        },
+                    },
+                )]),
                 none,
                 W::Infeasible("QoS class would change from Guaranteed to Burstable"),
             ),

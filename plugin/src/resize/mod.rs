@@ -345,17 +345,19 @@ impl Engine {
             }
         };
         self.state.read_model(|m| {
-            let snap = m.snapshot();
             let mut others = Allocated::default();
             let mut this = PodAllocation::default();
-            for pv in &snap {
-                for c in &pv.containers {
-                    let q = c
-                        .resources
-                        .as_ref()
-                        .map(Quantities::from_linux)
-                        .unwrap_or_default();
-                    if pv.pod.id == pod.id {
+            for c in m.containers() {
+                let q = c
+                    .resources
+                    .as_ref()
+                    .map(Quantities::from_linux)
+                    .unwrap_or_default();
+                // One-container (kubelet) updates: the QoS class is judged on the resized
+                // container itself, siblings count as other demand — requests inferred from CPU
+                // shares drift when a runtime ignores shares in NRI updates (containerd 1.7).
+                if c.pod_id == pod.id && (this_pod.is_some() || desired.contains_key(&c.name)) {
+                    if this_pod.is_none() {
                         let cpuset = c
                             .resources
                             .as_ref()
@@ -372,13 +374,12 @@ impl Engine {
                                 cpuset,
                             },
                         );
-                    } else if matches!(
-                        c.state,
-                        crate::model::ContainerState::Running
-                            | crate::model::ContainerState::Created
-                    ) {
-                        others = others.saturating_add(Allocated::of(&q));
                     }
+                } else if matches!(
+                    c.state,
+                    crate::model::ContainerState::Running | crate::model::ContainerState::Created
+                ) {
+                    others = others.saturating_add(Allocated::of(&q));
                 }
             }
             this.overhead = pod
@@ -408,10 +409,8 @@ impl Engine {
             ),
         );
         let containers = self.state.read_model(|m| {
-            m.snapshot()
-                .into_iter()
-                .filter(|pv| pv.pod.id == pod.id)
-                .flat_map(|pv| pv.containers)
+            m.containers()
+                .filter(|c| c.pod_id == pod.id)
                 .filter(|c| !matches!(c.state, crate::model::ContainerState::Stopped))
                 .map(|c| {
                     (
@@ -446,10 +445,8 @@ impl Engine {
         };
         let pod_limits = read(&pod_path(&pod.cgroup_parent).ok()?)?;
         let containers = self.state.read_model(|m| {
-            m.snapshot()
-                .into_iter()
-                .filter(|pv| pv.pod.id == pod.id)
-                .flat_map(|pv| pv.containers)
+            m.containers()
+                .filter(|c| c.pod_id == pod.id)
                 .filter(|c| !matches!(c.state, crate::model::ContainerState::Stopped))
                 .filter_map(|c| {
                     Some((
@@ -650,10 +647,9 @@ impl Engine {
 
     fn find_pod(&self, namespace: &str, name: &str) -> Option<Pod> {
         self.state.read_model(|m| {
-            m.snapshot()
-                .into_iter()
-                .map(|pv| pv.pod)
+            m.pods()
                 .find(|p| p.namespace == namespace && p.name == name)
+                .cloned()
         })
     }
 
@@ -910,12 +906,10 @@ impl Engine {
                 let id = self
                     .state
                     .read_model(|m| {
-                        m.snapshot()
-                            .into_iter()
-                            .filter(|pv| pv.pod.id == pod.id)
-                            .flat_map(|pv| pv.containers)
+                        m.containers()
+                            .filter(|c| c.pod_id == pod.id)
                             .find(|c| &c.name == name)
-                            .map(|c| c.id)
+                            .map(|c| c.id.clone())
                     })
                     .ok_or_else(|| format!("container {name} is gone"))?;
                 let resources = update_resources(update);
