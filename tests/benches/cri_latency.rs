@@ -7,8 +7,8 @@
 use std::time::{Duration, Instant};
 
 use nri_resize_tests::{
-    ContainerSpec, Containerd, ContainerdOptions, ContainerdVersion, PluginProcess, Pod, PodSpec,
-    Resources,
+    percentile, ContainerSpec, Containerd, ContainerdOptions, ContainerdVersion, PluginProcess,
+    Pod, PodSpec, Resources,
 };
 
 const MIB: i64 = 1 << 20;
@@ -16,18 +16,6 @@ const MIB: i64 = 1 << 20;
 struct Sample {
     create: Vec<Duration>,
     update: Vec<Duration>,
-}
-
-fn pct(v: &mut [Duration], p: f64) -> Duration {
-    v.sort_unstable();
-    #[expect(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        clippy::cast_precision_loss,
-        reason = "index of a small slice"
-    )]
-    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
-    v[i]
 }
 
 async fn measure(ctrd: &Containerd, pod: &Pod, iters: usize, tag: &str) -> Sample {
@@ -69,22 +57,21 @@ fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)
 }
 
-fn row(name: &str, base: &mut [Duration], ours: &mut [Duration]) {
-    let (b50, b99, o50, o99) = (
-        pct(base, 0.5),
-        pct(base, 0.99),
-        pct(ours, 0.5),
-        pct(ours, 0.99),
-    );
+fn row(name: &str, base: &mut [Duration], null: &mut [Duration], ours: &mut [Duration]) {
+    let (b50, b99) = (percentile(base, 0.5), percentile(base, 0.99));
+    let (n50, n99) = (percentile(null, 0.5), percentile(null, 0.99));
+    let (o50, o99) = (percentile(ours, 0.5), percentile(ours, 0.99));
     let added = o99.saturating_sub(b99);
     println!(
-        "{name:<34} {:>10} {:>10} {:>10} {:>10} {:>8.2}x {:>10} {}",
+        "{name:<36} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {}",
         ms(b50),
         ms(b99),
+        ms(n50),
+        ms(n99),
         ms(o50),
         ms(o99),
-        o99.as_secs_f64() / b99.as_secs_f64(),
         ms(added),
+        ms(o50.saturating_sub(n50)),
         if added < Duration::from_millis(2) {
             "ok"
         } else {
@@ -99,10 +86,18 @@ async fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(60);
-    println!("CRI latency, {iters} samples each; baseline = containerd without plugin, ours = nri-resize attached (target: added p99 < 2 ms)");
+    println!("CRI latency, {iters} samples each, interleaved rounds; base = containerd without plugin, null = a do-nothing plugin on our transport, ours = nri-resize (target: ours - base < 2 ms at p99)");
     println!(
-        "{:<34} {:>10} {:>10} {:>10} {:>10} {:>9} {:>10}",
-        "measure", "base p50", "base p99", "ours p50", "ours p99", "p99 ratio", "added p99"
+        "{:<36} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}",
+        "measure",
+        "base p50",
+        "base p99",
+        "null p50",
+        "null p99",
+        "ours p50",
+        "ours p99",
+        "added p99",
+        "ours-null p50"
     );
     for version in ContainerdVersion::all() {
         let ctrd = Containerd::start(version, ContainerdOptions::default()).await;
@@ -122,10 +117,25 @@ async fn main() {
             create: Vec::new(),
             update: Vec::new(),
         };
+        let mut null = Sample {
+            create: Vec::new(),
+            update: Vec::new(),
+        };
         for round in 0..rounds {
             let b = measure(&ctrd, &pod, iters / rounds, &format!("base{round}")).await;
             base.create.extend(b.create);
             base.update.extend(b.update);
+            // Second baseline: a do-nothing plugin on the same transport.
+            let mut np = std::process::Command::new(env!("CARGO_BIN_EXE_null_plugin"))
+                .arg(ctrd.nri_socket())
+                .spawn()
+                .expect("start null plugin");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let n = measure(&ctrd, &pod, iters / rounds, &format!("null{round}")).await;
+            null.create.extend(n.create);
+            null.update.extend(n.update);
+            let _ = np.kill();
+            let _ = np.wait();
             let mut plugin = PluginProcess::start(&ctrd, &format!("nri-resize-bench{round}"), &[]);
             plugin.wait_ready(Duration::from_secs(15)).await;
             let o = measure(&ctrd, &pod, iters / rounds, &format!("ours{round}")).await;
@@ -136,11 +146,13 @@ async fn main() {
         row(
             &format!("{version} CreateContainer"),
             &mut base.create,
+            &mut null.create,
             &mut ours.create,
         );
         row(
             &format!("{version} UpdateContainerResources"),
             &mut base.update,
+            &mut null.update,
             &mut ours.update,
         );
         ctrd.stop_pod(&pod).await.expect("stop pod");

@@ -9,23 +9,11 @@ use std::time::{Duration, Instant};
 
 use nri_resize::resize::{ContainerTarget, PodResizeRequest};
 use nri_resize_tests::{
-    CgroupLimits, ContainerSpec, Containerd, ContainerdOptions, ContainerdVersion, PluginProcess,
-    PodSpec, Resources,
+    percentile, CgroupLimits, ContainerSpec, Containerd, ContainerdOptions, ContainerdVersion,
+    PluginProcess, PodSpec, Resources,
 };
 
 const MIB: i64 = 1 << 20;
-
-fn pct(v: &mut [Duration], p: f64) -> Duration {
-    v.sort_unstable();
-    #[expect(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        clippy::cast_precision_loss,
-        reason = "index of a small slice"
-    )]
-    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
-    v[i]
-}
 
 fn request(millis: u64, mem: i64) -> PodResizeRequest {
     PodResizeRequest {
@@ -117,8 +105,8 @@ async fn main() {
         ctrd.version()
     );
     println!("{:<48} {:>10} {:>10}", "measure", "p50", "p99");
-    let (b50, b99) = (pct(&mut base, 0.5), pct(&mut base, 0.99));
-    let (o50, o99) = (pct(&mut ours, 0.5), pct(&mut ours, 0.99));
+    let (b50, b99) = (percentile(&mut base, 0.5), percentile(&mut base, 0.99));
+    let (o50, o99) = (percentile(&mut ours, 0.5), percentile(&mut ours, 0.99));
     println!(
         "{:<48} {:>10} {:>10}",
         "baseline: pod cgroup + 3x CRI UpdateContainerResources",

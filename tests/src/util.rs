@@ -74,3 +74,16 @@ pub(crate) fn poll_blocking(timeout: Duration, mut f: impl FnMut() -> bool) -> b
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// The `p`-th percentile (0.0..=1.0) of `samples` (sorted in place); for benchmark reports.
+pub fn percentile(samples: &mut [Duration], p: f64) -> Duration {
+    samples.sort_unstable();
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss,
+        reason = "index of a small slice"
+    )]
+    let i = ((samples.len() as f64 - 1.0) * p.clamp(0.0, 1.0)).round() as usize;
+    samples[i]
+}
