@@ -524,6 +524,26 @@ async fn three_container_pod_resizes(version: ContainerdVersion) {
         );
         check_steps(&r, label);
         assert_cgroups(&ctrd, &pod, &ids, want, label).await;
+        // What `nri-resize status` shows follows: desired == allocated == the target, no state.
+        let records = api.resizes().await.expect("resizes").containers;
+        for (name, cpu, mem) in want {
+            let rec = &records[&ids[*name]];
+            let quota = i64::try_from(*cpu * 100).expect("fits");
+            for (what, r) in [("desired", &rec.desired), ("allocated", &rec.allocated)] {
+                let r = r
+                    .as_ref()
+                    .unwrap_or_else(|| panic!("{label}: {name} has no {what}"));
+                assert_eq!(
+                    (r.cpu_quota(), r.memory_limit()),
+                    (Some(quota), Some(*mem)),
+                    "{label}: {name} {what}"
+                );
+            }
+            assert_eq!(
+                rec.state, None,
+                "{label}: {name} has a resize pending: {rec:?}"
+            );
+        }
     }
     // kubelet-style one-container updates still work after API resizes (containerd 1.7 ignores
     // CPU shares in NRI updates, so shares-inferred requests drifted from limits meanwhile).

@@ -440,6 +440,9 @@ async fn update_resources(
                     m.container(&id).and_then(|c| c.resources.clone())
                 });
                 info!(container = %id, "plugin-initiated update applied");
+                if let Some(engine) = &ctx.engine {
+                    engine.note_applied_update(&id, &resources);
+                }
                 // Confirmation: the merged resources asked for vs the cgroup now.
                 ctx.state.confirm(&id, desired.or(Some(resources)));
             } else {

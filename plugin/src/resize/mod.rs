@@ -307,6 +307,29 @@ impl Engine {
         v
     }
 
+    /// A raw update the runtime applied on the plugin's request (`nri-resize update`): what was
+    /// asked is both desired and allocated now.
+    pub fn note_applied_update(&self, container_id: &str, update: &LinuxResources) {
+        let Some(ctr) = self
+            .state
+            .read_model(|m| m.container(container_id).cloned())
+        else {
+            return;
+        };
+        let mut all = lock(&self.containers);
+        let r = all.entry(container_id.to_string()).or_default();
+        r.pod_id.clone_from(&ctr.pod_id);
+        r.container.clone_from(&ctr.name);
+        // The model already holds the update: it is what is allocated and what was desired.
+        r.allocated.clone_from(&ctr.resources);
+        r.desired
+            .get_or_insert_with(LinuxResources::default)
+            .merge(update);
+        r.state = None;
+        r.reason.clear();
+        r.updated_ms = now_ms();
+    }
+
     /// Forgets a removed container.
     pub fn forget_container(&self, id: &str) {
         lock(&self.containers).remove(id);
@@ -928,6 +951,7 @@ impl Engine {
                 }
                 self.state
                     .write_model(|m| m.apply_resources(&id, &resources));
+                self.note_applied_update(&id, &resources);
                 Ok(())
             }
         }

@@ -52,6 +52,10 @@ async fn show(api: &ApiClient, since: &mut u64, title: &str) {
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "the demo is a narrated script, read top to bottom"
+)]
 async fn main() {
     let version = match std::env::var("NRI_RESIZE_DEMO_CONTAINERD").as_deref() {
         Ok("2") => ContainerdVersion::V2,
@@ -130,6 +134,29 @@ async fn main() {
         "   CRI ContainerStatus (what kubelet reads): cpu_quota={} memory_limit_in_bytes={}",
         reported.cpu_quota, reported.memory_limit_in_bytes
     );
+
+    println!("\n== whole-pod resize through the planner (nri-resize resize default/demo app=cpu=800m,memory=256Mi):");
+    let out = std::process::Command::new(nri_resize_tests::plugin_binary())
+        .args(["resize", "--api-socket"])
+        .arg(&plugin.api_socket)
+        .args(["default/demo", "app=cpu=800m,memory=256Mi"])
+        .output()
+        .expect("run nri-resize resize");
+    print!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "nri-resize resize failed");
+    let limits = ctrd.pod_cgroup_limits(&pod).expect("pod cgroup");
+    println!(
+        "   cgroupfs: container cpu.cfs_quota_us={} memory.limit_in_bytes={}; pod cgroup quota={:?} memory={:?}",
+        ctrd.read_container_cgroup(&id, "cpu.cfs_quota_us"),
+        ctrd.read_container_cgroup(&id, "memory.limit_in_bytes"),
+        limits.cpu_quota,
+        limits.memory_limit
+    );
+    tokio::time::sleep(Duration::from_millis(1200)).await; // one observer interval
 
     println!("\n== `nri-resize status` as an operator sees it:");
     let out = std::process::Command::new(nri_resize_tests::plugin_binary())
