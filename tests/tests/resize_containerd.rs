@@ -388,6 +388,31 @@ fn targets(cs: &[(&str, u64, i64)]) -> PodResizeRequest {
     }
 }
 
+/// A Guaranteed pod (1500m / 384Mi) of containers a, b, c at 500m / 128Mi each; ids by name.
+async fn three_guaranteed_containers(
+    ctrd: &Containerd,
+    name: &str,
+) -> (Pod, BTreeMap<String, String>) {
+    let each = Resources::limits(50_000, 128 * MIB);
+    let containers = [("a", each), ("b", each), ("c", each)];
+    let (pod, ids) = pod_with(
+        ctrd,
+        name,
+        &[],
+        Resources::limits(150_000, 384 * MIB),
+        &containers,
+    )
+    .await;
+    (
+        pod,
+        containers
+            .iter()
+            .map(|(n, _)| (*n).to_string())
+            .zip(ids)
+            .collect(),
+    )
+}
+
 fn check_steps(r: &PodResize, label: &str) {
     assert!(r.state.is_none(), "{label}: resize not done: {r:?}");
     assert!(!r.steps.is_empty(), "{label}: no steps");
@@ -462,20 +487,7 @@ async fn three_container_pod_resizes(version: ContainerdVersion) {
     eprintln!("=== whole-pod resizes on {version} ({})", ctrd.version());
     let plugin = start_plugin(&ctrd, "nri-resize", None).await;
     let api = plugin.api();
-    let each = Resources::limits(50_000, 128 * MIB);
-    let (pod, idv) = pod_with(
-        &ctrd,
-        "guaranteed",
-        &[],
-        Resources::limits(150_000, 384 * MIB),
-        &[("a", each), ("b", each), ("c", each)],
-    )
-    .await;
-    let ids: BTreeMap<String, String> = ["a", "b", "c"]
-        .iter()
-        .map(|n| (*n).to_string())
-        .zip(idv)
-        .collect();
+    let (pod, ids) = three_guaranteed_containers(&ctrd, "guaranteed").await;
 
     let cases: [(&str, Targets); 4] = [
         (
@@ -585,20 +597,7 @@ async fn plugin_killed_mid_resize_resumes_from_its_checkpoint() {
     )
     .await;
     let api = plugin.api();
-    let each = Resources::limits(50_000, 128 * MIB);
-    let (pod, idv) = pod_with(
-        &ctrd,
-        "resume",
-        &[],
-        Resources::limits(150_000, 384 * MIB),
-        &[("a", each), ("b", each), ("c", each)],
-    )
-    .await;
-    let ids: BTreeMap<String, String> = ["a", "b", "c"]
-        .iter()
-        .map(|n| (*n).to_string())
-        .zip(idv)
-        .collect();
+    let (pod, ids) = three_guaranteed_containers(&ctrd, "resume").await;
     let want = [
         ("a", 600, 192 * MIB),
         ("b", 600, 192 * MIB),
@@ -686,20 +685,7 @@ async fn a_newer_request_mid_resize_wins() {
     let ctrd = Containerd::start(ContainerdVersion::V1_7, ContainerdOptions::default()).await;
     let plugin = start_plugin(&ctrd, "nri-resize", Some("[resize]\nstep_pause_ms = 700\n")).await;
     let api = plugin.api();
-    let each = Resources::limits(50_000, 128 * MIB);
-    let (pod, idv) = pod_with(
-        &ctrd,
-        "latest-wins",
-        &[],
-        Resources::limits(150_000, 384 * MIB),
-        &[("a", each), ("b", each), ("c", each)],
-    )
-    .await;
-    let ids: BTreeMap<String, String> = ["a", "b", "c"]
-        .iter()
-        .map(|n| (*n).to_string())
-        .zip(idv)
-        .collect();
+    let (pod, ids) = three_guaranteed_containers(&ctrd, "latest-wins").await;
     let first = targets(&[
         ("a", 600, 192 * MIB),
         ("b", 600, 192 * MIB),

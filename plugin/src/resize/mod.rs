@@ -421,16 +421,7 @@ impl Engine {
     fn current_pod(&self, pod: &Pod) -> Result<PodResources, String> {
         let cg = self.cgroups.as_ref().ok_or("cgroup access is off")?;
         let path = pod_path(&pod.cgroup_parent).map_err(|e| e.to_string())?;
-        let actual = cg.read_actual(&path).map_err(|e| e.to_string())?;
-        let pod_limits = Limits::new(
-            Limit::from_option(actual.cpu_limit_millis()),
-            Limit::from_option(
-                actual
-                    .memory_limit
-                    .filter(|&m| m > 0 && m < UNLIMITED_MEMORY)
-                    .and_then(|m| u64::try_from(m).ok()),
-            ),
-        );
+        let pod_limits = limits_of(&cg.read_actual(&path).map_err(|e| e.to_string())?);
         let containers = self.state.read_model(|m| {
             m.containers()
                 .filter(|c| c.pod_id == pod.id)
@@ -455,17 +446,7 @@ impl Engine {
     /// Reads back the actual limits of the pod and its containers from cgroupfs.
     fn actual_pod(&self, pod: &Pod) -> Option<PodResources> {
         let cg = self.cgroups.as_ref()?;
-        let read = |p: &Path| -> Option<Limits> {
-            let a = cg.read_actual(p).ok()?;
-            Some(Limits::new(
-                Limit::from_option(a.cpu_limit_millis()),
-                Limit::from_option(
-                    a.memory_limit
-                        .filter(|&m| m > 0 && m < UNLIMITED_MEMORY)
-                        .and_then(|m| u64::try_from(m).ok()),
-                ),
-            ))
-        };
+        let read = |p: &Path| cg.read_actual(p).ok().map(|a| limits_of(&a));
         let pod_limits = read(&pod_path(&pod.cgroup_parent).ok()?)?;
         let containers = self.state.read_model(|m| {
             m.containers()
@@ -985,6 +966,18 @@ impl Engine {
             });
         }
     }
+}
+
+/// The CPU and memory limits a cgroup holds (`-1`, 0 or v1's huge "unlimited" value: unlimited).
+fn limits_of(a: &crate::cgroup::ActualResources) -> Limits {
+    Limits::new(
+        Limit::from_option(a.cpu_limit_millis()),
+        Limit::from_option(
+            a.memory_limit
+                .filter(|&m| m > 0 && m < UNLIMITED_MEMORY)
+                .and_then(|m| u64::try_from(m).ok()),
+        ),
+    )
 }
 
 /// Quantities of a whole-pod API resize: requests follow limits.
