@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::policy::PolicyDefaults;
+use crate::policy::{MemoryDecreaseStrategy, PolicyDefaults};
 
 /// Why a configuration could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +34,12 @@ pub enum ConfigError {
 /// step_pause_ms = 0             # pause between the steps of a whole-pod resize
 /// max_attempts = 5              # attempts of a whole-pod resize before it is an Error
 ///
+/// [memory_decrease]             # a limit lowered below usage; see docs/annotations.md
+/// strategy = "reclaim"          # or "restart" (evict) / "reject" (fail the update)
+/// timeout_ms = 60000            # reclaim gives up after this and keeps a safe limit
+/// headroom = 16777216           # bytes above usage the interim limit keeps
+/// step_interval_ms = 100        # first pause between reclaim passes (doubles up to 1 s)
+///
 /// [policy]                      # node defaults; see docs/annotations.md
 /// action = "LiveResizePreferred"
 /// memory = { decrease = "RestartContainer" }
@@ -47,6 +53,33 @@ pub struct Config {
     pub resize: ResizeConfig,
     /// Node-default resize policy (pods may only tighten it through annotations).
     pub policy: PolicyDefaults,
+    /// Lowering a memory limit below usage.
+    pub memory_decrease: MemoryDecreaseConfig,
+}
+
+/// `[memory_decrease]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MemoryDecreaseConfig {
+    /// The node default (pods may only choose a stricter one).
+    pub strategy: MemoryDecreaseStrategy,
+    /// Reclaim gives up after this many milliseconds and keeps a safe limit (`1000..=3600000`).
+    pub timeout_ms: u64,
+    /// Bytes above usage the interim limit keeps while reclaiming.
+    pub headroom: u64,
+    /// First pause between reclaim passes in milliseconds; it doubles up to one second.
+    pub step_interval_ms: u64,
+}
+
+impl Default for MemoryDecreaseConfig {
+    fn default() -> Self {
+        MemoryDecreaseConfig {
+            strategy: MemoryDecreaseStrategy::Reclaim,
+            timeout_ms: 60_000,
+            headroom: 16 << 20,
+            step_interval_ms: 100,
+        }
+    }
 }
 
 impl Default for Config {
@@ -55,6 +88,7 @@ impl Default for Config {
             journal_size: 1024,
             resize: ResizeConfig::default(),
             policy: PolicyDefaults::default(),
+            memory_decrease: MemoryDecreaseConfig::default(),
         }
     }
 }
@@ -146,6 +180,25 @@ impl Config {
                 ),
             });
         }
+        let md = &self.memory_decrease;
+        if !(1_000..=3_600_000).contains(&md.timeout_ms) {
+            return Err(ConfigError::Invalid {
+                origin: origin.to_string(),
+                message: format!(
+                    "memory_decrease.timeout_ms must be within 1000..=3600000, got {}",
+                    md.timeout_ms
+                ),
+            });
+        }
+        if !(1..=10_000).contains(&md.step_interval_ms) || md.headroom > (64 << 30) {
+            return Err(ConfigError::Invalid {
+                origin: origin.to_string(),
+                message: format!(
+                    "memory_decrease.step_interval_ms must be within 1..=10000 and headroom at most 64 GiB, got {} and {}",
+                    md.step_interval_ms, md.headroom
+                ),
+            });
+        }
         if !(1..=1_000_000).contains(&self.journal_size) {
             return Err(ConfigError::Invalid {
                 origin: origin.to_string(),
@@ -229,6 +282,26 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(bad.contains("Sometimes") || bad.contains("action"), "{bad}");
+    }
+
+    #[test]
+    fn memory_decrease_table_parses_and_is_validated() {
+        let cfg = Config::parse(
+            "[memory_decrease]\nstrategy = \"reject\"\ntimeout_ms = 5000\nheadroom = 0\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(cfg.memory_decrease.strategy, MemoryDecreaseStrategy::Reject);
+        assert_eq!(cfg.memory_decrease.timeout_ms, 5000);
+        assert_eq!(cfg.memory_decrease.step_interval_ms, 100);
+        let bad = Config::parse("[memory_decrease]\ntimeout_ms = 10\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(bad.contains("memory_decrease.timeout_ms"), "{bad}");
+        let bad = Config::parse("[memory_decrease]\nstrategy = \"oom\"\n", "t")
+            .unwrap_err()
+            .to_string();
+        assert!(bad.contains("oom") || bad.contains("strategy"), "{bad}");
     }
 
     #[test]

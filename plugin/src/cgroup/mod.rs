@@ -13,6 +13,8 @@
 //! | memory limit | `memory.limit_in_bytes` | `memory.max` |
 //! | memory soft limit / high | `memory.soft_limit_in_bytes` | `memory.high` |
 //! | memory usage | `memory.usage_in_bytes` | `memory.current` |
+//! | memory breakdown | `memory.stat` `total_rss`/`total_shmem`/`total_cache` | `memory.stat` `anon`/`shmem`/`file` |
+//! | proactive reclaim | (none: lower `memory.limit_in_bytes`) | `memory.reclaim` (5.19+) |
 
 mod path;
 
@@ -25,6 +27,7 @@ use serde::{Deserialize, Serialize};
 pub use path::{container_path, pod_path, resolve, ContainerCgroups};
 
 use crate::observer::CgroupLayout;
+use crate::policy::MemoryUse;
 
 /// Limits at or above this are "unlimited" (v1 reports `PAGE_COUNTER_MAX` pages in bytes).
 const UNLIMITED_BYTES: u64 = 1 << 62;
@@ -64,6 +67,18 @@ pub enum CgroupError {
         #[source]
         source: std::io::Error,
     },
+    #[error("write {value:?} to {path}: could not reclaim that much yet (EAGAIN)")]
+    Again {
+        path: PathBuf,
+        value: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what} is not available on cgroup {version:?}")]
+    Unsupported {
+        what: &'static str,
+        version: CgroupVersion,
+    },
     #[error("write {value:?} to {path}: {source}")]
     Write {
         path: PathBuf,
@@ -80,6 +95,7 @@ impl CgroupError {
             Self::Read { source, .. }
             | Self::InvalidValue { source, .. }
             | Self::Busy { source, .. }
+            | Self::Again { source, .. }
             | Self::Write { source, .. } => source.raw_os_error(),
             _ => None,
         }
@@ -143,6 +159,31 @@ pub trait CgroupIo: Send + Sync + fmt::Debug {
     fn set_cpu_limit(&self, cgroup: &Path, limit: CpuLimit) -> Result<(), CgroupError>;
     /// Sets the memory limit of `cgroup` in bytes, `None` for unlimited.
     fn set_memory_limit(&self, cgroup: &Path, limit: Option<u64>) -> Result<(), CgroupError>;
+    /// Usage and what it is made of (anonymous, shared, page cache).
+    fn memory_use(&self, cgroup: &Path) -> Result<MemoryUse, CgroupError>;
+    /// Asks the kernel to reclaim `bytes` from `cgroup` (v2 `memory.reclaim`). `Again`: it
+    /// reclaimed less; `Unsupported`: no such interface (v1, or a v2 kernel before 5.19).
+    fn reclaim(&self, cgroup: &Path, bytes: u64) -> Result<(), CgroupError>;
+    /// Sets the v2 `memory.high` throttling threshold (`None`: `max`); v1 has none.
+    fn set_memory_high(&self, cgroup: &Path, high: Option<u64>) -> Result<(), CgroupError>;
+}
+
+/// Reads `memory.stat` keys into a [`MemoryUse`] with the given usage.
+fn memory_breakdown(
+    dir: &Path,
+    usage: u64,
+    anon: &str,
+    shmem: &str,
+    file: &str,
+) -> Result<MemoryUse, CgroupError> {
+    let text = read_file(dir, "memory.stat")?.unwrap_or_default();
+    let get = |key: &str| crate::observer::parse::flat_keyed(&text, key).unwrap_or(0);
+    Ok(MemoryUse {
+        usage,
+        anon: get(anon),
+        shmem: get(shmem),
+        file: get(file),
+    })
 }
 
 /// cgroup v1: one mount per controller.
@@ -271,6 +312,11 @@ fn write_error(path: PathBuf, value: &str, source: std::io::Error) -> CgroupErro
             value,
             source,
         },
+        Some(libc::EAGAIN) => CgroupError::Again {
+            path,
+            value,
+            source,
+        },
         _ => CgroupError::Write {
             path,
             value,
@@ -312,6 +358,26 @@ impl CgroupIo for V1 {
         let dir = existing_dir(&self.memory, cgroup)?;
         let value = limit.map_or_else(|| "-1".to_owned(), |l| l.to_string());
         write_file(&dir, "memory.limit_in_bytes", &value)
+    }
+
+    fn memory_use(&self, cgroup: &Path) -> Result<MemoryUse, CgroupError> {
+        let dir = existing_dir(&self.memory, cgroup)?;
+        let usage = read_u64(&dir, "memory.usage_in_bytes")?.unwrap_or(0);
+        memory_breakdown(&dir, usage, "total_rss", "total_shmem", "total_cache")
+    }
+
+    fn reclaim(&self, _cgroup: &Path, _bytes: u64) -> Result<(), CgroupError> {
+        Err(CgroupError::Unsupported {
+            what: "memory.reclaim",
+            version: CgroupVersion::V1,
+        })
+    }
+
+    fn set_memory_high(&self, _cgroup: &Path, _high: Option<u64>) -> Result<(), CgroupError> {
+        Err(CgroupError::Unsupported {
+            what: "memory.high",
+            version: CgroupVersion::V1,
+        })
     }
 }
 
@@ -363,6 +429,29 @@ impl CgroupIo for V2 {
         let value = limit.map_or_else(|| "max".to_owned(), |l| l.to_string());
         write_file(&dir, "memory.max", &value)
     }
+
+    fn memory_use(&self, cgroup: &Path) -> Result<MemoryUse, CgroupError> {
+        let dir = existing_dir(&self.root, cgroup)?;
+        let usage = read_u64(&dir, "memory.current")?.unwrap_or(0);
+        memory_breakdown(&dir, usage, "anon", "shmem", "file")
+    }
+
+    fn reclaim(&self, cgroup: &Path, bytes: u64) -> Result<(), CgroupError> {
+        let dir = existing_dir(&self.root, cgroup)?;
+        if !dir.join("memory.reclaim").exists() {
+            return Err(CgroupError::Unsupported {
+                what: "memory.reclaim",
+                version: CgroupVersion::V2,
+            });
+        }
+        write_file(&dir, "memory.reclaim", &bytes.to_string())
+    }
+
+    fn set_memory_high(&self, cgroup: &Path, high: Option<u64>) -> Result<(), CgroupError> {
+        let dir = existing_dir(&self.root, cgroup)?;
+        let value = high.map_or_else(|| "max".to_owned(), |h| h.to_string());
+        write_file(&dir, "memory.high", &value)
+    }
 }
 
 impl CgroupIo for Cgroups {
@@ -391,6 +480,27 @@ impl CgroupIo for Cgroups {
         match self {
             Self::V1(v) => v.set_memory_limit(cgroup, limit),
             Self::V2(v) => v.set_memory_limit(cgroup, limit),
+        }
+    }
+
+    fn memory_use(&self, cgroup: &Path) -> Result<MemoryUse, CgroupError> {
+        match self {
+            Self::V1(v) => v.memory_use(cgroup),
+            Self::V2(v) => v.memory_use(cgroup),
+        }
+    }
+
+    fn reclaim(&self, cgroup: &Path, bytes: u64) -> Result<(), CgroupError> {
+        match self {
+            Self::V1(v) => v.reclaim(cgroup, bytes),
+            Self::V2(v) => v.reclaim(cgroup, bytes),
+        }
+    }
+
+    fn set_memory_high(&self, cgroup: &Path, high: Option<u64>) -> Result<(), CgroupError> {
+        match self {
+            Self::V1(v) => v.set_memory_high(cgroup, high),
+            Self::V2(v) => v.set_memory_high(cgroup, high),
         }
     }
 }
@@ -565,6 +675,72 @@ mod tests {
         let ebusy = write_error(p, "1", e(libc::EBUSY));
         assert!(matches!(ebusy, CgroupError::Busy { .. }), "{ebusy}");
         assert_eq!(ebusy.errno(), Some(libc::EBUSY));
+    }
+
+    #[test]
+    fn memory_use_and_reclaim_in_each_version() {
+        let (tmp, v1) = v1_fixture();
+        write(
+            &tmp.path().join("memory/pod1/ctr"),
+            "memory.stat",
+            "cache 1\nrss 2\ntotal_cache 300\ntotal_rss 100\ntotal_shmem 7\n",
+        );
+        let ctr = Path::new("/pod1/ctr");
+        assert_eq!(
+            v1.memory_use(ctr).expect("v1 use"),
+            MemoryUse {
+                usage: 4096,
+                anon: 100,
+                shmem: 7,
+                file: 300
+            }
+        );
+        assert!(matches!(
+            v1.reclaim(ctr, 1),
+            Err(CgroupError::Unsupported { .. })
+        ));
+        assert!(matches!(
+            v1.set_memory_high(ctr, None),
+            Err(CgroupError::Unsupported { .. })
+        ));
+
+        let (tmp, v2) = v2_fixture();
+        let dir = tmp.path().join("pod1/ctr");
+        write(
+            &dir,
+            "memory.stat",
+            "anon 50\nfile 60\nshmem 5\nfile_mapped 1\n",
+        );
+        assert_eq!(
+            v2.memory_use(ctr).expect("v2 use"),
+            MemoryUse {
+                usage: 8192,
+                anon: 50,
+                shmem: 5,
+                file: 60
+            }
+        );
+        // No memory.reclaim file (a kernel before 5.19): unsupported, nothing written.
+        assert!(matches!(
+            v2.reclaim(ctr, 4096),
+            Err(CgroupError::Unsupported { .. })
+        ));
+        write(&dir, "memory.reclaim", "");
+        v2.reclaim(ctr, 4096).expect("reclaim");
+        assert_eq!(
+            std::fs::read_to_string(dir.join("memory.reclaim")).expect("read"),
+            "4096"
+        );
+        v2.set_memory_high(ctr, Some(1 << 20)).expect("high");
+        assert_eq!(
+            std::fs::read_to_string(dir.join("memory.high")).expect("read"),
+            "1048576"
+        );
+        v2.set_memory_high(ctr, None).expect("high max");
+        assert_eq!(
+            std::fs::read_to_string(dir.join("memory.high")).expect("read"),
+            "max"
+        );
     }
 
     #[test]

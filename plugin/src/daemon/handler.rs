@@ -278,7 +278,12 @@ impl Handler for ModelHandler {
             Some(engine) => engine.on_update(&pod, &ctr, &resources)?,
             None => UpdateReply::default(),
         };
-        self.state.expect_update(&ctr.id, &resources);
+        // What the runtime will apply: the request, adjusted by the engine's reply.
+        let mut expected = resources;
+        if let Some(u) = reply.updates.iter().find(|u| u.container_id == ctr.id) {
+            expected.merge(&u.resources);
+        }
+        self.state.expect_update(&ctr.id, &expected);
         self.state.write_model(|m| {
             m.upsert_pod(pod);
             m.upsert_container(ctr);

@@ -5,6 +5,7 @@
 //! Served as Prometheus text on `--metrics-addr` by [`serve`], with `/healthz` and `/readyz`.
 //! The catalog is in `docs/observer.md`.
 
+mod decrease;
 mod server;
 
 use std::fmt;
@@ -15,6 +16,7 @@ use prometheus::{
     IntGaugeVec, Opts, Registry,
 };
 
+pub use decrease::{DecreaseMetrics, DecreaseOutcome};
 pub use server::{serve, MetricsServer, Readiness};
 
 use crate::cgroup::ActualResources;
@@ -75,6 +77,8 @@ pub struct Metrics {
     nri_handler_duration: HistogramVec,
     resize_outcomes: IntCounterVec,
     annotation_errors: IntCounter,
+    /// Safe memory decreases.
+    pub decrease: DecreaseMetrics,
     page_size: u64,
 }
 
@@ -221,6 +225,7 @@ impl Metrics {
                 ))
                 .map_err(MetricsError::Register)?,
             )?,
+            decrease: DecreaseMetrics::new(r)?,
             page_size,
             registry,
         })

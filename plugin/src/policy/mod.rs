@@ -74,6 +74,7 @@
 mod admission;
 mod decision;
 mod invariants;
+mod memory_decrease;
 mod planner;
 mod quantity;
 mod resize_policy;
@@ -84,6 +85,11 @@ pub use admission::{
 };
 pub use decision::{changes, decide, Decision};
 pub use invariants::{check_invariants, Violation};
+pub use memory_decrease::{
+    effective_decrease_strategy, mib, not_reclaimable_reason, parse_decrease_annotation,
+    plan_decrease, reclaim_request, safe_limit, DecreasePlan, MemoryDecreaseStrategy, MemoryUse,
+    CONTAINER_DECREASE_PREFIX, POD_DECREASE_ANNOTATION,
+};
 pub use planner::{
     plan, plan_single, simulate, Limits, LimitsUpdate, Plan, PlanError, PlanOptions, PodResources,
     Step,

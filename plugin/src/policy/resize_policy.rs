@@ -9,6 +9,9 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use super::memory_decrease::{
+    parse_decrease_annotation, CONTAINER_DECREASE_PREFIX, POD_DECREASE_ANNOTATION,
+};
 use super::quantity::{Direction, Resource};
 
 /// Annotation prefix of per-container resize policies: `resize-policy.nri-resize.io/container.<name>`.
@@ -18,9 +21,10 @@ pub const POD_POLICY_ANNOTATION: &str = "resize-policy.nri-resize.io/pod";
 /// Annotation holding the pod's resize action.
 pub const ACTION_ANNOTATION: &str = "resize-action.nri-resize.io/pod";
 /// Every annotation nri-resize reads starts with one of these.
-pub const ANNOTATION_PREFIXES: [&str; 2] = [
+pub const ANNOTATION_PREFIXES: [&str; 3] = [
     "resize-policy.nri-resize.io/",
     "resize-action.nri-resize.io/",
+    "memory-decrease.nri-resize.io/",
 ];
 /// Largest annotation value accepted, in bytes.
 pub const MAX_ANNOTATION_VALUE_BYTES: usize = 4096;
@@ -298,7 +302,7 @@ pub enum AnnotationError {
         token: String,
     },
     /// An annotation under an nri-resize prefix that nri-resize does not know (a typo?).
-    #[error("unknown annotation {annotation}, expected {POD_POLICY_ANNOTATION}, {ACTION_ANNOTATION} or {CONTAINER_POLICY_PREFIX}<container>")]
+    #[error("unknown annotation {annotation}, expected {POD_POLICY_ANNOTATION}, {ACTION_ANNOTATION}, {CONTAINER_POLICY_PREFIX}<container>, {POD_DECREASE_ANNOTATION} or {CONTAINER_DECREASE_PREFIX}<container>")]
     UnknownAnnotation {
         /// The annotation key.
         annotation: String,
@@ -520,6 +524,12 @@ pub fn validate_annotations(annotations: &BTreeMap<String, String>) -> Vec<Annot
         }
         let result = if key == ACTION_ANNOTATION {
             parse_action_annotation(key, value).map(|_| ())
+        } else if key == POD_DECREASE_ANNOTATION
+            || key
+                .strip_prefix(CONTAINER_DECREASE_PREFIX)
+                .is_some_and(|name| !name.is_empty())
+        {
+            parse_decrease_annotation(key, value).map(|_| ())
         } else if key == POD_POLICY_ANNOTATION
             || key
                 .strip_prefix(CONTAINER_POLICY_PREFIX)
@@ -538,7 +548,10 @@ pub fn validate_annotations(annotations: &BTreeMap<String, String>) -> Vec<Annot
     errors
 }
 
-fn check_value<'a>(annotation: &str, value: &'a str) -> Result<&'a str, AnnotationError> {
+pub(super) fn check_value<'a>(
+    annotation: &str,
+    value: &'a str,
+) -> Result<&'a str, AnnotationError> {
     if value.len() > MAX_ANNOTATION_VALUE_BYTES {
         return Err(AnnotationError::TooLong {
             annotation: sanitize_key(annotation),
@@ -563,12 +576,12 @@ fn check_value<'a>(annotation: &str, value: &'a str) -> Result<&'a str, Annotati
 
 /// An untrusted token made safe to repeat in a message: at most 64 characters (then `...`),
 /// non-ASCII and control characters replaced by `?`.
-fn sanitize(s: &str) -> String {
+pub(super) fn sanitize(s: &str) -> String {
     sanitize_to(s, MAX_TOKEN_IN_MESSAGE)
 }
 
 /// Like [`sanitize`], for annotation keys (up to 316 bytes in Kubernetes).
-fn sanitize_key(s: &str) -> String {
+pub(super) fn sanitize_key(s: &str) -> String {
     sanitize_to(s, 320)
 }
 

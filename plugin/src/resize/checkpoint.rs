@@ -138,6 +138,14 @@ impl CheckpointStore {
 
     /// Every record that parses, and an error for every one that does not (moved aside).
     pub fn load_all<T: DeserializeOwned>(&self) -> (Vec<(String, T)>, Vec<CheckpointError>) {
+        self.load_prefixed("")
+    }
+
+    /// Like [`Self::load_all`], for the keys starting with `prefix` (one kind of record).
+    pub fn load_prefixed<T: DeserializeOwned>(
+        &self,
+        prefix: &str,
+    ) -> (Vec<(String, T)>, Vec<CheckpointError>) {
         let mut records = Vec::new();
         let mut errors = Vec::new();
         let entries = match fs::read_dir(&self.dir) {
@@ -159,7 +167,7 @@ impl CheckpointStore {
             let Some(key) = name.strip_suffix(SUFFIX) else {
                 continue;
             };
-            if !valid_key(key) {
+            if !valid_key(key) || !key.starts_with(prefix) {
                 continue;
             }
             let bytes = match fs::read(&path) {

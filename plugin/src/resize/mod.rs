@@ -16,9 +16,12 @@
 //! `mode = "observe"` decides and reports everything but changes nothing.
 
 pub mod checkpoint;
+mod decrease;
 pub mod node;
+pub mod reclaim;
 
 use std::collections::{BTreeMap, HashMap};
+use std::fmt;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -183,6 +186,26 @@ pub enum ResizeError {
     Failed(String),
 }
 
+/// Why a step of a whole-pod resize did not complete.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum StepFailure {
+    /// Retried with backoff.
+    Failed(String),
+    /// Cannot be done now (e.g. memory that cannot be reclaimed): the resize stops, Deferred.
+    Deferred(String),
+    /// A newer request took over: re-plan at once.
+    Superseded,
+}
+
+impl fmt::Display for StepFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Failed(e) | Self::Deferred(e) => f.write_str(e),
+            Self::Superseded => f.write_str("superseded by a newer request"),
+        }
+    }
+}
+
 /// See the module docs.
 #[derive(Debug)]
 pub struct Engine {
@@ -196,6 +219,9 @@ pub struct Engine {
     /// Latest target per pod id, and whether an executor is running for it.
     targets: Mutex<HashMap<String, (SnapshotLimits, bool)>>,
     resumed: std::sync::atomic::AtomicBool,
+    /// Staged memory decreases in flight, by container id.
+    reclaims: Mutex<HashMap<String, decrease::ReclaimHandle>>,
+    reclaim_generation: std::sync::atomic::AtomicU64,
 }
 
 fn now_ms() -> u64 {
@@ -252,6 +278,8 @@ impl Engine {
             pods: Mutex::new(HashMap::new()),
             targets: Mutex::new(HashMap::new()),
             resumed: std::sync::atomic::AtomicBool::new(false),
+            reclaims: Mutex::new(HashMap::new()),
+            reclaim_generation: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -332,11 +360,13 @@ impl Engine {
 
     /// Forgets a removed container.
     pub fn forget_container(&self, id: &str) {
+        self.supersede_reclaim(id);
         lock(&self.containers).remove(id);
     }
 
     /// The runtime applied an update: what was desired is now allocated.
     pub fn applied(&self, ctr: &Container) {
+        self.notify_reclaim_applied(&ctr.id);
         if let Some(r) = lock(&self.containers).get_mut(&ctr.id) {
             r.allocated.clone_from(&ctr.resources);
             // An in-place resize is done; one waiting for a restart keeps its state and reason.
@@ -494,7 +524,7 @@ impl Engine {
         reason = "one decision, read top to bottom: policy, admission, ordering"
     )]
     pub fn on_update(
-        &self,
+        self: &Arc<Self>,
         pod: &Pod,
         ctr: &Container,
         requested: &LinuxResources,
@@ -504,6 +534,35 @@ impl Engine {
         let allocated = ctr.resources.clone().unwrap_or_default();
         let mut desired = allocated.clone();
         desired.merge(requested);
+        // A newer update supersedes a staged memory decrease at once; the same request again
+        // (kubelet retrying while the limit is not yet in place) keeps it going.
+        if let Some((interim, target)) = self.reclaim_in_flight(&ctr.id) {
+            let mut same = desired.clone();
+            same.merge(&LinuxResources {
+                memory: Some(MemoryResources {
+                    limit: Some(i64::try_from(interim).unwrap_or(i64::MAX)),
+                    ..MemoryResources::default()
+                }),
+                ..LinuxResources::default()
+            });
+            let asks_target = requested
+                .memory
+                .as_ref()
+                .and_then(|m| m.limit)
+                .and_then(|l| u64::try_from(l).ok())
+                == Some(target);
+            if asks_target && same == allocated {
+                return Ok(UpdateReply {
+                    updates: vec![ContainerUpdate {
+                        container_id: ctr.id.clone(),
+                        resources: allocated,
+                        ignore_failure: false,
+                    }],
+                    evictions: Vec::new(),
+                });
+            }
+            self.supersede_reclaim(&ctr.id);
+        }
         let resolved = parse_effective_policy(&pod.annotations, &ctr.name, &cfg.policy);
         for e in &resolved.errors {
             warn!(pod = %pod.full_name(), container = %ctr.name, error = %e, "resize annotation ignored");
@@ -521,32 +580,7 @@ impl Engine {
             }
             Decision::Restart { reason } => {
                 let reason = format!("restart required: {reason}");
-                info!(container = %subject, %reason, enforce, "resize needs a restart");
-                self.record(
-                    pod,
-                    ctr,
-                    Some(&desired),
-                    Some(ResizeState::InProgress),
-                    &reason,
-                );
-                self.state.metrics.resize_outcome("restart");
-                if enforce {
-                    self.restart_container(ctr, &subject);
-                    // Keep the container as it is (no in-place write) and evict it: the
-                    // orchestrator recreates it with the new resources.
-                    return Ok(UpdateReply {
-                        updates: vec![ContainerUpdate {
-                            container_id: ctr.id.clone(),
-                            resources: allocated,
-                            ignore_failure: true,
-                        }],
-                        evictions: vec![Eviction {
-                            container_id: ctr.id.clone(),
-                            reason: format!("nri-resize: {reason}"),
-                        }],
-                    });
-                }
-                return Ok(UpdateReply::default());
+                return Ok(self.restart_reply(pod, ctr, &desired, allocated, &reason, enforce));
             }
             Decision::Reject { reason } => {
                 info!(container = %subject, %reason, enforce, "resize rejected by policy");
@@ -578,6 +612,29 @@ impl Engine {
             }
             return Ok(UpdateReply::default());
         }
+        let mut interim = None;
+        match self.decide_decrease(pod, ctr, &allocated, &desired) {
+            decrease::DecreaseVerdict::Direct => {}
+            decrease::DecreaseVerdict::Interim(limit) => interim = Some(limit),
+            decrease::DecreaseVerdict::Reject(reason) => {
+                info!(container = %subject, %reason, enforce, "memory decrease rejected");
+                self.record(
+                    pod,
+                    ctr,
+                    Some(&desired),
+                    Some(ResizeState::Deferred),
+                    &reason,
+                );
+                self.state.metrics.resize_outcome("deferred");
+                if enforce {
+                    return Err(Rejection(format!("resize of {subject} refused: {reason}")));
+                }
+                return Ok(UpdateReply::default());
+            }
+            decrease::DecreaseVerdict::Restart(reason) => {
+                return Ok(self.restart_reply(pod, ctr, &desired, allocated, &reason, enforce));
+            }
+        }
         if enforce && self.cgroups.is_some() {
             match self.current_pod(pod) {
                 Ok(current) => match plan_single(
@@ -606,9 +663,50 @@ impl Engine {
                 }
             }
         }
+        if let Some(limit) = interim {
+            return Ok(self.start_staged_decrease(pod, ctr, &desired, limit));
+        }
         self.record(pod, ctr, Some(&desired), Some(ResizeState::InProgress), "");
         self.state.metrics.resize_outcome("in_place");
         Ok(UpdateReply::default())
+    }
+
+    /// Keeps the container as it is (no in-place write) and evicts it (when enforcing): the
+    /// orchestrator recreates it with the new resources.
+    fn restart_reply(
+        &self,
+        pod: &Pod,
+        ctr: &Container,
+        desired: &LinuxResources,
+        allocated: LinuxResources,
+        reason: &str,
+        enforce: bool,
+    ) -> UpdateReply {
+        let subject = format!("{}/{}", pod.full_name(), ctr.name);
+        info!(container = %subject, %reason, enforce, "resize needs a restart");
+        self.record(
+            pod,
+            ctr,
+            Some(desired),
+            Some(ResizeState::InProgress),
+            reason,
+        );
+        self.state.metrics.resize_outcome("restart");
+        if !enforce {
+            return UpdateReply::default();
+        }
+        self.restart_container(ctr, &subject);
+        UpdateReply {
+            updates: vec![ContainerUpdate {
+                container_id: ctr.id.clone(),
+                resources: allocated,
+                ignore_failure: true,
+            }],
+            evictions: vec![Eviction {
+                container_id: ctr.id.clone(),
+                reason: format!("nri-resize: {reason}"),
+            }],
+        }
     }
 
     /// Runtimes with NRI before v0.10 (containerd 1.7, 2.0, 2.1) accept evictions on the wire but
@@ -767,6 +865,8 @@ impl Engine {
             running
         };
         if running {
+            // A reclaim for the older target must not hold the newer one up.
+            self.supersede_pod_reclaims(&pod.id);
             return self.wait_for(&pod.id, &target).await;
         }
         let result = self.execute(&pod, resumed).await.and_then(|r| {
@@ -809,6 +909,10 @@ impl Engine {
         }
     }
 
+    #[expect(
+        clippy::too_many_lines,
+        reason = "the executor's loop read top to bottom: plan, step, read back, react"
+    )]
     async fn execute(self: &Arc<Self>, pod: &Pod, resumed: bool) -> Result<PodResize, ResizeError> {
         let cfg = self.config();
         let opts = self.plan_options();
@@ -875,11 +979,30 @@ impl Engine {
                     target: target_name,
                     step: step.to_string(),
                     ok: outcome.is_ok(),
-                    error: outcome.as_ref().err().cloned().unwrap_or_default(),
+                    error: outcome
+                        .as_ref()
+                        .err()
+                        .map(ToString::to_string)
+                        .unwrap_or_default(),
                     actual: actual.as_ref().map(snapshot),
                     violation,
                 });
                 lock(&self.pods).insert(pod.id.clone(), record.clone());
+                match outcome {
+                    Err(StepFailure::Superseded) => continue 'replan,
+                    Err(StepFailure::Deferred(reason)) => {
+                        warn!(pod = %full, step = %step, %reason, "resize deferred");
+                        record.state = Some(ResizeState::Deferred);
+                        record.reason.clone_from(&reason);
+                        lock(&self.pods).insert(pod.id.clone(), record.clone());
+                        self.state.metrics.resize_outcome("deferred");
+                        return Err(ResizeError::Refused {
+                            state: ResizeState::Deferred,
+                            reason,
+                        });
+                    }
+                    _ => {}
+                }
                 if let Err(e) = outcome {
                     attempts += 1;
                     warn!(pod = %full, step = %step, error = %e, attempts, "resize step failed; backing off");
@@ -903,19 +1026,25 @@ impl Engine {
         }
     }
 
-    async fn apply_step(&self, pod: &Pod, step: &Step) -> Result<(), String> {
+    async fn apply_step(&self, pod: &Pod, step: &Step) -> Result<(), StepFailure> {
         match step {
-            Step::SetPod(u) => self.write_pod(pod, u),
+            Step::SetPod(u) => self.write_pod(pod, u).map_err(StepFailure::Failed),
             Step::SetContainer { name, update } => {
-                let id = self
+                let ctr = self
                     .state
                     .read_model(|m| {
                         m.containers()
                             .filter(|c| c.pod_id == pod.id)
                             .find(|c| &c.name == name)
-                            .map(|c| c.id.clone())
+                            .cloned()
                     })
-                    .ok_or_else(|| format!("container {name} is gone"))?;
+                    .ok_or_else(|| StepFailure::Failed(format!("container {name} is gone")))?;
+                // A memory decrease below usage: reclaim first (the pod cgroup, lowered by a
+                // later step, waits for it).
+                if let Some(Limit::Limited(target)) = update.memory {
+                    self.reclaim_before_step(pod, &ctr, target).await?;
+                }
+                let id = ctr.id;
                 let resources = update_resources(update);
                 let upd = ContainerUpdate {
                     container_id: id.clone(),
@@ -926,9 +1055,11 @@ impl Engine {
                     .link
                     .update_containers(&[upd], &[])
                     .await
-                    .map_err(|e| e.to_string())?;
+                    .map_err(|e| StepFailure::Failed(e.to_string()))?;
                 if !failed.is_empty() {
-                    return Err(format!("the runtime could not update {name}"));
+                    return Err(StepFailure::Failed(format!(
+                        "the runtime could not update {name}"
+                    )));
                 }
                 self.state
                     .write_model(|m| m.apply_resources(&id, &resources));
@@ -943,10 +1074,11 @@ impl Engine {
         if self.resumed.swap(true, std::sync::atomic::Ordering::SeqCst) {
             return;
         }
+        self.resume_reclaims();
         let Some(store) = &self.checkpoints else {
             return;
         };
-        let (records, errors) = store.load_all::<ResizeCheckpoint>();
+        let (records, errors) = store.load_prefixed::<ResizeCheckpoint>("pod-");
         for e in errors {
             error!(error = %e, "resize checkpoint unusable");
         }

@@ -1,0 +1,403 @@
+//! Safe memory decrease: what to do when a new memory limit is below what the container uses.
+//!
+//! Lowering `memory.limit_in_bytes` (v1) below what the kernel can reclaim fails the update;
+//! lowering `memory.max` (v2) below anonymous usage OOM-kills the container from inside the write.
+//! The strategies:
+//!
+//! - [`MemoryDecreaseStrategy::Reclaim`] (default): accept the update with a safe interim limit
+//!   (usage plus headroom), reclaim in the background, apply the requested limit when usage fits;
+//! - [`MemoryDecreaseStrategy::Restart`]: evict the container so it restarts under the new limit;
+//! - [`MemoryDecreaseStrategy::Reject`]: fail the update (`usage X above requested limit Y`).
+//!
+//! The node default comes from the config; pods choose per container with
+//! `memory-decrease.nri-resize.io/container.<name>` or for every container with
+//! `memory-decrease.nri-resize.io/pod`. Strictness: `reclaim < restart < reject` — `reclaim`
+//! holds more memory than was asked for a while, the other two never do — and annotations only
+//! tighten: the effective strategy is `max(annotation, node default)`.
+//!
+//! Everything here is pure: the numbers come from the caller's cgroup reads.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use super::resize_policy::{check_value, sanitize, sanitize_key, AnnotationError};
+
+/// Annotation prefix of per-container strategies.
+pub const CONTAINER_DECREASE_PREFIX: &str = "memory-decrease.nri-resize.io/container.";
+/// Annotation holding the pod-wide strategy.
+pub const POD_DECREASE_ANNOTATION: &str = "memory-decrease.nri-resize.io/pod";
+
+const MIB: u64 = 1 << 20;
+/// Limits are kept page-aligned (the kernel rounds down to pages anyway).
+const PAGE: u64 = 4096;
+
+/// What to do when a memory limit is lowered below the container's usage.
+///
+/// Strictness order: `Reclaim < Restart < Reject`.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum MemoryDecreaseStrategy {
+    /// Accept with a safe interim limit, reclaim, then apply the requested limit.
+    #[default]
+    Reclaim,
+    /// Evict the container so that it restarts under the new limit.
+    Restart,
+    /// Fail the update.
+    Reject,
+}
+
+impl MemoryDecreaseStrategy {
+    /// The annotation and config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Reclaim => "reclaim",
+            Self::Restart => "restart",
+            Self::Reject => "reject",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        match s {
+            "reclaim" => Some(Self::Reclaim),
+            "restart" => Some(Self::Restart),
+            "reject" => Some(Self::Reject),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for MemoryDecreaseStrategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Parses a memory-decrease annotation value (`reclaim`, `restart` or `reject`).
+pub fn parse_decrease_annotation(
+    annotation: &str,
+    value: &str,
+) -> Result<MemoryDecreaseStrategy, AnnotationError> {
+    let v = check_value(annotation, value)?;
+    MemoryDecreaseStrategy::parse(v).ok_or_else(|| AnnotationError::UnknownValue {
+        annotation: sanitize_key(annotation),
+        token: sanitize(v),
+        expected: "reclaim, restart or reject",
+    })
+}
+
+/// The strategy for container `container`: the container annotation, else the pod annotation,
+/// else the node default — never looser than the node default. Bad annotations are skipped and
+/// returned as errors for the caller to report.
+pub fn effective_decrease_strategy(
+    annotations: &BTreeMap<String, String>,
+    container: &str,
+    node_default: MemoryDecreaseStrategy,
+    allow_annotations: bool,
+) -> (MemoryDecreaseStrategy, Vec<AnnotationError>) {
+    let mut errors = Vec::new();
+    let container_key = format!("{CONTAINER_DECREASE_PREFIX}{container}");
+    let keys = [container_key.as_str(), POD_DECREASE_ANNOTATION];
+    if !allow_annotations {
+        for key in keys {
+            if annotations.contains_key(key) {
+                errors.push(AnnotationError::Disabled {
+                    annotation: sanitize_key(key),
+                });
+            }
+        }
+        return (node_default, errors);
+    }
+    for key in keys {
+        let Some(value) = annotations.get(key) else {
+            continue;
+        };
+        match parse_decrease_annotation(key, value) {
+            Ok(s) if s < node_default => {
+                errors.push(AnnotationError::LooserThanNodeDefault {
+                    annotation: sanitize_key(key),
+                    key: "memory-decrease".into(),
+                    requested: s.as_str(),
+                    node_default: node_default.as_str(),
+                });
+                return (node_default, errors);
+            }
+            Ok(s) => return (s, errors),
+            Err(e) => errors.push(e),
+        }
+    }
+    (node_default, errors)
+}
+
+/// A container's memory as cgroupfs reports it, in bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryUse {
+    /// `memory.usage_in_bytes` (v1) / `memory.current` (v2).
+    pub usage: u64,
+    /// Anonymous memory (v1 `total_rss`, v2 `anon`).
+    pub anon: u64,
+    /// Shared memory / tmpfs (v1 `total_shmem`, v2 `shmem`): like anonymous, only swap frees it.
+    pub shmem: u64,
+    /// Page cache (v1 `total_cache`, v2 `file`), shmem included as the kernel counts it.
+    pub file: u64,
+}
+
+impl MemoryUse {
+    /// Memory the kernel cannot reclaim without swap.
+    pub fn unreclaimable(&self) -> u64 {
+        self.anon.saturating_add(self.shmem)
+    }
+}
+
+/// How a memory decrease proceeds, decided from the usage at the time of the update.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecreasePlan {
+    /// The new limit is above usage: the runtime writes it directly.
+    Direct,
+    /// Accept with `interim` (usage plus headroom, between the requested and the old limit), then
+    /// reclaim down to `target`.
+    Staged { interim: u64, target: u64 },
+}
+
+/// Decides how to lower a limit from `old_limit` (`None`: unlimited) to `target` when the
+/// container uses `usage` bytes, keeping `headroom` above usage while reclaiming.
+pub fn plan_decrease(
+    old_limit: Option<u64>,
+    target: u64,
+    usage: u64,
+    headroom: u64,
+) -> DecreasePlan {
+    if usage <= target {
+        return DecreasePlan::Direct;
+    }
+    let interim = round_up_page(usage.saturating_add(headroom));
+    let interim = old_limit
+        .map_or(interim, |old| interim.min(old))
+        .max(target);
+    DecreasePlan::Staged { interim, target }
+}
+
+/// The limit to keep when reclaim could not reach `target`: usage plus headroom, never above what
+/// is in place (`interim`) and never below `target`.
+pub fn safe_limit(interim: u64, target: u64, usage: u64, headroom: u64) -> u64 {
+    round_up_page(usage.saturating_add(headroom))
+        .min(interim)
+        .max(target)
+}
+
+/// Bytes to ask `memory.reclaim` for: down to `target`, plus one MiB of slack so that the
+/// final limit write has nothing left to reclaim.
+pub fn reclaim_request(usage: u64, target: u64) -> u64 {
+    round_up_page(usage.saturating_sub(target).saturating_add(MIB))
+}
+
+fn round_up_page(b: u64) -> u64 {
+    b.div_ceil(PAGE).saturating_mul(PAGE)
+}
+
+/// Bytes in MiB, rounded to the nearest, for people.
+pub fn mib(b: u64) -> u64 {
+    (b + MIB / 2) / MIB
+}
+
+/// Why reclaim did not reach `target` in time, as a person reads it.
+pub fn not_reclaimable_reason(
+    used: &MemoryUse,
+    target: u64,
+    kept: u64,
+    timeout_s: u64,
+    swap: bool,
+) -> String {
+    let unreclaimable = used.unreclaimable();
+    if unreclaimable > target && !swap {
+        format!(
+            "{} MiB of anonymous memory cannot be reclaimed without swap (usage {} MiB, requested limit {} MiB); keeping {} MiB",
+            mib(unreclaimable),
+            mib(used.usage),
+            mib(target),
+            mib(kept)
+        )
+    } else {
+        format!(
+            "usage {} MiB did not fall to the requested limit {} MiB within {timeout_s} s ({} MiB anonymous, {} MiB page cache still charged); keeping {} MiB",
+            mib(used.usage),
+            mib(target),
+            mib(unreclaimable),
+            mib(used.file),
+            mib(kept)
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ann(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn container_annotation_wins_over_pod_and_node() {
+        use MemoryDecreaseStrategy as S;
+        let a = ann(&[
+            ("memory-decrease.nri-resize.io/container.app", "reject"),
+            ("memory-decrease.nri-resize.io/pod", "restart"),
+        ]);
+        assert_eq!(
+            effective_decrease_strategy(&a, "app", S::Reclaim, true),
+            (S::Reject, vec![])
+        );
+        assert_eq!(
+            effective_decrease_strategy(&a, "sidecar", S::Reclaim, true),
+            (S::Restart, vec![])
+        );
+        assert_eq!(
+            effective_decrease_strategy(&BTreeMap::new(), "app", S::Restart, true),
+            (S::Restart, vec![])
+        );
+    }
+
+    #[test]
+    fn annotations_only_tighten() {
+        use MemoryDecreaseStrategy as S;
+        let a = ann(&[("memory-decrease.nri-resize.io/pod", "reclaim")]);
+        let (s, errors) = effective_decrease_strategy(&a, "app", S::Reject, true);
+        assert_eq!(s, S::Reject);
+        assert!(
+            matches!(
+                &errors[..],
+                [AnnotationError::LooserThanNodeDefault {
+                    requested: "reclaim",
+                    node_default: "reject",
+                    ..
+                }]
+            ),
+            "{errors:?}"
+        );
+        let (s, errors) = effective_decrease_strategy(&a, "app", S::Reclaim, false);
+        assert_eq!(s, S::Reclaim);
+        assert!(matches!(&errors[..], [AnnotationError::Disabled { .. }]));
+    }
+
+    #[test]
+    fn malformed_annotation_falls_back_to_the_next_source() {
+        use MemoryDecreaseStrategy as S;
+        let a = ann(&[
+            ("memory-decrease.nri-resize.io/container.app", "Reclaim"),
+            ("memory-decrease.nri-resize.io/pod", "restart"),
+        ]);
+        let (s, errors) = effective_decrease_strategy(&a, "app", S::Reclaim, true);
+        assert_eq!(s, S::Restart);
+        assert_eq!(errors.len(), 1);
+        let msg = errors[0].to_string();
+        assert!(
+            msg.contains("reclaim, restart or reject") && msg.contains("\"Reclaim\""),
+            "{msg}"
+        );
+        for bad in ["", "   ", "réclaim", &"x".repeat(5000)] {
+            assert!(
+                parse_decrease_annotation(POD_DECREASE_ANNOTATION, bad).is_err(),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            parse_decrease_annotation(POD_DECREASE_ANNOTATION, " reject "),
+            Ok(S::Reject)
+        );
+    }
+
+    #[test]
+    fn plan_is_direct_when_the_limit_is_above_usage() {
+        assert_eq!(
+            plan_decrease(Some(512 * MIB), 128 * MIB, 100 * MIB, 16 * MIB),
+            DecreasePlan::Direct
+        );
+        assert_eq!(
+            plan_decrease(Some(512 * MIB), 128 * MIB, 128 * MIB, 16 * MIB),
+            DecreasePlan::Direct
+        );
+    }
+
+    #[test]
+    fn staged_interim_is_usage_plus_headroom_between_target_and_old_limit() {
+        // 450 MiB used, 512 → 128: interim 466 MiB.
+        assert_eq!(
+            plan_decrease(Some(512 * MIB), 128 * MIB, 450 * MIB, 16 * MIB),
+            DecreasePlan::Staged {
+                interim: 466 * MIB,
+                target: 128 * MIB
+            }
+        );
+        // Usage close to the old limit: the old limit stays (never raised).
+        assert_eq!(
+            plan_decrease(Some(512 * MIB), 128 * MIB, 505 * MIB, 16 * MIB),
+            DecreasePlan::Staged {
+                interim: 512 * MIB,
+                target: 128 * MIB
+            }
+        );
+        // Unlimited before: interim is usage plus headroom, page-aligned.
+        assert_eq!(
+            plan_decrease(None, 100 * MIB, 300 * MIB + 1, 0),
+            DecreasePlan::Staged {
+                interim: 300 * MIB + PAGE,
+                target: 100 * MIB
+            }
+        );
+    }
+
+    #[test]
+    fn safe_limit_stays_between_target_and_interim() {
+        assert_eq!(
+            safe_limit(466 * MIB, 100 * MIB, 300 * MIB, 16 * MIB),
+            316 * MIB
+        );
+        assert_eq!(
+            safe_limit(466 * MIB, 100 * MIB, 460 * MIB, 16 * MIB),
+            466 * MIB
+        );
+        assert_eq!(
+            safe_limit(466 * MIB, 100 * MIB, 10 * MIB, 16 * MIB),
+            100 * MIB
+        );
+        assert_eq!(reclaim_request(450 * MIB, 128 * MIB), 323 * MIB);
+        assert_eq!(reclaim_request(100, 128 * MIB), MIB);
+    }
+
+    #[test]
+    fn reasons_name_what_cannot_be_reclaimed() {
+        let used = MemoryUse {
+            usage: 312 * MIB,
+            anon: 310 * MIB,
+            shmem: 0,
+            file: 2 * MIB,
+        };
+        let r = not_reclaimable_reason(&used, 100 * MIB, 328 * MIB, 60, false);
+        assert!(
+            r.starts_with("310 MiB of anonymous memory cannot be reclaimed without swap"),
+            "{r}"
+        );
+        assert!(
+            r.contains("requested limit 100 MiB") && r.contains("keeping 328 MiB"),
+            "{r}"
+        );
+        let cache = MemoryUse {
+            usage: 300 * MIB,
+            anon: 20 * MIB,
+            shmem: 0,
+            file: 280 * MIB,
+        };
+        let r = not_reclaimable_reason(&cache, 100 * MIB, 316 * MIB, 60, false);
+        assert!(
+            r.contains("within 60 s") && r.contains("280 MiB page cache"),
+            "{r}"
+        );
+    }
+}
