@@ -1,0 +1,494 @@
+//! Safe memory decrease against real containerd, runc and cgroups (issue 5), side by side with
+//! the naive path (the same containerd without the plugin: the runtime writes the new limit).
+//!
+//! - (a) 400 MiB page cache + 50 MiB anonymous, limit 512 MiB → 128 MiB: converges, the cgroup and
+//!   `ContainerStatus` show 128 MiB, the container never restarted and was never OOM-killed;
+//! - (b) 300 MiB anonymous, limit → 100 MiB: no OOM kill, state Deferred with the reason, the
+//!   limit kept safe (above usage) and the runtime's spec saying the same;
+//! - (c) strategies `reject` (the update fails, nothing changes) and `restart` (evicted);
+//! - (d) a second update during a reclaim wins at once.
+//!
+//! On cgroup v1 (these machines) the naive path fails the update in (b) (runc: "unable to set
+//! memory limit"); on cgroup v2 it OOM-kills the container (see FACTS). The counts of both are
+//! printed as one table.
+
+use std::time::{Duration, Instant};
+
+use nri_resize::api::ApiClient;
+use nri_resize::policy::ResizeState;
+use nri_resize_tests::cri::ContainerState;
+use nri_resize_tests::{
+    CgroupMode, ContainerSpec, Containerd, ContainerdOptions, ContainerdVersion, PluginProcess,
+    Pod, PodSpec, Resources,
+};
+
+const MIB: i64 = 1 << 20;
+const READY: Duration = Duration::from_secs(15);
+/// 400 MiB of clean page cache (written, then synced) and 50 MiB held anonymous by a `dd` whose
+/// buffer stays allocated while it blocks writing into a pipe nobody reads.
+const CACHE_AND_ANON: &str =
+    "dd if=/dev/zero of=/tmp/cache bs=1M count=400 2>/dev/null; sync; dd if=/dev/zero bs=50M count=1 2>/dev/null | sleep 3600";
+const ANON_300: &str = "dd if=/dev/zero bs=300M count=1 2>/dev/null | sleep 3600";
+
+fn v1(ctrd: &Containerd) -> bool {
+    ctrd.cgroups().mode() == CgroupMode::V1
+}
+
+fn memory_file(ctrd: &Containerd, id: &str, v1_name: &str, v2_name: &str) -> String {
+    ctrd.read_container_cgroup(id, if v1(ctrd) { v1_name } else { v2_name })
+}
+
+fn limit(ctrd: &Containerd, id: &str) -> i64 {
+    let t = memory_file(ctrd, id, "memory.limit_in_bytes", "memory.max");
+    t.parse().unwrap_or(-1)
+}
+
+fn usage(ctrd: &Containerd, id: &str) -> i64 {
+    memory_file(ctrd, id, "memory.usage_in_bytes", "memory.current")
+        .parse()
+        .unwrap_or(0)
+}
+
+fn oom_kills(ctrd: &Containerd, id: &str) -> u64 {
+    let text = memory_file(ctrd, id, "memory.oom_control", "memory.events");
+    nri_resize::observer::parse::oom_kill_count(&text).unwrap_or(0)
+}
+
+async fn start_plugin(ctrd: &Containerd, config: &str) -> PluginProcess {
+    let cfg = ctrd.base_dir().join("nri-resize.toml");
+    std::fs::write(&cfg, config).expect("write plugin config");
+    let cfg = cfg.to_string_lossy().into_owned();
+    let mut plugin = PluginProcess::start(ctrd, "nri-resize", &["--config", &cfg]);
+    plugin.wait_ready(READY).await;
+    plugin
+}
+
+/// A pod with one container `app` limited to 512 MiB running `script`, once its usage reached
+/// `min_usage` bytes. Returns the container id.
+async fn loaded_container(
+    ctrd: &Containerd,
+    name: &str,
+    annotations: &[(&str, &str)],
+    script: &str,
+    min_usage: i64,
+) -> String {
+    loaded_pod(ctrd, name, annotations, script, min_usage)
+        .await
+        .1
+}
+
+async fn loaded_pod(
+    ctrd: &Containerd,
+    name: &str,
+    annotations: &[(&str, &str)],
+    script: &str,
+    min_usage: i64,
+) -> (Pod, String) {
+    let mut spec = PodSpec::new(name);
+    for (k, v) in annotations {
+        spec.annotations.insert((*k).to_string(), (*v).to_string());
+    }
+    spec.resources = Resources::limits(200_000, 1024 * MIB);
+    let pod = Box::pin(ctrd.run_pod(spec)).await.expect("RunPodSandbox");
+    let mut c = ContainerSpec::new("app", &["sh", "-c", script]);
+    c.resources = Resources::limits(100_000, 512 * MIB);
+    let id = Box::pin(ctrd.create_container(&pod, c))
+        .await
+        .expect("CreateContainer");
+    ctrd.start_container(&id).await.expect("StartContainer");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while usage(ctrd, &id) < min_usage {
+        assert!(
+            Instant::now() < deadline,
+            "{name}: usage stayed at {} MiB, below {} MiB",
+            usage(ctrd, &id) / MIB,
+            min_usage / MIB
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Let the writer finish and settle.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    (pod, id)
+}
+
+async fn running(ctrd: &Containerd, id: &str) -> bool {
+    ctrd.container_status(id)
+        .await
+        .is_ok_and(|s| s.state == ContainerState::ContainerRunning as i32)
+}
+
+async fn status_limit(ctrd: &Containerd, id: &str) -> i64 {
+    ctrd.container_resources(id)
+        .await
+        .expect("ContainerStatus")
+        .map_or(-1, |r| r.memory_limit_in_bytes)
+}
+
+async fn record(api: &ApiClient, id: &str) -> nri_resize::resize::ContainerResize {
+    api.resizes()
+        .await
+        .expect("resizes API")
+        .containers
+        .get(id)
+        .cloned()
+        .expect("a resize record for the container")
+}
+
+/// Waits until the record of `id` leaves InProgress; returns it.
+async fn settled(
+    api: &ApiClient,
+    id: &str,
+    within: Duration,
+) -> nri_resize::resize::ContainerResize {
+    let deadline = Instant::now() + within;
+    loop {
+        let r = record(api, id).await;
+        if r.state != Some(ResizeState::InProgress) {
+            return r;
+        }
+        assert!(Instant::now() < deadline, "still in progress: {r:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `nri_resize_memory_decrease_outcomes_total{outcome=...}` from `/metrics`.
+async fn outcome_count(api: &ApiClient, outcome: &str) -> f64 {
+    use std::io::{Read as _, Write as _};
+    let addr = api
+        .status()
+        .await
+        .expect("status")
+        .metrics_addr
+        .expect("metrics address");
+    let mut s = std::net::TcpStream::connect(&addr).expect("connect metrics");
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").expect("request");
+    let mut body = String::new();
+    s.read_to_string(&mut body).expect("response");
+    let needle = format!("nri_resize_memory_decrease_outcomes_total{{outcome=\"{outcome}\"}} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&needle))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[derive(Debug, Default)]
+struct Tally {
+    oom_kills: u64,
+    failed_updates: u32,
+    restarts: u32,
+}
+
+/// (a) and (b) through the plugin; returns what happened.
+async fn with_plugin(ctrd: &Containerd) -> Tally {
+    let plugin = start_plugin(ctrd, "[memory_decrease]\ntimeout_ms = 5000\n").await;
+    let api = plugin.api();
+    let mut t = Tally::default();
+
+    // (a) page cache + a little anonymous memory: converges to 128 MiB.
+    let a = loaded_container(ctrd, "cache", &[], CACHE_AND_ANON, 440 * MIB).await;
+    let started = Instant::now();
+    let r = ctrd
+        .update_container_resources(&a, &Resources::limits(100_000, 128 * MIB))
+        .await;
+    if let Err(e) = &r {
+        panic!("(a) the update must be accepted: {e:?}");
+    }
+    let rec = settled(&api, &a, Duration::from_secs(30)).await;
+    eprintln!(
+        "(a) {}: converged in {} ms: {rec:?}",
+        ctrd.version(),
+        started.elapsed().as_millis()
+    );
+    assert_eq!(rec.state, None, "(a) converged: {rec:?}");
+    assert_eq!(limit(ctrd, &a), 128 * MIB, "(a) the cgroup holds 128 MiB");
+    assert_eq!(
+        status_limit(ctrd, &a).await,
+        128 * MIB,
+        "(a) ContainerStatus (kubelet's actual) says 128 MiB"
+    );
+    assert!(usage(ctrd, &a) <= 128 * MIB);
+    assert!(running(ctrd, &a).await, "(a) never restarted");
+    t.oom_kills += oom_kills(ctrd, &a);
+    assert!(outcome_count(&api, "converged").await >= 1.0);
+
+    // (b) 300 MiB anonymous, no swap: Deferred with the reason, limit kept above usage.
+    let b = loaded_container(ctrd, "anon", &[], ANON_300, 300 * MIB).await;
+    let r = ctrd
+        .update_container_resources(&b, &Resources::limits(100_000, 100 * MIB))
+        .await;
+    if let Err(e) = &r {
+        panic!("(b) the update must be accepted (interim limit): {e:?}");
+    }
+    let rec = settled(&api, &b, Duration::from_secs(30)).await;
+    eprintln!("(b) {}: {rec:?}", ctrd.version());
+    assert_eq!(rec.state, Some(ResizeState::Deferred), "(b): {rec:?}");
+    assert!(
+        rec.reason
+            .contains("anonymous memory cannot be reclaimed without swap"),
+        "(b) the reason says why: {}",
+        rec.reason
+    );
+    let kept = limit(ctrd, &b);
+    let used = usage(ctrd, &b);
+    assert!(
+        kept > used && kept <= 512 * MIB,
+        "(b) the kept limit {kept} is safe (usage {used})"
+    );
+    assert_eq!(
+        status_limit(ctrd, &b).await,
+        kept,
+        "(b) the runtime's spec says what the cgroup holds"
+    );
+    assert!(running(ctrd, &b).await, "(b) never restarted");
+    t.oom_kills += oom_kills(ctrd, &b);
+    assert!(outcome_count(&api, "deferred_anonymous").await >= 1.0);
+    t
+}
+
+/// (a) and (b) without the plugin: the runtime writes the new limit as asked.
+async fn naive(ctrd: &Containerd) -> Tally {
+    let mut t = Tally::default();
+    for (name, script, min, to) in [
+        ("cache", CACHE_AND_ANON, 440 * MIB, 128 * MIB),
+        ("anon", ANON_300, 300 * MIB, 100 * MIB),
+    ] {
+        let id = loaded_container(ctrd, &format!("naive-{name}"), &[], script, min).await;
+        let r = ctrd
+            .update_container_resources(&id, &Resources::limits(100_000, to))
+            .await;
+        if let Err(e) = &r {
+            t.failed_updates += 1;
+            eprintln!("naive {name}: update failed: {}", e.message());
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        t.oom_kills += oom_kills(ctrd, &id);
+        if !running(ctrd, &id).await {
+            t.restarts += 1;
+        }
+    }
+    t
+}
+
+async fn side_by_side(version: ContainerdVersion) {
+    let ctrd = Containerd::start(version, ContainerdOptions::default()).await;
+    let ours = with_plugin(&ctrd).await;
+    let base = Containerd::start(version, ContainerdOptions::default()).await;
+    let naive = naive(&base).await;
+    let cg = if v1(&ctrd) { "v1" } else { "v2" };
+    eprintln!(
+        "\nmemory decrease, containerd {} on cgroup {cg}: scenarios (a) cache→128Mi, (b) anon→100Mi",
+        ctrd.version()
+    );
+    eprintln!(
+        "  {:<10} {:>9} {:>14} {:>12}",
+        "path", "OOM kills", "failed updates", "not running"
+    );
+    for (n, t) in [("naive", &naive), ("nri-resize", &ours)] {
+        eprintln!(
+            "  {n:<10} {:>9} {:>14} {:>12}",
+            t.oom_kills, t.failed_updates, t.restarts
+        );
+    }
+    assert_eq!(ours.oom_kills, 0, "nri-resize: never an OOM kill");
+    assert_eq!(ours.failed_updates, 0);
+    // The naive path breaks in (b): a failed update on v1, an OOM kill on v2.
+    assert!(
+        naive.oom_kills + u64::from(naive.failed_updates) >= 1,
+        "the naive path was expected to fail (b): {naive:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn memory_decrease_side_by_side_containerd_1_7() {
+    side_by_side(ContainerdVersion::V1_7).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn memory_decrease_side_by_side_containerd_2() {
+    side_by_side(ContainerdVersion::V2).await;
+}
+
+/// (c) `reject` fails the update and changes nothing; `restart` evicts the container.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn memory_decrease_strategies_reject_and_restart() {
+    let ctrd = Containerd::start(ContainerdVersion::V2, ContainerdOptions::default()).await;
+    let plugin = start_plugin(&ctrd, "").await;
+    let api = plugin.api();
+
+    let id = loaded_container(
+        &ctrd,
+        "reject",
+        &[("memory-decrease.nri-resize.io/pod", "reject")],
+        ANON_300,
+        300 * MIB,
+    )
+    .await;
+    let err = ctrd
+        .update_container_resources(&id, &Resources::limits(100_000, 100 * MIB))
+        .await
+        .expect_err("reject fails the update");
+    assert!(
+        err.message().contains("above requested limit 100 MiB"),
+        "{err:?}"
+    );
+    assert_eq!(limit(&ctrd, &id), 512 * MIB, "nothing applied");
+    assert!(running(&ctrd, &id).await);
+    let rec = record(&api, &id).await;
+    assert_eq!(rec.state, Some(ResizeState::Deferred), "{rec:?}");
+
+    let id = loaded_container(
+        &ctrd,
+        "restart",
+        &[("memory-decrease.nri-resize.io/container.app", "restart")],
+        ANON_300,
+        300 * MIB,
+    )
+    .await;
+    let _ = ctrd
+        .update_container_resources(&id, &Resources::limits(100_000, 100 * MIB))
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while running(&ctrd, &id).await {
+        assert!(
+            Instant::now() < deadline,
+            "restart: the container was not evicted"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The cgroup went with the container: the runtime's exit reason tells an OOM kill.
+    let st = ctrd.container_status(&id).await.expect("status");
+    assert_ne!(st.reason, "OOMKilled", "evicted, not OOM-killed: {st:?}");
+    let rec = record(&api, &id).await;
+    assert!(rec.reason.contains("restart"), "{rec:?}");
+
+    // A looser annotation than the node default is ignored and reported.
+    drop(plugin);
+    let plugin = start_plugin(&ctrd, "[memory_decrease]\nstrategy = \"reject\"\n").await;
+    let id = loaded_container(
+        &ctrd,
+        "looser",
+        &[("memory-decrease.nri-resize.io/pod", "reclaim")],
+        ANON_300,
+        300 * MIB,
+    )
+    .await;
+    ctrd.update_container_resources(&id, &Resources::limits(100_000, 100 * MIB))
+        .await
+        .expect_err("the node default reject applies");
+    assert!(plugin
+        .log_tail(200)
+        .contains("looser than the node default"));
+}
+
+/// (d) A second update during a reclaim wins at once: the first reclaim never applies its limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_second_update_during_a_reclaim_wins() {
+    let ctrd = Containerd::start(ContainerdVersion::V1_7, ContainerdOptions::default()).await;
+    let plugin = start_plugin(&ctrd, "[memory_decrease]\ntimeout_ms = 30000\n").await;
+    let api = plugin.api();
+    let id = loaded_container(&ctrd, "supersede", &[], ANON_300, 300 * MIB).await;
+    ctrd.update_container_resources(&id, &Resources::limits(100_000, 100 * MIB))
+        .await
+        .expect("accepted with an interim limit");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(
+        record(&api, &id).await.state,
+        Some(ResizeState::InProgress),
+        "reclaiming (it cannot converge: anonymous memory)"
+    );
+    let started = Instant::now();
+    ctrd.update_container_resources(&id, &Resources::limits(100_000, 400 * MIB))
+        .await
+        .expect("the newer update");
+    let rec = settled(&api, &id, Duration::from_secs(10)).await;
+    assert_eq!(rec.state, None, "{rec:?}");
+    eprintln!(
+        "(d) newer update took over in {} ms",
+        started.elapsed().as_millis()
+    );
+    // The first reclaim is gone for good: the limit stays at the newer value.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(limit(&ctrd, &id), 400 * MIB);
+    assert_eq!(status_limit(&ctrd, &id).await, 400 * MIB);
+    assert!(running(&ctrd, &id).await);
+    assert_eq!(oom_kills(&ctrd, &id), 0);
+    assert!(outcome_count(&api, "superseded").await >= 1.0);
+}
+
+/// A whole-pod resize through the API that lowers a container below its usage: the container is
+/// reclaimed first, the pod cgroup is lowered only after it (KEP ordering), and anonymous memory
+/// that cannot go makes the resize Deferred with the pod cgroup untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn whole_pod_decrease_lowers_the_pod_after_its_reclaimed_container() {
+    use nri_resize::resize::{ContainerTarget, PodResizeRequest};
+    let ctrd = Containerd::start(ContainerdVersion::V1_7, ContainerdOptions::default()).await;
+    let plugin = start_plugin(&ctrd, "[memory_decrease]\ntimeout_ms = 3000\n").await;
+    let api = plugin.api();
+    let req = |mem: i64| PodResizeRequest {
+        containers: [(
+            "app".to_string(),
+            ContainerTarget {
+                cpu_millis: None,
+                memory_bytes: Some(u64::try_from(mem).expect("positive")),
+            },
+        )]
+        .into(),
+    };
+    let pod_memory = |pod: &Pod| {
+        ctrd.pod_cgroup_limits(pod)
+            .expect("pod cgroup limits")
+            .memory_limit
+    };
+
+    // Page cache: reclaimed, then the container at 128 MiB, then the pod (1024 → 640 MiB).
+    let (pod, id) = loaded_pod(&ctrd, "api-cache", &[], CACHE_AND_ANON, 440 * MIB).await;
+    let r = api
+        .resize_pod("default", "api-cache", &req(128 * MIB))
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", plugin.log_tail(40)));
+    let order: Vec<&str> = r.steps.iter().map(|s| s.target.as_str()).collect();
+    eprintln!("whole-pod decrease steps: {:?}", r.steps);
+    assert_eq!(order, ["app", "pod"], "container first, then the pod");
+    assert!(
+        r.steps.iter().all(|s| s.ok && s.violation.is_empty()),
+        "{r:?}"
+    );
+    assert_eq!(limit(&ctrd, &id), 128 * MIB);
+    assert_eq!(status_limit(&ctrd, &id).await, 128 * MIB);
+    assert_eq!(pod_memory(&pod), Some(640 << 20), "the pod follows, last");
+    assert!(running(&ctrd, &id).await);
+    assert_eq!(oom_kills(&ctrd, &id), 0);
+
+    // Anonymous memory: Deferred, and the pod cgroup is not lowered.
+    let (pod, id) = loaded_pod(&ctrd, "api-anon", &[], ANON_300, 300 * MIB).await;
+    let err = api
+        .resize_pod("default", "api-anon", &req(100 * MIB))
+        .await
+        .expect_err("cannot reclaim anonymous memory");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("Deferred") && msg.contains("without swap"),
+        "{msg}"
+    );
+    assert!(
+        limit(&ctrd, &id) > usage(&ctrd, &id),
+        "the kept limit is safe"
+    );
+    assert!(running(&ctrd, &id).await);
+    assert_eq!(oom_kills(&ctrd, &id), 0);
+    let pods = api.resizes().await.expect("resizes").pods;
+    let rec = pods
+        .iter()
+        .find(|p| p.pod.ends_with("api-anon"))
+        .expect("pod resize record");
+    assert_eq!(rec.state, Some(ResizeState::Deferred), "{rec:?}");
+    assert!(
+        rec.steps.iter().all(|s| s.target != "pod"),
+        "pod untouched: {rec:?}"
+    );
+    assert_eq!(
+        pod_memory(&pod),
+        Some(1024 << 20),
+        "the pod cgroup is not lowered"
+    );
+}
