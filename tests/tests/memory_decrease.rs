@@ -134,7 +134,7 @@ async fn record(api: &ApiClient, id: &str) -> nri_resize::resize::ContainerResiz
         .expect("a resize record for the container")
 }
 
-/// Waits until the record of `id` leaves InProgress; returns it.
+/// Waits until the record of `id` leaves `InProgress`; returns it.
 async fn settled(
     api: &ApiClient,
     id: &str,
