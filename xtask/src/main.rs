@@ -250,6 +250,12 @@ fn bench() -> anyhow::Result<()> {
         cargo()
             .env("NRI_RESIZE_BIN", root().join("target/release/nri-resize"))
             .args(["bench", "-p", "nri-resize-tests", "--bench", "resize_api"]),
+    )?;
+    run(
+        "safe memory decrease convergence vs one direct kernel write",
+        cargo()
+            .env("NRI_RESIZE_BIN", root().join("target/release/nri-resize"))
+            .args(["bench", "-p", "nri-resize-tests", "--bench", "memory_decrease"]),
     )
 }
 
