@@ -39,6 +39,7 @@ pub enum ConfigError {
 /// timeout_ms = 60000            # reclaim gives up after this and keeps a safe limit
 /// headroom = 16777216           # bytes above usage the interim limit keeps
 /// step_interval_ms = 100        # first pause between reclaim passes (doubles up to 1 s)
+/// inline_max = 1073741824       # page cache up to this is reclaimed inside the update
 ///
 /// [policy]                      # node defaults; see docs/annotations.md
 /// action = "LiveResizePreferred"
@@ -69,6 +70,9 @@ pub struct MemoryDecreaseConfig {
     pub headroom: u64,
     /// First pause between reclaim passes in milliseconds; it doubles up to one second.
     pub step_interval_ms: u64,
+    /// Up to this many bytes to reclaim, when what must go is page cache, one reclaim is tried
+    /// inside the update itself (bounded: well within the runtime's deadline); 0 turns it off.
+    pub inline_max: u64,
 }
 
 impl Default for MemoryDecreaseConfig {
@@ -78,6 +82,7 @@ impl Default for MemoryDecreaseConfig {
             timeout_ms: 60_000,
             headroom: 16 << 20,
             step_interval_ms: 100,
+            inline_max: 1 << 30,
         }
     }
 }
@@ -187,6 +192,15 @@ impl Config {
                 message: format!(
                     "memory_decrease.timeout_ms must be within 1000..=3600000, got {}",
                     md.timeout_ms
+                ),
+            });
+        }
+        if md.inline_max > (4 << 30) {
+            return Err(ConfigError::Invalid {
+                origin: origin.to_string(),
+                message: format!(
+                    "memory_decrease.inline_max must be at most 4 GiB (reclaim inside the runtime's deadline), got {}",
+                    md.inline_max
                 ),
             });
         }

@@ -28,9 +28,17 @@ async fn refill(ctrd: &Containerd, id: &str, v1: bool) {
         .await
         .expect("refill the page cache");
     assert_eq!(r.exit_code, 0, "refill: {r:?}");
-    let file = if v1 { "memory.usage_in_bytes" } else { "memory.current" };
+    let file = if v1 {
+        "memory.usage_in_bytes"
+    } else {
+        "memory.current"
+    };
     let usage: i64 = ctrd.read_container_cgroup(id, file).parse().expect("usage");
-    assert!(usage >= 440 * MIB, "usage after refill: {} MiB", usage / MIB);
+    assert!(
+        usage >= 440 * MIB,
+        "usage after refill: {} MiB",
+        usage / MIB
+    );
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
@@ -68,7 +76,10 @@ async fn main() {
         .container_cgroup_dir(&id, "memory")
         .expect("container memory cgroup");
     let (limit_file, baseline_name) = if v1 {
-        ("memory.limit_in_bytes", "one direct memory.limit_in_bytes write")
+        (
+            "memory.limit_in_bytes",
+            "one direct memory.limit_in_bytes write",
+        )
     } else {
         ("memory.reclaim", "one direct memory.reclaim")
     };
@@ -89,8 +100,13 @@ async fn main() {
             .await
             .expect("update");
         loop {
-            let rec: Option<ContainerResize> =
-                api.resizes().await.expect("resizes").containers.get(&id).cloned();
+            let rec: Option<ContainerResize> = api
+                .resizes()
+                .await
+                .expect("resizes")
+                .containers
+                .get(&id)
+                .cloned();
             if rec.as_ref().is_some_and(|r| {
                 r.state.is_none()
                     && r.allocated
@@ -101,13 +117,16 @@ async fn main() {
             }) {
                 break;
             }
-            assert!(t.elapsed() < Duration::from_secs(30), "no convergence: {rec:?}");
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "no convergence: {rec:?}"
+            );
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         ours.push(t.elapsed());
     }
-    let (b50, o50) = (percentile(&mut base, 50.0), percentile(&mut ours, 50.0));
-    let (b90, o90) = (percentile(&mut base, 90.0), percentile(&mut ours, 90.0));
+    let (b50, o50) = (percentile(&mut base, 0.5), percentile(&mut ours, 0.5));
+    let (b90, o90) = (percentile(&mut base, 0.9), percentile(&mut ours, 0.9));
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!(
         "\nmemory decrease 512 → 128 MiB with 400 MiB page cache + 50 MiB anonymous, containerd {} (cgroup {}), {iters} iterations",
@@ -115,7 +134,12 @@ async fn main() {
         if v1 { "v1" } else { "v2" }
     );
     println!("  {:<58} {:>9} {:>9}", "measure", "p50 ms", "p90 ms");
-    println!("  {:<58} {:>9.1} {:>9.1}", format!("baseline: {baseline_name}"), ms(b50), ms(b90));
+    println!(
+        "  {:<58} {:>9.1} {:>9.1}",
+        format!("baseline: {baseline_name}"),
+        ms(b50),
+        ms(b90)
+    );
     println!(
         "  {:<58} {:>9.1} {:>9.1}",
         "nri-resize: CRI update to the final limit in place",

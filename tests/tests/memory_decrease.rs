@@ -180,7 +180,12 @@ struct Tally {
 
 /// (a) and (b) through the plugin; returns what happened.
 async fn with_plugin(ctrd: &Containerd) -> Tally {
-    let plugin = start_plugin(ctrd, "[memory_decrease]\ntimeout_ms = 5000\n").await;
+    // `inline_max = 0`: the staged path, even where one reclaim inside the update would do.
+    let plugin = start_plugin(
+        ctrd,
+        "[memory_decrease]\ntimeout_ms = 5000\ninline_max = 0\n",
+    )
+    .await;
     let api = plugin.api();
     let mut t = Tally::default();
 
@@ -308,12 +313,28 @@ async fn memory_decrease_side_by_side_containerd_2() {
     side_by_side(ContainerdVersion::V2).await;
 }
 
-/// (c) `reject` fails the update and changes nothing; `restart` evicts the container.
+/// (c) `reject` fails the update and changes nothing; `restart` evicts the container. And the
+/// fast path of the default configuration: page cache reclaimed inside the update itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn memory_decrease_strategies_reject_and_restart() {
     let ctrd = Containerd::start(ContainerdVersion::V2, ContainerdOptions::default()).await;
     let plugin = start_plugin(&ctrd, "").await;
     let api = plugin.api();
+
+    let id = loaded_container(&ctrd, "inline", &[], CACHE_AND_ANON, 440 * MIB).await;
+    ctrd.update_container_resources(&id, &Resources::limits(100_000, 128 * MIB))
+        .await
+        .expect("page cache: reclaimed inside the update");
+    assert_eq!(
+        limit(&ctrd, &id),
+        128 * MIB,
+        "in place when the update returns"
+    );
+    assert_eq!(status_limit(&ctrd, &id).await, 128 * MIB);
+    assert_eq!(record(&api, &id).await.state, None);
+    assert!(outcome_count(&api, "inline").await >= 1.0);
+    assert!(running(&ctrd, &id).await);
+    assert_eq!(oom_kills(&ctrd, &id), 0);
 
     let id = loaded_container(
         &ctrd,

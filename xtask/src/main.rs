@@ -255,7 +255,13 @@ fn bench() -> anyhow::Result<()> {
         "safe memory decrease convergence vs one direct kernel write",
         cargo()
             .env("NRI_RESIZE_BIN", root().join("target/release/nri-resize"))
-            .args(["bench", "-p", "nri-resize-tests", "--bench", "memory_decrease"]),
+            .args([
+                "bench",
+                "-p",
+                "nri-resize-tests",
+                "--bench",
+                "memory_decrease",
+            ]),
     )
 }
 

@@ -9,6 +9,8 @@ use super::{register, MetricsError};
 pub enum DecreaseOutcome {
     /// The new limit was above usage: written directly.
     Direct,
+    /// Page cache reclaimed inside the update, then written directly.
+    Inline,
     /// Reclaim reached the target and the limit was applied.
     Converged,
     /// Timed out: anonymous memory above the target (no swap).
@@ -29,6 +31,7 @@ impl DecreaseOutcome {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Direct => "direct",
+            Self::Inline => "inline",
             Self::Converged => "converged",
             Self::DeferredAnonymous => "deferred_anonymous",
             Self::DeferredTimeout => "deferred_timeout",
@@ -63,7 +66,7 @@ impl DecreaseMetrics {
                 IntCounterVec::new(
                     Opts::new(
                         "memory_decrease_outcomes_total",
-                        "Memory limit decreases by outcome: direct, converged, deferred_anonymous, deferred_timeout, superseded, rejected, restarted, error.",
+                        "Memory limit decreases by outcome: direct, inline, converged, deferred_anonymous, deferred_timeout, superseded, rejected, restarted, error.",
                     ),
                     &["outcome"],
                 )
@@ -101,6 +104,11 @@ impl DecreaseMetrics {
 
     pub fn outcome(&self, o: DecreaseOutcome) {
         self.outcomes.with_label_values(&[o.as_str()]).inc();
+    }
+
+    /// Bytes reclaimed outside a staged decrease (inside the update).
+    pub fn reclaimed(&self, bytes: u64) {
+        self.reclaimed.inc_by(bytes);
     }
 
     pub fn started(&self) {

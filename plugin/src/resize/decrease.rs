@@ -190,6 +190,12 @@ impl Engine {
             mib(usage.usage),
             mib(target)
         );
+        if strategy == MemoryDecreaseStrategy::Reclaim
+            && cfg.resize.mode == Mode::Enforce
+            && self.reclaim_inline(ctr, target, &usage, md.inline_max)
+        {
+            return DecreaseVerdict::Direct;
+        }
         match strategy {
             MemoryDecreaseStrategy::Reject => {
                 self.state
@@ -209,6 +215,43 @@ impl Engine {
             }
             MemoryDecreaseStrategy::Reclaim => DecreaseVerdict::Interim(interim),
         }
+    }
+
+    /// The fast path: when what must go is page cache (anonymous and shared memory fit under
+    /// the target) and is at most `inline_max`, one reclaim inside the update — v1: the target
+    /// limit written directly (the kernel reclaims inside the write or refuses with `EBUSY`,
+    /// never an OOM kill), v2: one `memory.reclaim`. `true`: usage fits the target now, and the
+    /// runtime writes the limit as asked.
+    fn reclaim_inline(
+        &self,
+        ctr: &Container,
+        target: u64,
+        usage: &crate::policy::MemoryUse,
+        inline_max: u64,
+    ) -> bool {
+        let need = usage.usage.saturating_sub(target);
+        if need == 0 || need > inline_max || usage.unreclaimable() >= target {
+            return false;
+        }
+        let (Some(cg), Ok(path)) = (self.cgroups.as_ref(), container_path(&ctr.cgroups_path))
+        else {
+            return false;
+        };
+        let started = Instant::now();
+        let fits = match cg.version() {
+            crate::cgroup::CgroupVersion::V1 => cg.set_memory_limit(&path, Some(target)).is_ok(),
+            crate::cgroup::CgroupVersion::V2 => {
+                let _ = cg.reclaim(&path, crate::policy::reclaim_request(usage.usage, target));
+                cg.memory_use(&path).is_ok_and(|u| u.usage <= target)
+            }
+        };
+        if fits {
+            info!(container = %ctr.name, target_mib = mib(target), reclaimed_mib = mib(need), took_ms = started.elapsed().as_millis(), "page cache reclaimed inside the update");
+            let dec = &self.state.metrics.decrease;
+            dec.outcome(DecreaseOutcome::Inline);
+            dec.reclaimed(need);
+        }
+        fits
     }
 
     /// Accepts a staged decrease: the reply for the runtime (interim limit) and the reclaim task.
