@@ -11,6 +11,7 @@
 
 use std::time::{Duration, Instant};
 
+use nri_resize::api::ApiClient;
 use nri_resize::resize::ContainerResize;
 use nri_resize_tests::{
     percentile, CgroupMode, ContainerSpec, Containerd, ContainerdOptions, ContainerdVersion,
@@ -39,6 +40,38 @@ async fn refill(ctrd: &Containerd, id: &str, v1: bool) {
         "usage after refill: {} MiB",
         usage / MIB
     );
+}
+
+/// CRI update to 128 MiB, then until the plugin reports the limit allocated and no resize state.
+async fn converge(ctrd: &Containerd, api: &ApiClient, id: &str) -> Duration {
+    let t = Instant::now();
+    ctrd.update_container_resources(id, &Resources::limits(100_000, 128 * MIB))
+        .await
+        .expect("update");
+    loop {
+        let rec: Option<ContainerResize> = api
+            .resizes()
+            .await
+            .expect("resizes")
+            .containers
+            .get(id)
+            .cloned();
+        if rec.as_ref().is_some_and(|r| {
+            r.state.is_none()
+                && r.allocated
+                    .as_ref()
+                    .and_then(|a| a.memory.as_ref())
+                    .and_then(|m| m.limit)
+                    == Some(128 * MIB)
+        }) {
+            return t.elapsed();
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "no convergence: {rec:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
@@ -95,35 +128,7 @@ async fn main() {
 
         // Ours: CRI update → interim → reclaim → final limit through NRI.
         refill(&ctrd, &id, v1).await;
-        let t = Instant::now();
-        ctrd.update_container_resources(&id, &Resources::limits(100_000, 128 * MIB))
-            .await
-            .expect("update");
-        loop {
-            let rec: Option<ContainerResize> = api
-                .resizes()
-                .await
-                .expect("resizes")
-                .containers
-                .get(&id)
-                .cloned();
-            if rec.as_ref().is_some_and(|r| {
-                r.state.is_none()
-                    && r.allocated
-                        .as_ref()
-                        .and_then(|a| a.memory.as_ref())
-                        .and_then(|m| m.limit)
-                        == Some(128 * MIB)
-            }) {
-                break;
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(30),
-                "no convergence: {rec:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-        ours.push(t.elapsed());
+        ours.push(converge(&ctrd, &api, &id).await);
     }
     let (b50, o50) = (percentile(&mut base, 0.5), percentile(&mut ours, 0.5));
     let (b90, o90) = (percentile(&mut base, 0.9), percentile(&mut ours, 0.9));
