@@ -15,7 +15,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 
-const FUZZ_TARGETS: [&str; 3] = ["frame_decoder", "ttrpc_decoder", "config_parser"];
+const FUZZ_TARGETS: [&str; 4] = [
+    "frame_decoder",
+    "ttrpc_decoder",
+    "config_parser",
+    "annotation_parser",
+];
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

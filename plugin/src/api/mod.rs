@@ -47,6 +47,9 @@ pub struct Status {
     /// Where `/metrics` is served (the bound address, port 0 resolved).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics_addr: Option<String>,
+    /// The checkpoint directory (`--state-dir`) and its problems.
+    #[serde(default)]
+    pub state_dir: crate::resize::checkpoint::StateDirStatus,
 }
 
 /// A pod with its containers: the model's [`PodView`] JSON, each container with `observed`.
@@ -265,6 +268,11 @@ fn status_of(state: &NodeState, link: &RuntimeLink) -> Status {
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .map(|a| a.to_string()),
+        state_dir: state
+            .state_dir
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone(),
     }
 }
 

@@ -39,6 +39,8 @@ pub struct NodeState {
     pub metrics: Arc<Metrics>,
     /// Where `/metrics` is served (port 0 resolved).
     pub metrics_addr: RwLock<Option<SocketAddr>>,
+    /// The checkpoint directory and its problems.
+    pub state_dir: Mutex<crate::resize::checkpoint::StateDirStatus>,
 }
 
 impl NodeState {
@@ -59,7 +61,16 @@ impl NodeState {
             observer_info: RwLock::new(None),
             metrics: Arc::new(Metrics::new().expect("metric names are unique and valid")),
             metrics_addr: RwLock::new(None),
+            state_dir: Mutex::new(crate::resize::checkpoint::StateDirStatus::default()),
         })
+    }
+
+    /// Records a state-directory problem for the status API (it is logged by the caller).
+    pub fn state_dir_problem(&self, message: String) {
+        self.state_dir
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .problem(message);
     }
 
     pub fn read_model<R>(&self, f: impl FnOnce(&Model) -> R) -> R {

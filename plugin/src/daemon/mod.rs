@@ -133,9 +133,20 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
         Ok(store) => Some(store),
         Err(err) => {
             error!(%err, "resize checkpoints disabled: in-flight resizes will not survive a restart");
+            state.state_dir_problem(format!(
+                "unusable, checkpoints disabled (in-flight resizes will not survive a restart): {err}"
+            ));
             None
         }
     };
+    {
+        let mut sd = state
+            .state_dir
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        sd.path = opts.state_dir.display().to_string();
+        sd.usable = checkpoints.is_some();
+    }
     let engine = Arc::new(Engine::new(
         state.clone(),
         link.clone(),

@@ -111,6 +111,12 @@ impl Engine {
                 "newer update: staged memory decrease superseded"
             );
             h.cancel.cancel();
+            // It must not be resumed after a restart; a newer staged decrease writes its own.
+            if let Some(store) = &self.checkpoints {
+                if let Err(e) = store.remove(&checkpoint_key(container_id)) {
+                    warn!(container_id, error = %e, "cannot remove the reclaim checkpoint");
+                }
+            }
         }
     }
 
@@ -346,6 +352,10 @@ impl Engine {
             };
             if let Err(e) = store.save(&checkpoint_key(&ctr.id), &rec) {
                 error!(container = %ctr.name, error = %e, "cannot checkpoint the staged memory decrease; it will not survive a restart");
+                self.state.state_dir_problem(format!(
+                    "checkpoint of the memory decrease of {} not written: {e}",
+                    ctr.name
+                ));
             }
         }
         self.state.metrics.decrease.started();
@@ -373,14 +383,10 @@ impl Engine {
                 }
                 mine
             };
-            if mine || o != DecreaseOutcome::Superseded {
-                if let Some(store) = &engine.checkpoints {
-                    // A newer staged decrease of the same container owns the checkpoint now.
-                    if mine {
-                        if let Err(e) = store.remove(&checkpoint_key(&id)) {
-                            warn!(container = %name, error = %e, "cannot remove the reclaim checkpoint");
-                        }
-                    }
+            // Not mine: superseded, and the checkpoint (if any) belongs to a newer decrease.
+            if let (true, Some(store)) = (mine, &engine.checkpoints) {
+                if let Err(e) = store.remove(&checkpoint_key(&id)) {
+                    warn!(container = %name, error = %e, "cannot remove the reclaim checkpoint");
                 }
             }
         });
@@ -675,6 +681,8 @@ impl Engine {
         let (records, errors) = store.load_prefixed::<ReclaimCheckpoint>("reclaim-");
         for e in errors {
             error!(error = %e, "reclaim checkpoint unusable");
+            self.state
+                .state_dir_problem(format!("memory decrease checkpoint unusable: {e}"));
         }
         for (key, rec) in records {
             let found = self.state.read_model(|m| {

@@ -847,6 +847,10 @@ impl Engine {
             };
             if let Err(e) = store.save(&checkpoint_key(&pod.id), &rec) {
                 error!(pod = %pod.full_name(), error = %e, "cannot checkpoint the resize; it will not survive a restart");
+                self.state.state_dir_problem(format!(
+                    "checkpoint of {} not written: {e}",
+                    pod.full_name()
+                ));
             }
         }
     }
@@ -1081,6 +1085,8 @@ impl Engine {
         let (records, errors) = store.load_prefixed::<ResizeCheckpoint>("pod-");
         for e in errors {
             error!(error = %e, "resize checkpoint unusable");
+            self.state
+                .state_dir_problem(format!("resize checkpoint unusable: {e}"));
         }
         for (_, rec) in records {
             let pod = self.state.read_model(|m| m.pod(&rec.pod_id).cloned());

@@ -1,0 +1,318 @@
+//! Faults against the real runtime (issue 9), each asserting that nothing is lost and nothing is
+//! applied twice:
+//!
+//! - the plugin killed (SIGKILL) in the middle of a staged memory decrease resumes it from its checkpoint
+//!   after a restart and reaches the desired limit (the whole-pod case is in `resize_containerd`);
+//! - a container removed while its reclaim is pending: one clear line, no retry storm, the daemon
+//!   serves on;
+//! - the state directory unusable or holding a corrupt checkpoint: a clear error, the daemon still
+//!   serves and resizes, and `/v1/status` reports it;
+//! - containerd restarted while the plugin runs: it re-registers and the metrics continue.
+//!
+//! (A plugin frozen past the runtime's deadline is `nri_containerd::frozen_plugin_fails_open`;
+//! eBPF refused is the polling instance of `observer_containerd`.)
+
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use nri_resize::api::ApiClient;
+use nri_resize::policy::ResizeState;
+use nri_resize_tests::cri::ContainerState;
+use nri_resize_tests::{
+    CgroupMode, ContainerSpec, Containerd, ContainerdOptions, ContainerdVersion, PluginProcess,
+    PodSpec, Resources,
+};
+
+const MIB: i64 = 1 << 20;
+const READY: Duration = Duration::from_secs(15);
+const ANON_300: &str = "dd if=/dev/zero bs=300M count=1 2>/dev/null | sleep 3600";
+
+fn limit(ctrd: &Containerd, id: &str) -> i64 {
+    let file = if ctrd.cgroups().mode() == CgroupMode::V1 {
+        "memory.limit_in_bytes"
+    } else {
+        "memory.max"
+    };
+    ctrd.read_container_cgroup(id, file).parse().unwrap_or(-1)
+}
+
+fn usage(ctrd: &Containerd, id: &str) -> i64 {
+    let file = if ctrd.cgroups().mode() == CgroupMode::V1 {
+        "memory.usage_in_bytes"
+    } else {
+        "memory.current"
+    };
+    ctrd.read_container_cgroup(id, file).parse().unwrap_or(0)
+}
+
+fn config(ctrd: &Containerd, name: &str, text: &str) -> String {
+    let p = ctrd.base_dir().join(format!("{name}.toml"));
+    std::fs::write(&p, text).expect("write config");
+    p.to_string_lossy().into_owned()
+}
+
+/// A pod with one container `app` (512 MiB) running `script`, once it uses `min_usage`.
+async fn container(ctrd: &Containerd, name: &str, script: &str, min_usage: i64) -> String {
+    let mut spec = PodSpec::new(name);
+    spec.resources = Resources::limits(200_000, 1024 * MIB);
+    let pod = Box::pin(ctrd.run_pod(spec)).await.expect("RunPodSandbox");
+    let mut c = ContainerSpec::new("app", &["sh", "-c", script]);
+    c.resources = Resources::limits(100_000, 512 * MIB);
+    let id = Box::pin(ctrd.create_container(&pod, c))
+        .await
+        .expect("CreateContainer");
+    ctrd.start_container(&id).await.expect("StartContainer");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while usage(ctrd, &id) < min_usage {
+        assert!(Instant::now() < deadline, "{name}: usage never reached");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    id
+}
+
+async fn state_of(api: &ApiClient, id: &str) -> Option<nri_resize::resize::ContainerResize> {
+    api.resizes().await.ok()?.containers.get(id).cloned()
+}
+
+fn count(log: &str, needle: &str) -> usize {
+    log.lines().filter(|l| l.contains(needle)).count()
+}
+
+/// SIGKILL during a staged memory decrease; the memory is freed while the plugin is down; the
+/// restarted plugin resumes from its checkpoint and applies the requested limit exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn plugin_killed_mid_memory_decrease_resumes_from_its_checkpoint() {
+    let ctrd = Containerd::start(ContainerdVersion::V2, ContainerdOptions::default()).await;
+    let cfg = config(&ctrd, "kill", "[memory_decrease]\ntimeout_ms = 120000\n");
+    let mut plugin = PluginProcess::start(&ctrd, "nri-resize", &["--config", &cfg]);
+    plugin.wait_ready(READY).await;
+    let api = plugin.api();
+    let id = container(&ctrd, "killed", ANON_300, 300 * MIB).await;
+    ctrd.update_container_resources(&id, &Resources::limits(100_000, 100 * MIB))
+        .await
+        .expect("accepted with an interim limit");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rec = state_of(&api, &id).await.expect("record");
+    assert_eq!(rec.state, Some(ResizeState::InProgress), "{rec:?}");
+    let checkpoints: Vec<_> = std::fs::read_dir(&plugin.state_dir)
+        .expect("state dir")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        checkpoints.iter().any(|n| n.starts_with("reclaim-")),
+        "a checkpoint of the staged decrease: {checkpoints:?}"
+    );
+
+    assert_eq!(
+        plugin.stop_with(Signal::SIGKILL, Duration::from_secs(5)),
+        None,
+        "killed"
+    );
+    // While the plugin is down the workload frees its memory.
+    let r = ctrd
+        .exec_sync(&id, &["sh", "-c", "kill $(pidof dd)"], 10)
+        .await
+        .expect("exec");
+    assert_eq!(r.exit_code, 0, "{r:?}");
+    let interim = limit(&ctrd, &id);
+    assert!(interim > 300 * MIB, "the interim limit stayed: {interim}");
+
+    plugin.restart();
+    plugin.wait_ready(READY).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let rec = state_of(&api, &id).await;
+        if rec.as_ref().is_some_and(|r| r.state.is_none()) && limit(&ctrd, &id) == 100 * MIB {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not resumed: {rec:?}\n{}",
+            plugin.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let status = ctrd
+        .container_resources(&id)
+        .await
+        .expect("ContainerStatus")
+        .expect("resources");
+    assert_eq!(status.memory_limit_in_bytes, 100 * MIB);
+    let st = ctrd.container_status(&id).await.expect("status");
+    assert_eq!(
+        st.state,
+        ContainerState::ContainerRunning as i32,
+        "never restarted"
+    );
+    let log = std::fs::read_to_string(&plugin.log_path).expect("plugin log");
+    assert_eq!(
+        count(&log, "resuming a checkpointed memory decrease"),
+        1,
+        "{log}"
+    );
+    assert_eq!(
+        count(&log, "staged memory decrease done"),
+        1,
+        "applied exactly once:\n{log}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&plugin.state_dir)
+        .expect("state dir")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("reclaim-"))
+        .collect();
+    assert!(left.is_empty(), "checkpoint removed when done: {left:?}");
+}
+
+/// The container (and its cgroup) goes while its reclaim is pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn container_removed_during_a_reclaim_is_one_clear_line_not_a_retry_storm() {
+    let ctrd = Containerd::start(ContainerdVersion::V1_7, ContainerdOptions::default()).await;
+    let cfg = config(&ctrd, "gone", "[memory_decrease]\ntimeout_ms = 60000\n");
+    let mut plugin = PluginProcess::start(&ctrd, "nri-resize", &["--config", &cfg]);
+    plugin.wait_ready(READY).await;
+    let api = plugin.api();
+    let id = container(&ctrd, "gone", ANON_300, 300 * MIB).await;
+    ctrd.update_container_resources(&id, &Resources::limits(100_000, 100 * MIB))
+        .await
+        .expect("accepted");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    ctrd.stop_container(&id, 0).await.expect("stop");
+    ctrd.remove_container(&id).await.expect("remove");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let log = std::fs::read_to_string(&plugin.log_path).expect("plugin log");
+    let errors = log
+        .lines()
+        .filter(|l| l.contains("ERROR") || l.contains("WARN"))
+        .filter(|l| l.contains("reclaim") || l.contains("memory decrease"))
+        .count();
+    assert!(errors <= 1, "at most one line about it:\n{log}");
+    assert!(
+        count(&log, "superseded") + count(&log, "staged memory decrease failed") >= 1,
+        "the reclaim ended visibly:\n{log}"
+    );
+    assert!(api.status().await.is_ok(), "still serving");
+    assert!(
+        state_of(&api, &id).await.is_none(),
+        "the record went with it"
+    );
+    // The daemon still resizes.
+    let other = container(&ctrd, "after", "sleep 3600", 0).await;
+    ctrd.update_container_resources(&other, &Resources::limits(50_000, 256 * MIB))
+        .await
+        .expect("a later update");
+    assert_eq!(limit(&ctrd, &other), 256 * MIB);
+}
+
+/// An unusable state directory, then a corrupt checkpoint: reported, and the daemon serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unusable_or_corrupt_state_dir_is_reported_and_the_daemon_serves() {
+    let ctrd = Containerd::start(ContainerdVersion::V2, ContainerdOptions::default()).await;
+    // A regular file where the directory should be.
+    std::fs::write(ctrd.base_dir().join("unusable-state"), "not a directory").expect("file");
+    let mut plugin = PluginProcess::start(&ctrd, "unusable", &[]);
+    plugin.wait_ready(READY).await;
+    let st = plugin.api().status().await.expect("status");
+    assert!(!st.state_dir.usable, "{:?}", st.state_dir);
+    assert!(
+        st.state_dir
+            .problems
+            .iter()
+            .any(|p| p.contains("unusable") && p.contains("unusable-state")),
+        "{:?}",
+        st.state_dir
+    );
+    let id = container(&ctrd, "served", "sleep 3600", 0).await;
+    ctrd.update_container_resources(&id, &Resources::limits(50_000, 256 * MIB))
+        .await
+        .expect("resizes still work");
+    assert_eq!(limit(&ctrd, &id), 256 * MIB);
+    plugin.stop();
+
+    // A corrupt checkpoint: moved aside, reported; the daemon starts and serves.
+    let dir = ctrd.base_dir().join("corrupt-state");
+    std::fs::create_dir_all(&dir).expect("dir");
+    std::fs::write(dir.join("reclaim-abc.json"), "{ not json").expect("garbage");
+    std::fs::write(dir.join("pod-xyz.json"), [0xff_u8, 0, 1]).expect("garbage");
+    let mut plugin = PluginProcess::start(&ctrd, "corrupt", &[]);
+    plugin.wait_ready(READY).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let st = loop {
+        let st = plugin.api().status().await.expect("status");
+        if st.state_dir.problems.len() >= 2 {
+            break st;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not reported: {:?}",
+            st.state_dir
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(st.state_dir.usable);
+    assert!(
+        st.state_dir.problems.iter().all(|p| p.contains("corrupt")),
+        "{:?}",
+        st.state_dir
+    );
+    assert!(dir.join("reclaim-abc.corrupt").exists() && dir.join("pod-xyz.corrupt").exists());
+    let id = container(&ctrd, "served-2", "sleep 3600", 0).await;
+    ctrd.update_container_resources(&id, &Resources::limits(50_000, 128 * MIB))
+        .await
+        .expect("resizes still work");
+}
+
+fn metric(body: &str, name: &str) -> Option<f64> {
+    body.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .reduce(|a, b| a + b)
+}
+
+async fn scrape(api: &ApiClient) -> String {
+    use std::io::{Read as _, Write as _};
+    let addr = api
+        .status()
+        .await
+        .expect("status")
+        .metrics_addr
+        .expect("metrics address");
+    let mut s = std::net::TcpStream::connect(&addr).expect("connect");
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").expect("request");
+    let mut body = String::new();
+    s.read_to_string(&mut body).expect("response");
+    body
+}
+
+/// containerd restarted under a running plugin: re-registered, model rebuilt, metrics continue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn containerd_restart_metrics_continue() {
+    let mut ctrd = Containerd::start(ContainerdVersion::V2, ContainerdOptions::default()).await;
+    let mut plugin = PluginProcess::start(&ctrd, "nri-resize", &[]);
+    plugin.wait_ready(READY).await;
+    let api = plugin.api();
+    let _id = container(&ctrd, "before", "sleep 3600", 0).await;
+    let before = scrape(&api).await;
+    let events_before = metric(&before, "nri_resize_nri_events_total").expect("events");
+    ctrd.restart().await;
+    plugin.wait_ready(Duration::from_secs(30)).await;
+    let id = container(&ctrd, "after", "sleep 3600", 0).await;
+    ctrd.update_container_resources(&id, &Resources::limits(50_000, 128 * MIB))
+        .await
+        .expect("update after the restart");
+    let after = scrape(&api).await;
+    assert_eq!(metric(&after, "nri_resize_nri_connected"), Some(1.0));
+    let events_after = metric(&after, "nri_resize_nri_events_total").expect("events");
+    assert!(
+        events_after > events_before,
+        "counters continue: {events_before} → {events_after}"
+    );
+    let st = api.status().await.expect("status");
+    assert!(
+        st.pods.iter().any(|p| p.pod.name == "after"),
+        "the model has the new pod"
+    );
+}
