@@ -4,7 +4,7 @@
 //!
 //! | method | path | answer |
 //! |---|---|---|
-//! | GET | `/v1/status` | [`Status`]: runtime connection, every pod with its containers (each with an optional `observed`: desired vs actual, throttling, reclaim, OOM kills), the observer and the metrics address |
+//! | GET | `/v1/status` | [`Status`]: runtime connection, every pod with its containers (each with an optional `observed`: desired vs actual, throttling, reclaim, OOM kills), the observer, the metrics address and the `node` (capacity, allocatable, last capacity change) |
 //! | GET | `/v1/events?since=N` | [`EventRecord`]s with `seq > N`, oldest first |
 //! | POST | `/v1/containers/{id}/resources` | applies a [`LinuxResources`] through NRI `UpdateContainers` |
 //! | GET | `/healthz` | 200 while the process serves |
@@ -47,6 +47,10 @@ pub struct Status {
     /// Where `/metrics` is served (the bound address, port 0 resolved).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics_addr: Option<String>,
+    /// The node's CPUs and memory, allocatable, and the last capacity change, once the
+    /// capacity watcher runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<crate::capacity::NodeStatus>,
 }
 
 /// A pod with its containers: the model's [`PodView`] JSON, each container with `observed`.
@@ -265,6 +269,11 @@ fn status_of(state: &NodeState, link: &RuntimeLink) -> Status {
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .map(|a| a.to_string()),
+        node: state
+            .capacity
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone(),
     }
 }
 

@@ -39,6 +39,8 @@ pub struct NodeState {
     pub metrics: Arc<Metrics>,
     /// Where `/metrics` is served (port 0 resolved).
     pub metrics_addr: RwLock<Option<SocketAddr>>,
+    /// The node's capacity as the capacity watcher last saw it.
+    pub capacity: RwLock<Option<crate::capacity::NodeStatus>>,
 }
 
 impl NodeState {
@@ -59,6 +61,7 @@ impl NodeState {
             observer_info: RwLock::new(None),
             metrics: Arc::new(Metrics::new().expect("metric names are unique and valid")),
             metrics_addr: RwLock::new(None),
+            capacity: RwLock::new(None),
         })
     }
 

@@ -17,6 +17,7 @@
 
 pub mod checkpoint;
 pub mod node;
+pub mod reevaluate;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -360,7 +361,7 @@ impl Engine {
         desired: &BTreeMap<String, Quantities>,
     ) -> Admission {
         let cfg = self.config();
-        let node = match self.node.capacity(cfg.resize.reserved_memory) {
+        let node = match self.node.capacity(&cfg.resize) {
             Ok(n) => n,
             Err(e) => {
                 warn!(error = %e, "node capacity unknown; admitting without node checks");
