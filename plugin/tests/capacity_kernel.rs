@@ -20,7 +20,7 @@
 //! for `$NRI_RESIZE_HOTPLUG_DIR/done` holding `ok` or `error: <message>`, and removes `done`.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nri_resize::capacity::{self, NodeStatus, SysReader, Watcher, WatcherOptions};
@@ -32,13 +32,8 @@ use nri_resize::observer::{
 use nri_resize::policy::CpuSet;
 use tokio_util::sync::CancellationToken;
 
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+/// The tests share the node's CPUs and the watcher's view of them: one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn in_vm() -> bool {
     std::env::var("NRI_RESIZE_IN_VM").is_ok_and(|v| v == "1")
@@ -124,11 +119,12 @@ impl Running {
             .expect("the watcher publishes a status")
     }
 
-    fn metric(&self, series: &str) -> f64 {
+    /// The value of an integral series (0 when absent).
+    fn metric(&self, series: &str) -> u64 {
         let text = self.state.metrics.encode().expect("encode metrics");
         text.lines()
             .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or(0.0)
+            .unwrap_or(0)
     }
 
     /// Waits (polling the published status) until `cond` holds; panics after `limit`.
@@ -204,7 +200,7 @@ fn print_change(label: &str, s: &NodeStatus, seen_after: Duration) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_watcher_reads_the_real_node_with_cpuhp_and_uevents() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let r = Running::start().await;
     let s = r.status();
     assert_eq!(
@@ -219,27 +215,28 @@ async fn the_watcher_reads_the_real_node_with_cpuhp_and_uevents() {
     assert_eq!(s.present_cpu_count, present.count());
     assert_eq!(s.memory_bytes, mem_total_bytes());
     if Path::new("/sys/devices/system/memory/block_size_bytes").is_file() {
-        assert!(s.memory_block_bytes > 0 && s.memory_blocks_present > 0, "{s:?}");
+        assert!(
+            s.memory_block_bytes > 0 && s.memory_blocks_present > 0,
+            "{s:?}"
+        );
         assert!(s.memory_blocks_online <= s.memory_blocks_present, "{s:?}");
     }
     assert!(s.read_error.is_none(), "{s:?}");
     assert_eq!(
         r.metric(r#"nri_resize_node_capacity{resource="cpu"}"#),
-        f64::from(online.count())
+        u64::from(online.count())
     );
-    #[expect(clippy::cast_precision_loss, reason = "MemTotal is far below 2^53")]
-    let mem = mem_total_bytes() as f64;
-    assert_eq!(r.metric(r#"nri_resize_node_capacity{resource="memory"}"#), mem);
-    eprintln!(
-        "{}",
-        capacity::node_line(&s, nri_resize::daemon::now_ms())
+    assert_eq!(
+        r.metric(r#"nri_resize_node_capacity{resource="memory"}"#),
+        mem_total_bytes()
     );
+    eprintln!("{}", capacity::node_line(&s, nri_resize::daemon::now_ms()));
     r.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kernel_uevents_reach_the_watcher() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let r = Running::start().await;
     let series = r#"nri_resize_node_capacity_events_total{source="uevent"}"#;
     let before = r.metric(series);
@@ -252,7 +249,7 @@ async fn kernel_uevents_reach_the_watcher() {
     for (i, dev) in devices.iter().enumerate() {
         let sent = Instant::now();
         write(dev, "change");
-        let want = before + 1.0 + f64::from(u32::try_from(i).expect("few"));
+        let want = before + 1 + u64::try_from(i).expect("few");
         loop {
             if r.metric(series) >= want {
                 break;
@@ -288,7 +285,7 @@ impl Drop for OnlineAgain {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cpu_offline_and_online_are_detected_in_a_vm() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     if skip_unless_vm("cpu_offline_and_online_are_detected_in_a_vm") {
         return;
     }
@@ -315,8 +312,11 @@ async fn cpu_offline_and_online_are_detected_in_a_vm() {
         })
         .await;
     print_change("cpu1 offline", &s, written.elapsed());
-    assert!(!CpuSet::parse(&s.online_cpus).expect("list").iter().any(|c| c == 1));
-    assert_eq!(r.metric(down), 1.0);
+    assert!(!CpuSet::parse(&s.online_cpus)
+        .expect("list")
+        .iter()
+        .any(|c| c == 1));
+    assert_eq!(r.metric(down), 1);
 
     write(&file, "1");
     let written = Instant::now();
@@ -326,12 +326,12 @@ async fn cpu_offline_and_online_are_detected_in_a_vm() {
         })
         .await;
     print_change("cpu1 online", &s, written.elapsed());
-    assert_eq!(r.metric(up), 1.0);
+    assert_eq!(r.metric(up), 1);
     assert_eq!(s.changes, 2, "{s:?}");
     assert_eq!(s.online_cpus, before.online_cpus);
     let samples = r.metric(r#"nri_resize_node_capacity_detection_seconds_count{source="cpuhp"}"#)
         + r.metric(r#"nri_resize_node_capacity_detection_seconds_count{source="uevent"}"#);
-    assert!(samples >= 2.0, "each change has a latency sample");
+    assert!(samples >= 2, "each change has a latency sample");
     drop(guard);
     r.stop().await;
 }
@@ -368,7 +368,7 @@ fn hotplug(dir: &Path, request: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qemu_cpu_and_memory_hotplug_are_detected_in_a_vm() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     if skip_unless_vm("qemu_cpu_and_memory_hotplug_are_detected_in_a_vm") {
         return;
     }
@@ -417,8 +417,7 @@ async fn qemu_cpu_and_memory_hotplug_are_detected_in_a_vm() {
         .await;
     print_change("cpu hot-added (online)", &s, written.elapsed());
     assert!(
-        r.metric(r#"nri_resize_node_capacity_changes_total{direction="up",resource="cpu"}"#)
-            >= 1.0
+        r.metric(r#"nri_resize_node_capacity_changes_total{direction="up",resource="cpu"}"#) >= 1
     );
 
     // Memory: new blocks appear; they are onlined here if the kernel did not.
@@ -453,10 +452,13 @@ async fn qemu_cpu_and_memory_hotplug_are_detected_in_a_vm() {
         .await;
     print_change("memory hot-added (online)", &s, written.elapsed());
     assert_eq!(s.memory_bytes, mem_total_bytes());
-    assert!(s.memory_blocks_online > before.memory_blocks_online, "{s:?}");
+    assert!(
+        s.memory_blocks_online > before.memory_blocks_online,
+        "{s:?}"
+    );
     assert!(
         r.metric(r#"nri_resize_node_capacity_changes_total{direction="up",resource="memory"}"#)
-            >= 1.0
+            >= 1
     );
     r.stop().await;
 }
