@@ -61,7 +61,47 @@ fn fixture() -> tempfile::TempDir {
     std::fs::create_dir_all(dir.path().join("sys/devices/system/cpu")).expect("mkdir");
     std::fs::create_dir_all(dir.path().join("proc")).expect("mkdir");
     set_cpus(dir.path(), "0-3");
-    std::fs::write(dir.path().join("proc/meminfo"), "MemTotal: 16777216 kB\n").expect("write");
+    // Every field procfs requires of a real meminfo.
+    let mut meminfo = String::from("MemTotal: 16777216 kB\n");
+    for field in [
+        "MemFree",
+        "MemAvailable",
+        "Buffers",
+        "Cached",
+        "SwapCached",
+        "Active",
+        "Inactive",
+        "Active(anon)",
+        "Inactive(anon)",
+        "Active(file)",
+        "Inactive(file)",
+        "Unevictable",
+        "Mlocked",
+        "SwapTotal",
+        "SwapFree",
+        "Dirty",
+        "Writeback",
+        "AnonPages",
+        "Mapped",
+        "Shmem",
+        "Slab",
+        "SReclaimable",
+        "SUnreclaim",
+        "KernelStack",
+        "PageTables",
+        "NFS_Unstable",
+        "Bounce",
+        "WritebackTmp",
+        "CommitLimit",
+        "Committed_AS",
+        "VmallocTotal",
+        "VmallocUsed",
+        "VmallocChunk",
+    ] {
+        meminfo.push_str(field);
+        meminfo.push_str(": 0 kB\n");
+    }
+    std::fs::write(dir.path().join("proc/meminfo"), meminfo).expect("write");
     dir
 }
 

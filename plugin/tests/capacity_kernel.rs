@@ -382,10 +382,28 @@ async fn qemu_cpu_and_memory_hotplug_are_detected_in_a_vm() {
     };
     let r = Running::start().await;
 
-    // CPU: a new CPU becomes present; it is onlined here if the kernel did not.
+    // CPU: a new CPU becomes present; it is onlined here if the kernel did not. Only where the
+    // kernel counted QEMU's spare slot as possible (not 6.9+ under TCG: the VM tier's own
+    // hotplug self-test says so too).
+    let possible = cpu_list("possible");
+    if possible.count() > cpu_list("present").count() {
+        qemu_cpu_hotplug(&r, &dir).await;
+    } else {
+        eprintln!(
+            "\n!!! NOTE: QEMU CPU hotplug NOT exercised on kernel {}: {} possible CPUs = present \
+             (the kernel reserved no slot for QEMU's spare CPU)\n",
+            read("/proc/sys/kernel/osrelease").trim(),
+            possible.count()
+        );
+    }
+    qemu_memory_hotplug(&r, &dir).await;
+    r.stop().await;
+}
+
+async fn qemu_cpu_hotplug(r: &Running, dir: &Path) {
     let before = r.status();
     let present_before = CpuSet::parse(&before.present_cpus).expect("list");
-    let dir_for_cpu = dir.clone();
+    let dir_for_cpu = dir.to_owned();
     tokio::task::spawn_blocking(move || hotplug(&dir_for_cpu, "cpu"))
         .await
         .expect("hotplug cpu");
@@ -420,11 +438,13 @@ async fn qemu_cpu_and_memory_hotplug_are_detected_in_a_vm() {
     assert!(
         r.metric(r#"nri_resize_node_capacity_changes_total{direction="up",resource="cpu"}"#) >= 1
     );
+}
 
+async fn qemu_memory_hotplug(r: &Running, dir: &Path) {
     // Memory: new blocks appear; they are onlined here if the kernel did not.
     let before = r.status();
     let blocks_before = memory_blocks();
-    let dir_for_mem = dir.clone();
+    let dir_for_mem = dir.to_owned();
     tokio::task::spawn_blocking(move || hotplug(&dir_for_mem, "memory 128M"))
         .await
         .expect("hotplug memory");
@@ -461,7 +481,6 @@ async fn qemu_cpu_and_memory_hotplug_are_detected_in_a_vm() {
         r.metric(r#"nri_resize_node_capacity_changes_total{direction="up",resource="memory"}"#)
             >= 1
     );
-    r.stop().await;
 }
 
 fn memory_blocks() -> Vec<PathBuf> {
