@@ -374,6 +374,108 @@ mod tests {
         assert!(out[0].reason.contains("memory"), "{out:?}");
     }
 
+    /// The runtime end of an in-memory NRI trunk (the same mux and ttrpc parts containerd
+    /// uses): records every `UpdateContainers`.
+    #[derive(Debug, Default)]
+    struct FakeRuntime {
+        updates: std::sync::Mutex<Vec<nri_resize_proto::api::UpdateContainersRequest>>,
+    }
+
+    #[async_trait::async_trait]
+    impl nri_resize_proto::api_ttrpc::Runtime for FakeRuntime {
+        async fn register_plugin(
+            &self,
+            _ctx: &ttrpc::r#async::TtrpcContext,
+            _req: nri_resize_proto::api::RegisterPluginRequest,
+        ) -> ttrpc::Result<nri_resize_proto::api::Empty> {
+            Ok(nri_resize_proto::api::Empty::new())
+        }
+        async fn update_containers(
+            &self,
+            _ctx: &ttrpc::r#async::TtrpcContext,
+            req: nri_resize_proto::api::UpdateContainersRequest,
+        ) -> ttrpc::Result<nri_resize_proto::api::UpdateContainersResponse> {
+            self.updates.lock().expect("lock").push(req);
+            Ok(nri_resize_proto::api::UpdateContainersResponse::default())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_deferred_resize_that_fits_now_is_applied_through_the_runtime() {
+        use crate::nri::{Mux, PluginIdentity, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
+
+        let node = Node::new("0-3", 16);
+        let (state, _) = engine(&node, Mode::Enforce);
+        let link = RuntimeLink::default();
+        let engine = Engine::new(
+            state.clone(),
+            link.clone(),
+            None,
+            NodeReader::new(node.dir.path()),
+            None,
+        );
+        // Plugin side: the real session over an in-memory trunk; runtime side: mux + ttrpc.
+        let (plugin_end, runtime_end) = tokio::io::duplex(1 << 20);
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let session = {
+            let (l, c) = (link.clone(), cancel.clone());
+            let handler = Arc::new(crate::daemon::ModelHandler::new(state.clone()));
+            tokio::spawn(async move {
+                let id = PluginIdentity {
+                    socket: "/test".into(),
+                    name: "nri-resize".into(),
+                    idx: "42".into(),
+                };
+                crate::nri::serve_trunk(plugin_end, &id, handler, &l, None, &c).await
+            })
+        };
+        let mut mux = Mux::start(runtime_end, &[PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN]);
+        let _plugin_conn = mux.take(PLUGIN_SERVICE_CONN).expect("conn 1");
+        let runtime_conn = mux.take(RUNTIME_SERVICE_CONN).expect("conn 2");
+        let runtime = Arc::new(FakeRuntime::default());
+        let mut server = ttrpc::r#async::Server::new()
+            .add_listener(crate::nri::one_shot_listener(runtime_conn))
+            .register_service(nri_resize_proto::api_ttrpc::create_runtime(runtime.clone()));
+        server.start().await.expect("runtime server");
+        for _ in 0..400 {
+            if link.status().connected {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert!(link.status().connected, "the plugin registered");
+
+        ask(&state, &engine, &guaranteed(3000, GI)).expect_err("deferred on 4 CPUs");
+        node.set("0-5", 16);
+        let out = engine.reevaluate_waiting("OnlineCpus 4 → 6").await;
+        assert_eq!(out[0].outcome, ReevaluationOutcome::Applied, "{out:?}");
+
+        // The runtime was asked for exactly the desired resources of that container.
+        let updates = runtime.updates.lock().expect("lock").clone();
+        assert_eq!(updates.len(), 1, "{updates:?}");
+        let u = &updates[0].update[0];
+        assert_eq!(u.container_id, "c1");
+        let cpu = u.linux.resources.cpu.as_ref().expect("cpu");
+        assert_eq!(cpu.quota.as_ref().map(|q| q.value), Some(300_000));
+        // The model and the record follow: allocated = desired, nothing waiting.
+        let r = engine.container_resizes().remove("c1").expect("record");
+        assert_eq!(r.state, None, "{r:?}");
+        assert_eq!(
+            r.allocated.as_ref().and_then(LinuxResources::cpu_quota),
+            Some(300_000)
+        );
+        assert_eq!(
+            state
+                .read_model(|m| m.container("c1").and_then(|c| c.resources.clone()))
+                .and_then(|r| r.cpu_quota()),
+            Some(300_000)
+        );
+        assert!(engine.reevaluate_waiting("again").await.is_empty());
+        cancel.cancel();
+        let _ = session.await;
+        let _ = server.shutdown().await;
+    }
+
     #[tokio::test]
     async fn removed_containers_are_forgotten() {
         let node = Node::new("0-3", 16);
