@@ -3,6 +3,7 @@
 //! text overrides the file key by key. Unknown keys are errors, so a typo never goes unnoticed.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -31,6 +32,7 @@ pub enum ConfigError {
 /// [resize]
 /// mode = "enforce"              # or "observe": decide and report, change nothing
 /// reserved_memory = 1073741824  # bytes of node memory kept back from admission
+/// reserved_cpu_millicores = 500 # CPU kept back from admission (requests), in millicores
 /// step_pause_ms = 0             # pause between the steps of a whole-pod resize
 /// max_attempts = 5              # attempts of a whole-pod resize before it is an Error
 ///
@@ -44,6 +46,10 @@ pub enum ConfigError {
 /// [policy]                      # node defaults; see docs/annotations.md
 /// action = "LiveResizePreferred"
 /// memory = { decrease = "RestartContainer" }
+///
+/// [capacity]                    # node capacity watcher (KEP-3953)
+/// enabled = true
+/// resync_interval = "60s"       # slow full re-read behind the kernel events (1s..=1h)
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -56,6 +62,8 @@ pub struct Config {
     pub policy: PolicyDefaults,
     /// Lowering a memory limit below usage.
     pub memory_decrease: MemoryDecreaseConfig,
+    /// The node capacity watcher.
+    pub capacity: CapacityConfig,
 }
 
 /// `[memory_decrease]`.
@@ -94,6 +102,7 @@ impl Default for Config {
             resize: ResizeConfig::default(),
             policy: PolicyDefaults::default(),
             memory_decrease: MemoryDecreaseConfig::default(),
+            capacity: CapacityConfig::default(),
         }
     }
 }
@@ -116,6 +125,9 @@ pub struct ResizeConfig {
     pub mode: Mode,
     /// Bytes of node memory admission keeps back for the system.
     pub reserved_memory: u64,
+    /// CPU admission keeps back for the system, in millicores (`allocatable` = online CPUs
+    /// minus this).
+    pub reserved_cpu_millicores: u64,
     /// Milliseconds to pause between the steps of a whole-pod resize (0: none).
     pub step_pause_ms: u64,
     /// Attempts of a whole-pod resize (with backoff) before it is reported as an Error.
@@ -127,8 +139,30 @@ impl Default for ResizeConfig {
         ResizeConfig {
             mode: Mode::Enforce,
             reserved_memory: 0,
+            reserved_cpu_millicores: 0,
             step_pause_ms: 0,
             max_attempts: 5,
+        }
+    }
+}
+
+/// `[capacity]`: the node capacity watcher (`crate::capacity`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CapacityConfig {
+    /// Follow CPU and memory capacity changes (cpuhp eBPF events, kernel uevents, resync).
+    pub enabled: bool,
+    /// Full re-read of sysfs and `/proc/meminfo` behind the events, catching anything missed
+    /// (`"60s"`, `"5m"`; `1s..=1h`).
+    #[serde(with = "humantime_serde")]
+    pub resync_interval: Duration,
+}
+
+impl Default for CapacityConfig {
+    fn default() -> Self {
+        CapacityConfig {
+            enabled: true,
+            resync_interval: Duration::from_secs(60),
         }
     }
 }
@@ -210,6 +244,25 @@ impl Config {
                 message: format!(
                     "memory_decrease.step_interval_ms must be within 1..=10000 and headroom at most 64 GiB, got {} and {}",
                     md.step_interval_ms, md.headroom
+                ),
+            });
+        }
+        let resync = self.capacity.resync_interval;
+        if resync < Duration::from_secs(1) || resync > Duration::from_secs(3600) {
+            return Err(ConfigError::Invalid {
+                origin: origin.to_string(),
+                message: format!(
+                    "capacity.resync_interval must be within 1s..=1h, got {}",
+                    humantime_serde::re::humantime::format_duration(resync)
+                ),
+            });
+        }
+        if self.resize.reserved_cpu_millicores > 100_000_000 {
+            return Err(ConfigError::Invalid {
+                origin: origin.to_string(),
+                message: format!(
+                    "resize.reserved_cpu_millicores must be at most 100000000, got {}",
+                    self.resize.reserved_cpu_millicores
                 ),
             });
         }
@@ -316,6 +369,37 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(bad.contains("oom") || bad.contains("strategy"), "{bad}");
+    }
+
+    #[test]
+    fn capacity_table_parses_and_is_validated() {
+        let cfg = Config::parse(
+            "[capacity]\nresync_interval = \"5m\"\n[resize]\nreserved_cpu_millicores = 500\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(cfg.capacity.resync_interval, Duration::from_secs(300));
+        assert!(cfg.capacity.enabled);
+        assert_eq!(cfg.resize.reserved_cpu_millicores, 500);
+        // Survives the overlay round trip (serialized back to TOML and re-read).
+        let again = cfg.overlay("journal_size = 7", "runtime").unwrap();
+        assert_eq!(again.capacity.resync_interval, Duration::from_secs(300));
+        for (text, want) in [
+            ("[capacity]\nresync_interval = \"10ms\"\n", "1s..=1h"),
+            ("[capacity]\nresync_interval = \"2h\"\n", "1s..=1h"),
+            (
+                "[capacity]\nresync_interval = \"soon\"\n",
+                "resync_interval",
+            ),
+            ("[capacity]\nresync = \"1s\"\n", "resync"),
+            (
+                "[resize]\nreserved_cpu_millicores = -1\n",
+                "reserved_cpu_millicores",
+            ),
+        ] {
+            let err = Config::parse(text, "t").unwrap_err().to_string();
+            assert!(err.contains(want), "{text:?}: {err}");
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! [`daemon`] is the only module that knows them all.
 
 pub mod api;
+pub mod capacity;
 pub mod cgroup;
 pub mod config;
 pub mod daemon;

@@ -333,6 +333,13 @@ fn print_status(s: &Status, resizes: &nri_resize::api::Resizes) -> std::io::Resu
             ""
         }
     )?;
+    if let Some(node) = &s.node {
+        writeln!(
+            out,
+            "{}",
+            nri_resize::capacity::node_line(node, daemon::now_ms())
+        )?;
+    }
     writeln!(
         out,
         "{:<32} {:<14} {:<8} {:<14} {:<14} {:<14} {:<11} {:>9}  REASON",

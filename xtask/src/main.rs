@@ -174,6 +174,18 @@ fn test(fuzz_seconds: u64) -> anyhow::Result<()> {
                 "--",
                 "--nocapture",
             ]),
+        )?;
+        run(
+            "capacity watcher on the real kernel (cpuhp eBPF, uevents, sysfs; hotplug only in a VM)",
+            cargo().args([
+                "test",
+                "-p",
+                "nri-resize",
+                "--test",
+                "capacity_kernel",
+                "--",
+                "--nocapture",
+            ]),
         )
     });
     tier(&mut results, "containerd", || {
@@ -243,6 +255,10 @@ fn bench() -> anyhow::Result<()> {
     run(
         "observer benchmarks (eBPF per-event cost, reader CPU)",
         cargo().args(["bench", "-p", "nri-resize", "--bench", "observer"]),
+    )?;
+    run(
+        "capacity watcher: event-to-metric vs polling, idle CPU",
+        cargo().args(["bench", "-p", "nri-resize", "--bench", "capacity"]),
     )?;
     run(
         "CRI latency with and without the plugin",

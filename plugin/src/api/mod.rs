@@ -4,7 +4,7 @@
 //!
 //! | method | path | answer |
 //! |---|---|---|
-//! | GET | `/v1/status` | [`Status`]: runtime connection, every pod with its containers (each with an optional `observed`: desired vs actual, throttling, reclaim, OOM kills), the observer and the metrics address |
+//! | GET | `/v1/status` | [`Status`]: runtime connection, every pod with its containers (each with an optional `observed`: desired vs actual, throttling, reclaim, OOM kills), the observer, the metrics address and the `node` (capacity, allocatable, last capacity change) |
 //! | GET | `/v1/events?since=N` | [`EventRecord`]s with `seq > N`, oldest first |
 //! | POST | `/v1/containers/{id}/resources` | applies a [`LinuxResources`] through NRI `UpdateContainers` |
 //! | GET | `/healthz` | 200 while the process serves |
@@ -50,6 +50,10 @@ pub struct Status {
     /// The checkpoint directory (`--state-dir`) and its problems.
     #[serde(default)]
     pub state_dir: crate::resize::checkpoint::StateDirStatus,
+    /// The node's CPUs and memory, allocatable, and the last capacity change, once the
+    /// capacity watcher runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<crate::capacity::NodeStatus>,
 }
 
 /// A pod with its containers: the model's [`PodView`] JSON, each container with `observed`.
@@ -271,6 +275,11 @@ fn status_of(state: &NodeState, link: &RuntimeLink) -> Status {
         state_dir: state
             .state_dir
             .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone(),
+        node: state
+            .capacity
+            .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone(),
     }

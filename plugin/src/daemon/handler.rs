@@ -41,6 +41,8 @@ pub struct NodeState {
     pub metrics_addr: RwLock<Option<SocketAddr>>,
     /// The checkpoint directory and its problems.
     pub state_dir: Mutex<crate::resize::checkpoint::StateDirStatus>,
+    /// The node's capacity as the capacity watcher last saw it.
+    pub capacity: RwLock<Option<crate::capacity::NodeStatus>>,
 }
 
 impl NodeState {
@@ -62,6 +64,7 @@ impl NodeState {
             metrics: Arc::new(Metrics::new().expect("metric names are unique and valid")),
             metrics_addr: RwLock::new(None),
             state_dir: Mutex::new(crate::resize::checkpoint::StateDirStatus::default()),
+            capacity: RwLock::new(None),
         })
     }
 

@@ -18,12 +18,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 pub use handler::{ModelHandler, NodeState};
+pub use observe::now_ms;
 pub use observe::{
     desired_matches, Confirmation, ContainerObservation, Observed, ObserverInfo, ObserverOptions,
     Target,
 };
 
 use crate::api;
+use crate::capacity;
 use crate::cgroup::Cgroups;
 use crate::config::Config;
 use crate::metrics::{self, Readiness};
@@ -91,6 +93,30 @@ impl Backoff {
 }
 
 /// Runs the daemon until `cancel` fires (or the runtime goes away with `exit_on_disconnect`).
+/// Opens the checkpoint store; an unusable state directory is reported (log and status) and the
+/// daemon serves on without checkpoints.
+fn open_checkpoints(dir: &std::path::Path, state: &NodeState) -> Option<CheckpointStore> {
+    let checkpoints = match CheckpointStore::open(dir) {
+        Ok(store) => Some(store),
+        Err(err) => {
+            error!(%err, "resize checkpoints disabled: in-flight resizes will not survive a restart");
+            state.state_dir_problem(format!(
+                "unusable, checkpoints disabled (in-flight resizes will not survive a restart): {err}"
+            ));
+            None
+        }
+    };
+    {
+        let mut sd = state
+            .state_dir
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        sd.path = dir.display().to_string();
+        sd.usable = checkpoints.is_some();
+    }
+    checkpoints
+}
+
 pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<Exit> {
     nri::validate_idx(&opts.identity.idx).map_err(anyhow::Error::msg)?;
     let file_config = match &opts.config_path {
@@ -128,25 +154,7 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
         }
         None => None,
     };
-    // An unusable state directory is reported and the daemon serves on without checkpoints.
-    let checkpoints = match CheckpointStore::open(&opts.state_dir) {
-        Ok(store) => Some(store),
-        Err(err) => {
-            error!(%err, "resize checkpoints disabled: in-flight resizes will not survive a restart");
-            state.state_dir_problem(format!(
-                "unusable, checkpoints disabled (in-flight resizes will not survive a restart): {err}"
-            ));
-            None
-        }
-    };
-    {
-        let mut sd = state
-            .state_dir
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        sd.path = opts.state_dir.display().to_string();
-        sd.usable = checkpoints.is_some();
-    }
+    let checkpoints = open_checkpoints(&opts.state_dir, &state);
     let engine = Arc::new(Engine::new(
         state.clone(),
         link.clone(),
@@ -164,13 +172,26 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
     .await?;
 
     // The observer starts once, here, on its own thread; it stops when `stop_observer` drops.
+    // It hands its cpuhp ring buffer to the capacity watcher, which starts with it.
     let (stop_observer, stop_rx) = std::sync::mpsc::channel::<()>();
-    let observer_thread = observe::spawn(state.clone(), opts.observer.clone(), stop_rx)?;
+    let (hotplug_tx, hotplug_rx) = tokio::sync::oneshot::channel();
+    let observer_thread = observe::spawn(
+        state.clone(),
+        opts.observer.clone(),
+        stop_rx,
+        Some(hotplug_tx),
+    )?;
+    let capacity_task = spawn_capacity(&state, &engine, hotplug_rx, &cancel);
 
     let handler = Arc::new(ModelHandler::new(state.clone()).with_engine(engine));
     let handler_observer: Arc<dyn HandlerObserver> = state.metrics.clone();
     let exit = session_loop(&opts, handler, &link, Some(handler_observer), &cancel).await;
     cancel.cancel();
+    if let Some(task) = capacity_task {
+        if let Err(err) = task.await {
+            warn!(%err, "capacity watcher task ended abnormally");
+        }
+    }
     drop(stop_observer);
     if let Err(err) = api_server.await {
         warn!(%err, "status API task ended abnormally");
@@ -189,6 +210,43 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
         warn!("observer thread ended abnormally");
     }
     Ok(exit)
+}
+
+/// Starts the capacity watcher (`[capacity] enabled`) once the observer handed over its cpuhp
+/// ring buffer (or said it has none); it stops with `cancel`.
+fn spawn_capacity(
+    state: &Arc<NodeState>,
+    engine: &Arc<Engine>,
+    hotplug: tokio::sync::oneshot::Receiver<Option<crate::observer::HotplugRing>>,
+    cancel: &CancellationToken,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let cfg = state.file_config.capacity.clone();
+    if !cfg.enabled {
+        info!("capacity watcher disabled ([capacity] enabled = false)");
+        return None;
+    }
+    let watcher = match capacity::Watcher::new(state.clone(), capacity::SysReader::new("/")) {
+        Ok(w) => w,
+        Err(err) => {
+            error!(%err, "capacity watcher cannot start; admission still reads the node per resize");
+            return None;
+        }
+    };
+    let (engine, cancel) = (engine.clone(), cancel.clone());
+    Some(tokio::spawn(async move {
+        let ring = tokio::select! {
+            r = hotplug => r.ok().flatten(),
+            () = cancel.cancelled() => return,
+        };
+        capacity::run(
+            watcher,
+            ring,
+            Some(engine),
+            capacity::WatcherOptions::host(cfg.resync_interval),
+            cancel,
+        )
+        .await;
+    }))
 }
 
 async fn session_loop(

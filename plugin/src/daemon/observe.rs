@@ -20,8 +20,8 @@ use crate::cgroup::{self, ActualResources, CgroupIo as _, CgroupVersion};
 use crate::metrics::{ContainerLabels, ContainerSeries};
 use crate::model::{Container, LinuxResources, Pod};
 use crate::observer::{
-    CpuHotplugEvent, Fallback, Observation, ObservedCgroup, Observer, ObserverSettings, Strategies,
-    CPUHP_ENTER,
+    CpuHotplugEvent, Fallback, HotplugRing, Observation, ObservedCgroup, Observer,
+    ObserverSettings, Strategies, CPUHP_ENTER,
 };
 
 /// A container the observer watches.
@@ -91,7 +91,8 @@ pub struct Observed {
     pending: HashMap<String, LinuxResources>,
 }
 
-pub(crate) fn now_ms() -> u64 {
+/// Wall-clock milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
@@ -440,16 +441,19 @@ impl Loop {
     }
 }
 
-/// Starts the observer on its own thread; it runs until `stop` is dropped or sent to.
+/// Starts the observer on its own thread; it runs until `stop` is dropped or sent to. Once
+/// started, the observer hands its CPU hotplug ring buffer to `hotplug` (the capacity watcher);
+/// `None` is sent when there is none, and the sender is dropped if the observer cannot start.
 pub fn spawn(
     state: Arc<NodeState>,
     opts: ObserverOptions,
     stop: Receiver<()>,
+    hotplug: Option<tokio::sync::oneshot::Sender<Option<HotplugRing>>>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("nri-resize-observer".into())
         .spawn(move || {
-            let observer = match Observer::start(&opts.settings) {
+            let mut observer = match Observer::start(&opts.settings) {
                 Ok(o) => o,
                 Err(e) => {
                     error!(error = %e, "observer failed to start; /readyz stays unready");
@@ -469,6 +473,10 @@ pub fn spawn(
                 fallbacks: observer.fallbacks().to_vec(),
                 interval: opts.interval,
             });
+            if let Some(tx) = hotplug {
+                // The receiver may be gone (capacity watcher disabled): the ring is dropped.
+                let _ = tx.send(observer.take_hotplug_ring());
+            }
             state.observer_loaded.store(true, Ordering::Release);
             let mut l = Loop {
                 state,

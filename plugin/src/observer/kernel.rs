@@ -464,6 +464,11 @@ impl KernelSide {
     pub(super) fn hotplug_fd(&self) -> Option<BorrowedFd<'_>> {
         self.hotplug.as_ref().map(AsFd::as_fd)
     }
+
+    /// Hands the hotplug ring buffer over; the programs stay attached while `self` lives.
+    pub(super) fn take_hotplug(&mut self) -> Option<RingBuf<MapData>> {
+        self.hotplug.take()
+    }
 }
 
 /// Elements of `THROTTLE_PENDING` for the kernel's `pid_max` (64 pids each), or `None` to keep
@@ -615,7 +620,7 @@ fn attach_hotplug(
     (hotplug, ring)
 }
 
-fn decode_hotplug(bytes: &[u8]) -> Option<CpuHotplugEvent> {
+pub(super) fn decode_hotplug(bytes: &[u8]) -> Option<CpuHotplugEvent> {
     let u64_at = |o: usize| Some(u64::from_ne_bytes(bytes.get(o..o + 8)?.try_into().ok()?));
     let u32_at = |o: usize| Some(u32::from_ne_bytes(bytes.get(o..o + 4)?.try_into().ok()?));
     let i32_at = |o: usize| Some(i32::from_ne_bytes(bytes.get(o..o + 4)?.try_into().ok()?));

@@ -627,6 +627,46 @@ impl Observer {
     pub fn hotplug_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         self.kernel.as_ref().and_then(KernelSide::hotplug_fd)
     }
+
+    /// Hands the CPU hotplug ring buffer to its consumer (the capacity watcher, which awaits
+    /// it with `AsyncFd`); afterwards [`Observer::drain_hotplug_events`] finds nothing. The
+    /// `cpuhp` programs stay attached as long as the observer lives. `None` when hotplug is not
+    /// followed (see [`Strategies::hotplug`]) or the ring was taken already.
+    pub fn take_hotplug_ring(&mut self) -> Option<HotplugRing> {
+        self.kernel
+            .as_mut()
+            .and_then(KernelSide::take_hotplug)
+            .map(|ring| HotplugRing { ring })
+    }
+}
+
+/// The `cpuhp/cpuhp_{enter,exit}` ring buffer: readable (poll/epoll) when events wait.
+pub struct HotplugRing {
+    ring: aya::maps::RingBuf<aya::maps::MapData>,
+}
+
+impl fmt::Debug for HotplugRing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HotplugRing").finish_non_exhaustive()
+    }
+}
+
+impl HotplugRing {
+    /// Moves every waiting event into `out`.
+    pub fn drain(&mut self, out: &mut Vec<CpuHotplugEvent>) {
+        while let Some(item) = self.ring.next() {
+            if let Some(event) = kernel::decode_hotplug(&item) {
+                out.push(event);
+            }
+        }
+    }
+}
+
+impl std::os::fd::AsRawFd for HotplugRing {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsFd as _;
+        self.ring.as_fd().as_raw_fd()
+    }
 }
 
 #[cfg(test)]

@@ -126,6 +126,53 @@ impl CpuSet {
     pub fn is_strict_subset(&self, other: &CpuSet) -> bool {
         self.is_subset(other) && self.count() < other.count()
     }
+
+    /// The CPUs, in ascending order.
+    pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        self.words.iter().enumerate().flat_map(|(i, w)| {
+            (0..64u32)
+                .filter(move |b| w & (1 << b) != 0)
+                .map(move |b| u32::try_from(i).unwrap_or(u32::MAX / 64) * 64 + b)
+        })
+    }
+
+    /// The CPUs of `self` that are not in `other`.
+    #[must_use]
+    pub fn difference(&self, other: &CpuSet) -> CpuSet {
+        CpuSet {
+            words: self
+                .words
+                .iter()
+                .enumerate()
+                .map(|(i, w)| w & !other.words.get(i).copied().unwrap_or(0))
+                .collect(),
+        }
+    }
+}
+
+/// The kernel's list format (`0-3,8`), as `CpuSet::parse` reads it.
+impl fmt::Display for CpuSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut first = true;
+        let mut cpus = self.iter().peekable();
+        while let Some(lo) = cpus.next() {
+            let mut hi = lo;
+            while cpus.peek() == Some(&(hi + 1)) {
+                hi += 1;
+                cpus.next();
+            }
+            if !first {
+                f.write_str(",")?;
+            }
+            first = false;
+            if hi == lo {
+                write!(f, "{lo}")?;
+            } else {
+                write!(f, "{lo}-{hi}")?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// What the node offers.
@@ -140,9 +187,18 @@ pub struct NodeCapacity {
     pub reserved_memory_bytes: u64,
     /// The online CPUs (for the exclusive-CPU heuristic); empty = unknown.
     pub online_cpus: CpuSet,
+    /// CPU held back for the system and kubelet, in millicores (requests are admitted against
+    /// online CPUs minus this).
+    pub reserved_cpu_millis: u64,
 }
 
 impl NodeCapacity {
+    /// CPU that pods may request: online CPUs minus reserved, in millicores.
+    pub fn allocatable_cpu_millis(&self) -> u64 {
+        self.online_cpus_millis
+            .saturating_sub(self.reserved_cpu_millis)
+    }
+
     /// Memory that pods may have: total minus reserved.
     pub fn allocatable_memory_bytes(&self) -> u64 {
         self.memory_bytes.saturating_sub(self.reserved_memory_bytes)
@@ -394,11 +450,12 @@ pub fn admit(
     }
 
     let demand = next.demand();
-    if demand.cpu_millis > node.online_cpus_millis {
+    let allocatable_cpu = node.allocatable_cpu_millis();
+    if demand.cpu_millis > allocatable_cpu {
         return Admission::Infeasible {
             reason: format!(
-                "pod CPU requests {}m exceed the node's {}m online CPUs",
-                demand.cpu_millis, node.online_cpus_millis
+                "pod CPU requests {}m exceed the node's {allocatable_cpu}m allocatable CPU",
+                demand.cpu_millis
             ),
         };
     }
@@ -416,11 +473,11 @@ pub fn admit(
         return Admission::Fits;
     }
     let total = others.saturating_add(demand);
-    if total.cpu_millis > node.online_cpus_millis {
+    if total.cpu_millis > allocatable_cpu {
         return Admission::Deferred {
             reason: format!(
-                "CPU requests would be {}m of the node's {}m ({}m held by other pods)",
-                total.cpu_millis, node.online_cpus_millis, others.cpu_millis
+                "CPU requests would be {}m of the node's {allocatable_cpu}m allocatable ({}m held by other pods)",
+                total.cpu_millis, others.cpu_millis
             ),
         };
     }
@@ -469,7 +526,42 @@ mod tests {
             memory_bytes: 16 * GI,
             reserved_memory_bytes: GI,
             online_cpus: CpuSet::first_n(8),
+            reserved_cpu_millis: 0,
         }
+    }
+
+    #[test]
+    fn cpu_reserve_shrinks_what_requests_may_take() {
+        let mut n = node();
+        n.reserved_cpu_millis = 2000;
+        assert_eq!(n.allocatable_cpu_millis(), 6000);
+        let p = pod(&[("app", guaranteed(1000, GI), "")]);
+        let grow = BTreeMap::from([("app".to_string(), guaranteed(7000, GI))]);
+        assert!(matches!(
+            admit(&n, &Allocated::default(), &p, &grow),
+            Admission::Infeasible { ref reason } if reason.contains("6000m allocatable")
+        ));
+        let others = Allocated {
+            cpu_millis: 3000,
+            memory_bytes: 0,
+        };
+        let grow = BTreeMap::from([("app".to_string(), guaranteed(4000, GI))]);
+        assert!(matches!(
+            admit(&n, &others, &p, &grow),
+            Admission::Deferred { .. }
+        ));
+        assert_eq!(admit(&node(), &others, &p, &grow), Admission::Fits);
+    }
+
+    #[test]
+    fn cpu_sets_print_in_the_kernel_list_format() {
+        for text in ["0-3,8,10-11", "5", "", "0,2,4", "62-65"] {
+            assert_eq!(CpuSet::parse(text).unwrap().to_string(), text);
+        }
+        let all = CpuSet::parse("0-7").unwrap();
+        let online = CpuSet::parse("0-2,5-7").unwrap();
+        assert_eq!(all.difference(&online).to_string(), "3-4");
+        assert_eq!(online.iter().collect::<Vec<_>>(), [0, 1, 2, 5, 6, 7]);
     }
 
     fn pod(containers: &[(&str, Quantities, &str)]) -> PodAllocation {

@@ -81,6 +81,18 @@ fn memory_only(limit: u64) -> LinuxResources {
     }
 }
 
+/// Whether a resize record lowers the memory limit (desired below allocated).
+pub(super) fn is_memory_decrease(r: &super::ContainerResize) -> bool {
+    let (Some(d), Some(a)) = (&r.desired, &r.allocated) else {
+        return false;
+    };
+    match (memory_limit(d), memory_limit(a)) {
+        (Some(d), Some(a)) => d < a,
+        (Some(_), None) => true,
+        _ => false,
+    }
+}
+
 fn checkpoint_key(container_id: &str) -> String {
     let safe: String = container_id
         .chars()
@@ -717,5 +729,25 @@ impl Engine {
             // Nothing to wait for: the interim limit is in place already.
             self.notify_reclaim_applied(&ctr.id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resize::ContainerResize;
+
+    #[test]
+    fn a_waiting_memory_decrease_is_told_apart_from_other_waiting_resizes() {
+        let rec = |desired: u64, allocated: Option<u64>| ContainerResize {
+            desired: Some(memory_only(desired)),
+            allocated: allocated.map(memory_only),
+            state: Some(ResizeState::Deferred),
+            ..ContainerResize::default()
+        };
+        assert!(is_memory_decrease(&rec(100 << 20, Some(317 << 20))));
+        assert!(!is_memory_decrease(&rec(512 << 20, Some(256 << 20))));
+        assert!(!is_memory_decrease(&ContainerResize::default()));
+        assert_eq!(checkpoint_key("ab/../c d"), "reclaim-abcd");
     }
 }

@@ -19,6 +19,7 @@ pub mod checkpoint;
 mod decrease;
 pub mod node;
 pub mod reclaim;
+pub mod reevaluate;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -390,7 +391,7 @@ impl Engine {
         desired: &BTreeMap<String, Quantities>,
     ) -> Admission {
         let cfg = self.config();
-        let node = match self.node.capacity(cfg.resize.reserved_memory) {
+        let node = match self.node.capacity(&cfg.resize) {
             Ok(n) => n,
             Err(e) => {
                 warn!(error = %e, "node capacity unknown; admitting without node checks");

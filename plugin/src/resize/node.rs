@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::config::ResizeConfig;
 use crate::policy::{CpuSet, NodeCapacity};
 
 /// Node capacity could not be read.
@@ -40,8 +41,8 @@ impl NodeReader {
         Ok((path, text))
     }
 
-    /// The node's capacity with `reserved_memory_bytes` kept back for the system.
-    pub fn capacity(&self, reserved_memory_bytes: u64) -> Result<NodeCapacity, NodeError> {
+    /// The node's capacity with the `[resize]` reserves kept back for the system.
+    pub fn capacity(&self, reserve: &ResizeConfig) -> Result<NodeCapacity, NodeError> {
         let (cpu_path, online) = self.read("sys/devices/system/cpu/online")?;
         let online_cpus = CpuSet::parse(online.trim()).map_err(|e| NodeError::Parse {
             path: cpu_path,
@@ -61,8 +62,9 @@ impl NodeReader {
         Ok(NodeCapacity {
             online_cpus_millis: u64::from(online_cpus.count()) * 1000,
             memory_bytes,
-            reserved_memory_bytes,
+            reserved_memory_bytes: reserve.reserved_memory,
             online_cpus,
+            reserved_cpu_millis: reserve.reserved_cpu_millicores,
         })
     }
 }
@@ -70,6 +72,14 @@ impl NodeReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn reserve(memory: u64) -> ResizeConfig {
+        ResizeConfig {
+            reserved_memory: memory,
+            reserved_cpu_millicores: 250,
+            ..ResizeConfig::default()
+        }
+    }
 
     fn fixture(online: &str, meminfo: &str) -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
@@ -83,28 +93,31 @@ mod tests {
     #[test]
     fn reads_cpus_and_memory() {
         let dir = fixture("0-3,6\n", "MemTotal:       24576000 kB\nMemFree: 1 kB\n");
-        let cap = NodeReader::new(dir.path()).capacity(1 << 30).unwrap();
+        let cap = NodeReader::new(dir.path())
+            .capacity(&reserve(1 << 30))
+            .unwrap();
         assert_eq!(cap.online_cpus_millis, 5000);
         assert_eq!(cap.memory_bytes, 24_576_000 * 1024);
         assert_eq!(cap.reserved_memory_bytes, 1 << 30);
+        assert_eq!(cap.allocatable_cpu_millis(), 4750);
     }
 
     #[test]
     fn bad_files_are_clear_errors() {
         let dir = fixture("zero\n", "MemTotal: 5 MB\n");
         let err = NodeReader::new(dir.path())
-            .capacity(0)
+            .capacity(&reserve(0))
             .unwrap_err()
             .to_string();
         assert!(err.contains("online"), "{err}");
         let dir = fixture("0\n", "nothing\n");
         let err = NodeReader::new(dir.path())
-            .capacity(0)
+            .capacity(&reserve(0))
             .unwrap_err()
             .to_string();
         assert!(err.contains("meminfo") && err.contains("MemTotal"), "{err}");
         let err = NodeReader::new("/nonexistent")
-            .capacity(0)
+            .capacity(&reserve(0))
             .unwrap_err()
             .to_string();
         assert!(err.contains("/nonexistent"), "{err}");

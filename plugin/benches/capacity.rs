@@ -1,0 +1,346 @@
+//! The capacity watcher, side by side with its baselines in one run (needs root; the idle
+//! measurement also needs the eBPF object: `cargo xtask build-ebpf` first).
+//! Run: `cargo bench -p nri-resize --bench capacity`.
+//!
+//! 1. **Event to metric**, the watcher's path from a kernel event to the metric update, in its
+//!    parts, each measured here:
+//!    - `uevent_delivery`: a real kernel uevent (a synthetic `change` written to
+//!      `/sys/devices/system/cpu/cpu0/uevent`, which changes nothing) until the watcher's netlink
+//!      socket returns it;
+//!    - `observe_cpu_real`: the reaction on the real `/sys`: re-read online/present CPUs, diff,
+//!      metrics (no change, the usual case of a cpuhp step);
+//!    - `observe_change_fixture`: the reaction when the CPUs did change (fixture root: the count
+//!      flips every iteration), with the metric, histogram, log and status updates.
+//!
+//!    Baselines: the **5-minute poll** upstream's cAdvisor machine info refresh uses (expected
+//!    detection latency 150 s, worst 300 s) and `full_reread_real`, what one poll (and our
+//!    resync) costs: every CPU list, every memory block's state, `/proc/meminfo`.
+//! 2. **Idle CPU**: the watcher task with all its sources open (cpuhp ring buffer, uevent socket,
+//!    60 s resync) on a thread of its own for `IDLE_SECS`; the thread's CPU time
+//!    (`getrusage(RUSAGE_THREAD)`) vs zero.
+
+use std::hint::black_box;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, Criterion};
+use nri_resize::capacity::{
+    self, monotonic_ns, Scope, Source, SysReader, Trigger, Watcher, WatcherOptions,
+};
+use nri_resize::config::Config;
+use nri_resize::daemon::NodeState;
+use nri_resize::observer::{
+    Observer, ObserverSettings, OomStrategy, ReclaimStrategy, ThrottleStrategy,
+};
+use tokio_util::sync::CancellationToken;
+
+const IDLE_SECS: u64 = 10;
+const SAMPLES: usize = 2000;
+const UEVENT: &str = "/sys/devices/system/cpu/cpu0/uevent";
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn time(n: usize, mut f: impl FnMut()) -> Duration {
+    median(
+        (0..n)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed()
+            })
+            .collect(),
+    )
+}
+
+fn fixture() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("sys/devices/system/cpu")).expect("mkdir");
+    std::fs::create_dir_all(dir.path().join("proc")).expect("mkdir");
+    set_cpus(dir.path(), "0-3");
+    // Every field procfs requires of a real meminfo.
+    let mut meminfo = String::from("MemTotal: 16777216 kB\n");
+    for field in [
+        "MemFree",
+        "MemAvailable",
+        "Buffers",
+        "Cached",
+        "SwapCached",
+        "Active",
+        "Inactive",
+        "Active(anon)",
+        "Inactive(anon)",
+        "Active(file)",
+        "Inactive(file)",
+        "Unevictable",
+        "Mlocked",
+        "SwapTotal",
+        "SwapFree",
+        "Dirty",
+        "Writeback",
+        "AnonPages",
+        "Mapped",
+        "Shmem",
+        "Slab",
+        "SReclaimable",
+        "SUnreclaim",
+        "KernelStack",
+        "PageTables",
+        "NFS_Unstable",
+        "Bounce",
+        "WritebackTmp",
+        "CommitLimit",
+        "Committed_AS",
+        "VmallocTotal",
+        "VmallocUsed",
+        "VmallocChunk",
+    ] {
+        meminfo.push_str(field);
+        meminfo.push_str(": 0 kB\n");
+    }
+    std::fs::write(dir.path().join("proc/meminfo"), meminfo).expect("write");
+    dir
+}
+
+fn set_cpus(root: &Path, online: &str) {
+    for f in ["online", "present"] {
+        std::fs::write(
+            root.join("sys/devices/system/cpu").join(f),
+            format!("{online}\n"),
+        )
+        .expect("write");
+    }
+}
+
+fn trigger(scope: Scope) -> Trigger {
+    Trigger {
+        source: Source::Uevent,
+        scope,
+        event_ns: Some(monotonic_ns()),
+    }
+}
+
+/// The parts of the event-to-metric path and the poll's cost, as medians of `SAMPLES`.
+struct PathTimes {
+    uevent_delivery: Duration,
+    observe_cpu_real: Duration,
+    observe_change_fixture: Duration,
+    full_reread_real: Duration,
+}
+
+fn measure_paths() -> PathTimes {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut socket = rt
+        .block_on(async { capacity::uevent::UeventSocket::open() })
+        .expect("uevent socket (root needed)");
+    let mut events = Vec::new();
+    let uevent_delivery = time(SAMPLES, || {
+        std::fs::write(UEVENT, "change").expect("write uevent");
+        rt.block_on(socket.recv(&mut events)).expect("recv");
+        events.clear();
+    });
+
+    let real =
+        Watcher::new(NodeState::new(Config::default()), SysReader::new("/")).expect("watcher on /");
+    let mut real = real;
+    let observe_cpu_real = time(SAMPLES, || {
+        black_box(real.observe(&trigger(Scope::Cpu)));
+    });
+    let full_reread_real = time(SAMPLES / 10, || {
+        black_box(real.observe(&trigger(Scope::All)));
+    });
+
+    let dir = fixture();
+    let mut w = Watcher::new(
+        NodeState::new(Config::default()),
+        SysReader::new(dir.path()),
+    )
+    .expect("watcher on the fixture");
+    let mut flip = false;
+    let mut samples = Vec::with_capacity(SAMPLES);
+    for _ in 0..SAMPLES {
+        flip = !flip;
+        set_cpus(dir.path(), if flip { "0-2" } else { "0-3" });
+        let t = Instant::now();
+        let changes = w.observe(&trigger(Scope::Cpu));
+        samples.push(t.elapsed());
+        assert_eq!(changes.len(), 2, "online and present changed");
+    }
+    PathTimes {
+        uevent_delivery,
+        observe_cpu_real,
+        observe_change_fixture: median(samples),
+        full_reread_real,
+    }
+}
+
+/// CPU time of the watcher's thread over `IDLE_SECS` of an idle node.
+fn idle_cpu() -> (Duration, Vec<String>) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let mut settings = ObserverSettings::host();
+        settings.force_throttle = Some(ThrottleStrategy::CpuStatPolling);
+        settings.force_reclaim = Some(ReclaimStrategy::MemoryStatPolling);
+        settings.force_oom = Some(OomStrategy::MemoryEventsPolling);
+        let mut observer = Observer::start(&settings).expect("observer");
+        let ring = observer.take_hotplug_ring();
+        let state = NodeState::new(Config::default());
+        let watcher = Watcher::new(Arc::clone(&state), SysReader::new("/")).expect("watcher");
+        let cancel = CancellationToken::new();
+        let result = rt.block_on(async {
+            let task = tokio::spawn(capacity::run(
+                watcher,
+                ring,
+                None,
+                WatcherOptions::host(Duration::from_secs(60)),
+                cancel.clone(),
+            ));
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let before = thread_cpu();
+            tokio::time::sleep(Duration::from_secs(IDLE_SECS)).await;
+            let used = thread_cpu().saturating_sub(before);
+            cancel.cancel();
+            let _ = task.await;
+            used
+        });
+        let sources = state
+            .capacity
+            .read()
+            .expect("lock")
+            .as_ref()
+            .map(|s| s.sources.clone())
+            .unwrap_or_default();
+        drop(observer);
+        tx.send((result, sources)).expect("send");
+    });
+    rx.recv().expect("idle measurement")
+}
+
+fn thread_cpu() -> Duration {
+    let u = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_THREAD)
+        .expect("getrusage");
+    let tv = |t: nix::sys::time::TimeVal| {
+        Duration::from_secs(u64::try_from(t.tv_sec()).unwrap_or(0))
+            + Duration::from_micros(u64::try_from(t.tv_usec()).unwrap_or(0))
+    };
+    tv(u.user_time()) + tv(u.system_time())
+}
+
+fn report() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "the capacity bench needs root (uevent socket, eBPF, /sys)"
+    );
+    let p = measure_paths();
+    let event_to_metric = p.uevent_delivery + p.observe_change_fixture;
+    let poll_expected = Duration::from_secs(150);
+    eprintln!("\ncapacity: event to metric (medians of {SAMPLES})");
+    eprintln!(
+        "    uevent delivery (kernel → watcher socket)       {:>10.1} µs",
+        p.uevent_delivery.as_secs_f64() * 1e6
+    );
+    eprintln!(
+        "    reaction, real /sys, no change (cpuhp step)      {:>10.1} µs",
+        p.observe_cpu_real.as_secs_f64() * 1e6
+    );
+    eprintln!(
+        "    reaction, CPUs changed (re-read, diff, metrics)  {:>10.1} µs",
+        p.observe_change_fixture.as_secs_f64() * 1e6
+    );
+    eprintln!(
+        "    => event to metric                               {:>10.1} µs   target < 1 s: {}",
+        event_to_metric.as_secs_f64() * 1e6,
+        if event_to_metric < Duration::from_secs(1) {
+            "met"
+        } else {
+            "NOT met"
+        }
+    );
+    eprintln!(
+        "    baseline: 5-minute poll, expected latency        {:>10.0} µs   ({:.0}× ours; worst case 300 s)",
+        poll_expected.as_secs_f64() * 1e6,
+        poll_expected.as_secs_f64() / event_to_metric.as_secs_f64()
+    );
+    eprintln!(
+        "    baseline: one full re-read (a poll, our resync)  {:>10.1} µs   ({:.1}× the CPU-scoped re-read)",
+        p.full_reread_real.as_secs_f64() * 1e6,
+        p.full_reread_real.as_secs_f64() / p.observe_cpu_real.as_secs_f64()
+    );
+    let (used, sources) = idle_cpu();
+    #[expect(clippy::cast_precision_loss, reason = "seconds for a percentage")]
+    let share = used.as_secs_f64() / IDLE_SECS as f64 * 100.0;
+    eprintln!(
+        "\ncapacity: idle CPU of the watcher thread over {IDLE_SECS} s (sources {sources:?})"
+    );
+    eprintln!(
+        "    {:.1} µs = {share:.5} % of one core   baseline: 0 (target: indistinguishable from zero)",
+        used.as_secs_f64() * 1e6
+    );
+}
+
+fn bench(c: &mut Criterion) {
+    let mut g = c.benchmark_group("capacity");
+    g.measurement_time(Duration::from_secs(3));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut socket = rt
+        .block_on(async { capacity::uevent::UeventSocket::open() })
+        .expect("uevent socket");
+    let mut events = Vec::new();
+    g.bench_function("uevent_delivery", |b| {
+        b.iter(|| {
+            std::fs::write(UEVENT, "change").expect("write uevent");
+            rt.block_on(socket.recv(&mut events)).expect("recv");
+            events.clear();
+        });
+    });
+    let mut real =
+        Watcher::new(NodeState::new(Config::default()), SysReader::new("/")).expect("watcher on /");
+    g.bench_function("observe_cpu_real", |b| {
+        b.iter(|| black_box(real.observe(&trigger(Scope::Cpu))));
+    });
+    g.bench_function("full_reread_real", |b| {
+        b.iter(|| black_box(real.observe(&trigger(Scope::All))));
+    });
+    let dir = fixture();
+    let mut w = Watcher::new(
+        NodeState::new(Config::default()),
+        SysReader::new(dir.path()),
+    )
+    .expect("watcher on the fixture");
+    let mut flip = false;
+    g.bench_function("observe_change_fixture", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                flip = !flip;
+                set_cpus(dir.path(), if flip { "0-2" } else { "0-3" });
+                let t = Instant::now();
+                black_box(w.observe(&trigger(Scope::Cpu)));
+                total += t.elapsed();
+            }
+            total
+        });
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+
+fn main() {
+    report();
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

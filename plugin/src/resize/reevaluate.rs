@@ -1,0 +1,491 @@
+//! Re-evaluation of waiting resizes after the node's capacity changed (KEP-3953 meets KEP-1287).
+//!
+//! A kubelet-driven resize that admission found Deferred or Infeasible was refused (in enforce
+//! mode) and its desired resources stay in the container's resize record. When the capacity
+//! watcher (`crate::capacity`) sees CPUs or memory come or go, [`Engine::reevaluate_waiting`]
+//! admits each such record again against the node as it is now:
+//!
+//! - it **fits**: the desired resources are applied through the runtime link's
+//!   `UpdateContainers` (the pod cgroup raised first where KEP ordering needs it, as for a
+//!   kubelet update), and the record follows (`allocated` = desired, no state);
+//!   `mode = "observe"` only reports that it would;
+//! - it **still does not fit**: the record keeps waiting, with the state (Deferred or
+//!   Infeasible, which may have swapped) and the reason as of the new capacity.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+
+use super::{lock, now_ms, Engine};
+use crate::config::Mode;
+use crate::model::{Container, LinuxResources, Pod};
+use crate::nri::ContainerUpdate;
+use crate::policy::{plan_single, Admission, Limits, Quantities, ResizeState, Step};
+
+/// What a re-evaluation did with one waiting resize.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReevaluationOutcome {
+    /// It fits now and the runtime applied it.
+    Applied,
+    /// It fits now; `mode = "observe"` leaves it.
+    WouldApply,
+    /// Still (or now) Deferred.
+    Deferred,
+    /// Still (or now) Infeasible.
+    Infeasible,
+    /// It fits, but applying it failed (the record says why; it keeps waiting).
+    Failed,
+}
+
+impl ReevaluationOutcome {
+    /// Metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Applied => "applied",
+            Self::WouldApply => "would_apply",
+            Self::Deferred => "deferred",
+            Self::Infeasible => "infeasible",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+/// One waiting resize, re-evaluated.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reevaluation {
+    pub container_id: String,
+    /// `namespace/pod/container`.
+    pub subject: String,
+    /// The state it was waiting in.
+    pub before: ResizeState,
+    pub outcome: ReevaluationOutcome,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+}
+
+impl Engine {
+    /// Container ids of the resizes waiting in Deferred or Infeasible, with their desired
+    /// resources and state.
+    fn waiting(&self) -> Vec<(String, LinuxResources, ResizeState)> {
+        let mut v: Vec<_> = lock(&self.containers)
+            .iter()
+            // A memory decrease waiting on reclaim is not a capacity question, and applying it
+            // directly could OOM-kill: the staged decrease (or kubelet's retry) owns it.
+            .filter(|(_, r)| !super::decrease::is_memory_decrease(r))
+            .filter_map(|(id, r)| match (r.state, &r.desired) {
+                (Some(s @ (ResizeState::Deferred | ResizeState::Infeasible)), Some(d)) => {
+                    Some((id.clone(), d.clone(), s))
+                }
+                _ => None,
+            })
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// Admission of one waiting resize against the node as it is now.
+    fn readmit(&self, pod: &Pod, ctr: &Container, desired: &LinuxResources) -> Admission {
+        self.admission(
+            pod,
+            &BTreeMap::from([(ctr.name.clone(), Quantities::from_linux(desired))]),
+        )
+    }
+
+    /// Re-admits every waiting (Deferred / Infeasible) resize; applies those that fit now. See
+    /// the module docs. `cause` names the capacity change, for the log and the record.
+    pub async fn reevaluate_waiting(&self, cause: &str) -> Vec<Reevaluation> {
+        let enforce = self.config().resize.mode == Mode::Enforce;
+        let mut out = Vec::new();
+        for (id, desired, before) in self.waiting() {
+            let found = self.state.read_model(|m| {
+                let c = m.container(&id)?.clone();
+                Some((m.pod(&c.pod_id)?.clone(), c))
+            });
+            let Some((pod, ctr)) = found else {
+                // The container went away; its record goes with it.
+                self.forget_container(&id);
+                continue;
+            };
+            let subject = format!("{}/{}", pod.full_name(), ctr.name);
+            let (outcome, reason) = match self.readmit(&pod, &ctr, &desired) {
+                Admission::Fits if !enforce => (
+                    ReevaluationOutcome::WouldApply,
+                    format!(
+                        "fits after a node capacity change ({cause}); mode = observe: not applied"
+                    ),
+                ),
+                Admission::Fits => match self.apply_waiting(&pod, &ctr, &desired).await {
+                    Ok(()) => (ReevaluationOutcome::Applied, String::new()),
+                    Err(e) => (ReevaluationOutcome::Failed, e),
+                },
+                Admission::Deferred { reason } => (ReevaluationOutcome::Deferred, reason),
+                Admission::Infeasible { reason } => (ReevaluationOutcome::Infeasible, reason),
+            };
+            match outcome {
+                ReevaluationOutcome::Applied => {
+                    info!(container = %subject, ?before, %cause, "waiting resize applied after a node capacity change");
+                }
+                ReevaluationOutcome::WouldApply => {
+                    info!(container = %subject, ?before, %cause, "waiting resize would fit now (mode = observe)");
+                    self.set_waiting(&id, before, &reason);
+                }
+                ReevaluationOutcome::Deferred | ReevaluationOutcome::Infeasible => {
+                    let state = if outcome == ReevaluationOutcome::Deferred {
+                        ResizeState::Deferred
+                    } else {
+                        ResizeState::Infeasible
+                    };
+                    info!(container = %subject, ?before, now = ?state, %reason, %cause, "waiting resize still does not fit");
+                    self.set_waiting(
+                        &id,
+                        state,
+                        &format!("{reason} (re-evaluated after {cause})"),
+                    );
+                }
+                ReevaluationOutcome::Failed => {
+                    warn!(container = %subject, ?before, error = %reason, "waiting resize fits now but could not be applied");
+                    self.set_waiting(
+                        &id,
+                        before,
+                        &format!("fits now, but applying it failed: {reason}"),
+                    );
+                }
+            }
+            out.push(Reevaluation {
+                container_id: id,
+                subject,
+                before,
+                outcome,
+                reason,
+            });
+        }
+        out
+    }
+
+    fn set_waiting(&self, id: &str, state: ResizeState, reason: &str) {
+        if let Some(r) = lock(&self.containers).get_mut(id) {
+            r.state = Some(state);
+            reason.clone_into(&mut r.reason);
+            r.updated_ms = now_ms();
+        }
+    }
+
+    /// Applies a waiting resize as the runtime would have for kubelet: the pod cgroup raised
+    /// first where KEP ordering needs it, then the container through `UpdateContainers`.
+    async fn apply_waiting(
+        &self,
+        pod: &Pod,
+        ctr: &Container,
+        desired: &LinuxResources,
+    ) -> Result<(), String> {
+        if self.cgroups.is_some() {
+            let current = self.current_pod(pod)?;
+            if let Ok(Some(Step::SetPod(raise))) = plan_single(
+                &current,
+                &ctr.name,
+                &Limits::from_linux(desired),
+                &self.plan_options(),
+            ) {
+                self.write_pod(pod, &raise)
+                    .map_err(|e| format!("raising the pod cgroup first: {e}"))?;
+            }
+        }
+        let failed = self
+            .link
+            .update_containers(
+                &[ContainerUpdate {
+                    container_id: ctr.id.clone(),
+                    resources: desired.clone(),
+                    ignore_failure: false,
+                }],
+                &[],
+            )
+            .await
+            .map_err(|e| format!("runtime UpdateContainers: {e}"))?;
+        if !failed.is_empty() {
+            return Err("the runtime could not update the container".into());
+        }
+        self.state
+            .write_model(|m| m.apply_resources(&ctr.id, desired));
+        self.note_applied_update(&ctr.id, desired);
+        self.state.metrics.resize_outcome("in_place");
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::daemon::NodeState;
+    use crate::model::{ContainerState, CpuResources, MemoryResources};
+    use crate::nri::{Rejection, RuntimeLink};
+    use crate::resize::node::NodeReader;
+
+    const GI: u64 = 1 << 30;
+
+    fn guaranteed(millis: i64, mem: u64) -> LinuxResources {
+        LinuxResources {
+            cpu: Some(CpuResources {
+                quota: Some(millis * 100),
+                period: Some(100_000),
+                shares: Some(u64::try_from(millis * 1024 / 1000).expect("shares")),
+                ..CpuResources::default()
+            }),
+            memory: Some(MemoryResources {
+                limit: Some(i64::try_from(mem).expect("mem")),
+                ..MemoryResources::default()
+            }),
+            ..LinuxResources::default()
+        }
+    }
+
+    struct Node {
+        dir: tempfile::TempDir,
+    }
+
+    impl Node {
+        fn new(cpus: &str, mem_gib: u64) -> Self {
+            let dir = tempfile::tempdir().expect("tempdir");
+            std::fs::create_dir_all(dir.path().join("sys/devices/system/cpu")).expect("mkdir");
+            std::fs::create_dir_all(dir.path().join("proc")).expect("mkdir");
+            let n = Node { dir };
+            n.set(cpus, mem_gib);
+            n
+        }
+
+        fn set(&self, cpus: &str, mem_gib: u64) {
+            std::fs::write(
+                self.dir.path().join("sys/devices/system/cpu/online"),
+                format!("{cpus}\n"),
+            )
+            .expect("write");
+            std::fs::write(
+                self.dir.path().join("proc/meminfo"),
+                format!("MemTotal: {} kB\n", mem_gib * 1024 * 1024),
+            )
+            .expect("write");
+        }
+    }
+
+    /// A node with two Guaranteed pods; `web/app` asks to grow.
+    fn engine(node: &Node, mode: Mode) -> (Arc<NodeState>, Arc<Engine>) {
+        let mut cfg = Config::default();
+        cfg.resize.mode = mode;
+        let state = NodeState::new(cfg);
+        state.write_model(|m| {
+            for (pod, ctr, res) in [
+                ("p1", "c1", guaranteed(1000, GI)),
+                ("p2", "c2", guaranteed(2000, 2 * GI)),
+            ] {
+                m.upsert_pod(Pod {
+                    id: pod.into(),
+                    namespace: "ns".into(),
+                    name: if pod == "p1" { "web" } else { "db" }.into(),
+                    ..Pod::default()
+                });
+                m.upsert_container(Container {
+                    id: ctr.into(),
+                    pod_id: pod.into(),
+                    name: if pod == "p1" { "app" } else { "main" }.into(),
+                    state: ContainerState::Running,
+                    resources: Some(res),
+                    ..Container::default()
+                });
+            }
+        });
+        let engine = Arc::new(Engine::new(
+            state.clone(),
+            RuntimeLink::default(),
+            None,
+            NodeReader::new(node.dir.path()),
+            None,
+        ));
+        (state, engine)
+    }
+
+    fn ask(state: &NodeState, engine: &Arc<Engine>, res: &LinuxResources) -> Result<(), Rejection> {
+        let (pod, ctr) = state.read_model(|m| {
+            (
+                m.pod("p1").cloned().expect("pod"),
+                m.container("c1").cloned().expect("ctr"),
+            )
+        });
+        engine.on_update(&pod, &ctr, res).map(|_| ())
+    }
+
+    fn record(engine: &Engine) -> (Option<ResizeState>, String) {
+        let r = engine.container_resizes().remove("c1").expect("record");
+        (r.state, r.reason)
+    }
+
+    #[tokio::test]
+    async fn deferred_resize_fits_after_cpus_come_online() {
+        let node = Node::new("0-3", 16);
+        let (state, engine) = engine(&node, Mode::Enforce);
+        // 1 + 2 CPUs held; growing app to 3 needs 5 of 4.
+        let err = ask(&state, &engine, &guaranteed(3000, GI)).expect_err("deferred");
+        assert!(err.0.contains("Deferred"), "{}", err.0);
+        assert_eq!(record(&engine).0, Some(ResizeState::Deferred));
+
+        // Nothing changed: still deferred, reason refreshed.
+        let out = engine.reevaluate_waiting("nothing").await;
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].outcome, ReevaluationOutcome::Deferred);
+        assert!(record(&engine).1.contains("re-evaluated after nothing"));
+
+        // Two more CPUs: it fits. The runtime link is not connected here, so applying fails
+        // and the record says so, still waiting in its state.
+        node.set("0-5", 16);
+        let out = engine.reevaluate_waiting("OnlineCpus 4 → 6").await;
+        assert_eq!(out[0].outcome, ReevaluationOutcome::Failed, "{out:?}");
+        assert!(out[0].reason.contains("UpdateContainers"), "{out:?}");
+        let (st, reason) = record(&engine);
+        assert_eq!(st, Some(ResizeState::Deferred));
+        assert!(reason.starts_with("fits now"), "{reason}");
+    }
+
+    #[tokio::test]
+    async fn infeasible_and_deferred_swap_with_capacity_and_observe_only_reports() {
+        let node = Node::new("0-1", 16);
+        let (state, engine) = engine(&node, Mode::Observe);
+        // A 3-CPU limit on a 2-CPU node: Infeasible (observe mode lets the update through).
+        ask(&state, &engine, &guaranteed(3000, GI)).expect("observe mode");
+        assert_eq!(record(&engine).0, Some(ResizeState::Infeasible));
+
+        // Four CPUs: the limit fits the node, but the other pod holds 2: Deferred now.
+        node.set("0-3", 16);
+        let out = engine.reevaluate_waiting("OnlineCpus 2 → 4").await;
+        assert_eq!(out[0].outcome, ReevaluationOutcome::Deferred, "{out:?}");
+        assert_eq!(out[0].before, ResizeState::Infeasible);
+        assert_eq!(record(&engine).0, Some(ResizeState::Deferred));
+
+        // Eight CPUs: fits; observe mode only says it would apply.
+        node.set("0-7", 16);
+        let out = engine.reevaluate_waiting("OnlineCpus 4 → 8").await;
+        assert_eq!(out[0].outcome, ReevaluationOutcome::WouldApply, "{out:?}");
+        assert_eq!(record(&engine).0, Some(ResizeState::Deferred));
+
+        // Memory gone below the limit: Infeasible again, with the memory reason.
+        node.set("0-7", 0);
+        let out = engine.reevaluate_waiting("MemoryTotal down").await;
+        assert_eq!(out[0].outcome, ReevaluationOutcome::Infeasible, "{out:?}");
+        assert!(out[0].reason.contains("memory"), "{out:?}");
+    }
+
+    /// The runtime end of an in-memory NRI trunk (the same mux and ttrpc parts containerd
+    /// uses): records every `UpdateContainers`.
+    #[derive(Debug, Default)]
+    struct FakeRuntime {
+        updates: std::sync::Mutex<Vec<nri_resize_proto::api::UpdateContainersRequest>>,
+    }
+
+    #[async_trait::async_trait]
+    impl nri_resize_proto::api_ttrpc::Runtime for FakeRuntime {
+        async fn register_plugin(
+            &self,
+            _ctx: &ttrpc::r#async::TtrpcContext,
+            _req: nri_resize_proto::api::RegisterPluginRequest,
+        ) -> ttrpc::Result<nri_resize_proto::api::Empty> {
+            Ok(nri_resize_proto::api::Empty::new())
+        }
+        async fn update_containers(
+            &self,
+            _ctx: &ttrpc::r#async::TtrpcContext,
+            req: nri_resize_proto::api::UpdateContainersRequest,
+        ) -> ttrpc::Result<nri_resize_proto::api::UpdateContainersResponse> {
+            self.updates.lock().expect("lock").push(req);
+            Ok(nri_resize_proto::api::UpdateContainersResponse::default())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_deferred_resize_that_fits_now_is_applied_through_the_runtime() {
+        use crate::nri::{Mux, PluginIdentity, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
+
+        let node = Node::new("0-3", 16);
+        let (state, _) = engine(&node, Mode::Enforce);
+        let link = RuntimeLink::default();
+        let engine = Arc::new(Engine::new(
+            state.clone(),
+            link.clone(),
+            None,
+            NodeReader::new(node.dir.path()),
+            None,
+        ));
+        // Plugin side: the real session over an in-memory trunk; runtime side: mux + ttrpc.
+        let (plugin_end, runtime_end) = tokio::io::duplex(1 << 20);
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let session = {
+            let (l, c) = (link.clone(), cancel.clone());
+            let handler = Arc::new(crate::daemon::ModelHandler::new(state.clone()));
+            tokio::spawn(async move {
+                let id = PluginIdentity {
+                    socket: "/test".into(),
+                    name: "nri-resize".into(),
+                    idx: "42".into(),
+                };
+                crate::nri::serve_trunk(plugin_end, &id, handler, &l, None, &c).await
+            })
+        };
+        let mut mux = Mux::start(runtime_end, &[PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN]);
+        let _plugin_conn = mux.take(PLUGIN_SERVICE_CONN).expect("conn 1");
+        let runtime_conn = mux.take(RUNTIME_SERVICE_CONN).expect("conn 2");
+        let runtime = Arc::new(FakeRuntime::default());
+        let mut server = ttrpc::r#async::Server::new()
+            .add_listener(crate::nri::one_shot_listener(runtime_conn))
+            .register_service(nri_resize_proto::api_ttrpc::create_runtime(runtime.clone()));
+        server.start().await.expect("runtime server");
+        for _ in 0..400 {
+            if link.status().connected {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert!(link.status().connected, "the plugin registered");
+
+        ask(&state, &engine, &guaranteed(3000, GI)).expect_err("deferred on 4 CPUs");
+        node.set("0-5", 16);
+        let out = engine.reevaluate_waiting("OnlineCpus 4 → 6").await;
+        assert_eq!(out[0].outcome, ReevaluationOutcome::Applied, "{out:?}");
+
+        // The runtime was asked for exactly the desired resources of that container.
+        let updates = runtime.updates.lock().expect("lock").clone();
+        assert_eq!(updates.len(), 1, "{updates:?}");
+        let u = &updates[0].update[0];
+        assert_eq!(u.container_id, "c1");
+        let cpu = u.linux.resources.cpu.as_ref().expect("cpu");
+        assert_eq!(cpu.quota.as_ref().map(|q| q.value), Some(300_000));
+        // The model and the record follow: allocated = desired, nothing waiting.
+        let r = engine.container_resizes().remove("c1").expect("record");
+        assert_eq!(r.state, None, "{r:?}");
+        assert_eq!(
+            r.allocated.as_ref().and_then(LinuxResources::cpu_quota),
+            Some(300_000)
+        );
+        assert_eq!(
+            state
+                .read_model(|m| m.container("c1").and_then(|c| c.resources.clone()))
+                .and_then(|r| r.cpu_quota()),
+            Some(300_000)
+        );
+        assert!(engine.reevaluate_waiting("again").await.is_empty());
+        cancel.cancel();
+        let _ = session.await;
+        let _ = server.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn removed_containers_are_forgotten() {
+        let node = Node::new("0-3", 16);
+        let (state, engine) = engine(&node, Mode::Enforce);
+        ask(&state, &engine, &guaranteed(3000, GI)).expect_err("deferred");
+        state.write_model(|m| m.remove_container("c1"));
+        assert!(engine.reevaluate_waiting("x").await.is_empty());
+        assert!(engine.container_resizes().is_empty());
+    }
+}
