@@ -93,7 +93,7 @@ impl DecreaseMetrics {
                 Histogram::with_opts(
                     HistogramOpts::new(
                         "memory_decrease_reclaim_duration_seconds",
-                        "Time from accepting a staged memory decrease to its end (converged, deferred or superseded).",
+                        "Time a memory decrease below usage took to reclaim: inside the update (inline), or from accepting a staged decrease to its end (converged, deferred or superseded).",
                     )
                     .buckets(vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0]),
                 )
@@ -106,9 +106,11 @@ impl DecreaseMetrics {
         self.outcomes.with_label_values(&[o.as_str()]).inc();
     }
 
-    /// Bytes reclaimed outside a staged decrease (inside the update).
-    pub fn reclaimed(&self, bytes: u64) {
+    /// A decrease reclaimed inside the update: `bytes` in `seconds`.
+    pub fn inline(&self, bytes: u64, seconds: f64) {
         self.reclaimed.inc_by(bytes);
+        self.duration.observe(seconds);
+        self.outcome(DecreaseOutcome::Inline);
     }
 
     pub fn started(&self) {

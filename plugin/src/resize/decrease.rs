@@ -265,9 +265,10 @@ impl Engine {
         };
         if fits {
             info!(container = %ctr.name, target_mib = mib(target), reclaimed_mib = mib(need), took_ms = started.elapsed().as_millis(), "page cache reclaimed inside the update");
-            let dec = &self.state.metrics.decrease;
-            dec.outcome(DecreaseOutcome::Inline);
-            dec.reclaimed(need);
+            self.state
+                .metrics
+                .decrease
+                .inline(need, started.elapsed().as_secs_f64());
         }
         fits
     }
