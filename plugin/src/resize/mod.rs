@@ -34,7 +34,7 @@ use crate::daemon::NodeState;
 use crate::model::{Container, CpuResources, LinuxResources, MemoryResources, Pod};
 use crate::nri::{ContainerUpdate, Eviction, Rejection, RuntimeLink, UpdateReply};
 use crate::policy::{
-    admit, check_invariants, decide, parse_effective_policy, plan, plan_single, Admission,
+    admit, changes, check_invariants, decide, parse_effective_policy, plan, plan_single, Admission,
     Allocated, ContainerAllocation, CpuSet, Decision, Limit, Limits, LimitsUpdate, PlanOptions,
     PodAllocation, PodResources, Quantities, ResizeState, Step, DEFAULT_CFS_PERIOD_US,
 };
@@ -514,6 +514,7 @@ impl Engine {
             Quantities::from_linux(&desired),
         );
         let subject = format!("{}/{}", pod.full_name(), ctr.name);
+        let timer = self.state.metrics.resize_timer(&changes(&from, &to));
         match decide(&from, &to, &resolved.policy) {
             Decision::NoChange => {
                 self.record(pod, ctr, Some(&desired), None, "");
@@ -530,6 +531,7 @@ impl Engine {
                     &reason,
                 );
                 self.state.metrics.resize_outcome("restart");
+                timer.finish("restart");
                 if enforce {
                     self.restart_container(ctr, &subject);
                     // Keep the container as it is (no in-place write) and evict it: the
@@ -552,6 +554,7 @@ impl Engine {
                 info!(container = %subject, %reason, enforce, "resize rejected by policy");
                 self.record(pod, ctr, Some(&desired), Some(ResizeState::Error), &reason);
                 self.state.metrics.resize_outcome("rejected");
+                timer.finish("rejected");
                 if enforce {
                     return Err(Rejection(format!("resize of {subject} refused: {reason}")));
                 }
@@ -564,13 +567,13 @@ impl Engine {
             let state = verdict.resize_status().state;
             info!(container = %subject, ?state, %reason, enforce, "resize not admitted");
             self.record(pod, ctr, Some(&desired), Some(state), reason);
-            self.state
-                .metrics
-                .resize_outcome(if state == ResizeState::Deferred {
-                    "deferred"
-                } else {
-                    "infeasible"
-                });
+            let outcome = if state == ResizeState::Deferred {
+                "deferred"
+            } else {
+                "infeasible"
+            };
+            self.state.metrics.resize_outcome(outcome);
+            timer.finish(outcome);
             if enforce {
                 return Err(Rejection(format!(
                     "resize of {subject} is {state:?}: {reason}"
@@ -608,6 +611,7 @@ impl Engine {
         }
         self.record(pod, ctr, Some(&desired), Some(ResizeState::InProgress), "");
         self.state.metrics.resize_outcome("in_place");
+        timer.finish("in_place");
         Ok(UpdateReply::default())
     }
 
@@ -713,17 +717,30 @@ impl Engine {
                 .collect(),
             overhead: Quantities::default(),
         };
+        let mut changed: Vec<_> = desired
+            .iter()
+            .filter_map(|(n, to)| {
+                this_pod
+                    .containers
+                    .get(n)
+                    .map(|from| changes(&from.quantities, to))
+            })
+            .flatten()
+            .collect();
+        changed.sort_unstable_by_key(|(r, d)| (r.as_str(), d.as_str()));
+        changed.dedup();
+        let timer = self.state.metrics.resize_timer(&changed);
         let verdict = self.admission_with(&pod, Some(&this_pod), &desired);
         let enforce = self.config().resize.mode == Mode::Enforce;
         if let Admission::Deferred { reason } | Admission::Infeasible { reason } = &verdict {
             let state = verdict.resize_status().state;
-            self.state
-                .metrics
-                .resize_outcome(if state == ResizeState::Deferred {
-                    "deferred"
-                } else {
-                    "infeasible"
-                });
+            let outcome = if state == ResizeState::Deferred {
+                "deferred"
+            } else {
+                "infeasible"
+            };
+            self.state.metrics.resize_outcome(outcome);
+            timer.finish(outcome);
             return Err(ResizeError::Refused {
                 state,
                 reason: reason.clone(),
@@ -737,7 +754,9 @@ impl Engine {
         }
         let target = snapshot(&target);
         self.checkpoint(&pod, &target);
-        self.run(pod, target, false).await
+        let result = self.run(pod, target, false).await;
+        timer.finish(if result.is_ok() { "in_place" } else { "error" });
+        result
     }
 
     fn checkpoint(&self, pod: &Pod, target: &SnapshotLimits) {
