@@ -6,8 +6,10 @@
 //! - `demo`       a private containerd + the plugin + a pod created and resized, narrated
 //! - `bench`      every benchmark, side by side with its baseline
 //! - `fuzz`       run one fuzz target (default: all, 60 s each)
+//! - `image`      the daemon as an OCI image archive (`ctr images import`-able), no Docker engine
 
 mod ebpf;
+mod image;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -253,6 +255,36 @@ fn bench() -> anyhow::Result<()> {
     )
 }
 
+/// `cargo xtask image [--debug] [--out PATH]`: eBPF object, daemon build (release unless
+/// `--debug`), OCI archive.
+fn image_cmd(debug: bool, out: Option<PathBuf>) -> anyhow::Result<()> {
+    setup(true)?;
+    build_ebpf()?;
+    let mut build = cargo();
+    build.args(["build", "-p", "nri-resize", "--bin", "nri-resize"]);
+    if !debug {
+        build.arg("--release");
+    }
+    run("build the daemon", &mut build)?;
+    let binary = root().join(if debug {
+        "target/debug/nri-resize"
+    } else {
+        "target/release/nri-resize"
+    });
+    let out = out.unwrap_or_else(|| image::default_archive(&root()));
+    let built = image::build_archive(&binary, &out, &image::image_name())?;
+    eprintln!("\n==> OCI image {} ({})", built.name, built.manifest_digest);
+    for f in &built.files {
+        eprintln!("    {f}");
+    }
+    eprintln!(
+        "    archive: {}\n    import:  ctr -n k8s.io images import {}",
+        built.archive.display(),
+        built.archive.display()
+    );
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let arg = |name: &str| {
@@ -267,6 +299,7 @@ fn main() -> anyhow::Result<()> {
         Some("test") => test(arg("--fuzz-seconds").map_or(Ok(20), |s| s.parse()).context("--fuzz-seconds")?),
         Some("demo") => demo(),
         Some("bench") => bench(),
+        Some("image") => image_cmd(args.iter().any(|a| a == "--debug"), arg("--out").map(PathBuf::from)),
         Some("fuzz") => {
             let seconds = arg("--seconds").map_or(Ok(60), |s| s.parse()).context("--seconds")?;
             match arg("--target") {
@@ -274,6 +307,6 @@ fn main() -> anyhow::Result<()> {
                 None => fuzz(&FUZZ_TARGETS, seconds),
             }
         }
-        _ => bail!("usage: cargo xtask <setup|build-ebpf|test [--fuzz-seconds N]|demo|bench|fuzz [--target T] [--seconds N]>"),
+        _ => bail!("usage: cargo xtask <setup|build-ebpf|test [--fuzz-seconds N]|demo|bench|fuzz [--target T] [--seconds N]|image [--debug] [--out PATH]>"),
     }
 }
