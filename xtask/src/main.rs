@@ -178,9 +178,22 @@ fn test(fuzz_seconds: u64) -> anyhow::Result<()> {
             "build the plugin binary",
             cargo().args(["build", "-p", "nri-resize", "--bin", "nri-resize"]),
         )?;
+        // The daemon's image from the binary just built (tests/tests/image_containerd.rs).
+        let archive = image::default_archive(&root());
+        image::build_archive(
+            &root().join("target/debug/nri-resize"),
+            &archive,
+            &image::image_name(),
+        )?;
         run(
             "real containerd 1.7 and 2.x through CRI",
-            cargo().args(["test", "-p", "nri-resize-tests", "--", "--nocapture"]),
+            cargo().env("NRI_RESIZE_IMAGE_ARCHIVE", &archive).args([
+                "test",
+                "-p",
+                "nri-resize-tests",
+                "--",
+                "--nocapture",
+            ]),
         )
     });
     tier(&mut results, "fuzz", || fuzz(&FUZZ_TARGETS, fuzz_seconds));
