@@ -253,7 +253,7 @@ fn status_watch_json_prints_one_document_per_line() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("start status --watch --json");
-    std::thread::sleep(std::time::Duration::from_millis(1000));
+    std::thread::sleep(std::time::Duration::from_secs(1));
     let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).expect("SIGINT");
     let out = child.wait_with_output().expect("wait");
