@@ -54,6 +54,39 @@ pub fn http_get(addr: &str, path: &str, accept: Option<&str>) -> Option<(u16, St
     Some((code, headers.to_lowercase(), body.to_string()))
 }
 
+/// How the daemon container is privileged: as `deploy/base/daemonset.yaml`, or as the
+/// least-privilege overlay (`deploy/overlays/least-privilege`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Privilege {
+    /// `privileged: true`.
+    Privileged,
+    /// Not privileged: the runtime's default capabilities dropped, these added, the host's
+    /// tracefs mounted at `/sys/kernel/tracing` (mounting it would need `CAP_SYS_ADMIN`).
+    Capabilities(Vec<String>),
+}
+
+/// The capabilities of the least-privilege overlay (`deploy/overlays/least-privilege`).
+pub const LEAST_PRIVILEGE_CAPS: &[&str] = &["CAP_BPF", "CAP_PERFMON", "CAP_KILL"];
+
+/// containerd's default capability set for unprivileged containers (dropped one by one: `ctr`
+/// takes no `ALL`).
+const DEFAULT_CAPS: &[&str] = &[
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FSETID",
+    "CAP_FOWNER",
+    "CAP_MKNOD",
+    "CAP_NET_RAW",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETFCAP",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_KILL",
+    "CAP_AUDIT_WRITE",
+];
+
 /// The daemon running in a container of `ctrd`, from [`DAEMON_IMAGE`].
 #[derive(Debug)]
 pub struct DaemonContainer {
@@ -101,7 +134,7 @@ impl DaemonContainer {
 
     /// Imports `archive` into `ctrd` (namespace `k8s.io`, where kubelet's images live) and
     /// starts the daemon from it. Does not wait for readiness ([`Self::wait_ready`]).
-    pub fn start(ctrd: &Containerd, archive: &Path) -> DaemonContainer {
+    pub fn start(ctrd: &Containerd, archive: &Path, privilege: &Privilege) -> DaemonContainer {
         let base = ctrd.base_dir();
         let api_dir = base.join("image-daemon-api");
         let state_dir = base.join("image-daemon-state");
@@ -137,7 +170,7 @@ impl DaemonContainer {
         // The host's PID namespace, as `hostPID: true`: this process's (`/proc/1` may be
         // unreadable when the test machine is itself a container).
         let host_pid_ns = format!("pid:/proc/{}/ns/pid", std::process::id());
-        let mounts = [
+        let mut mounts = vec![
             // The private containerd's NRI socket where the DaemonSet mounts the node's
             // (/var/run/nri); the socket file itself: its directory also holds the rootfs mounts.
             format!(
@@ -148,23 +181,43 @@ impl DaemonContainer {
             bind(&d.api_dir, "/run/nri-resize"),
             bind(&state_dir, "/var/lib/nri-resize"),
         ];
-        let mut args: Vec<String> = [
-            "run",
-            "--detach",
-            "--privileged",
-            "--net-host",
-            "--with-ns",
-            &host_pid_ns,
-            "--cgroup",
-            &cgroup,
-            "--log-uri",
-            &log_uri,
-            "--env",
-            "NRI_RESIZE_LOG=nri_resize=debug,info",
-        ]
-        .iter()
-        .map(ToString::to_string)
-        .collect();
+        let mut privilege_args: Vec<String> = Vec::new();
+        match privilege {
+            Privilege::Privileged => privilege_args.push("--privileged".into()),
+            Privilege::Capabilities(caps) => {
+                for c in DEFAULT_CAPS {
+                    privilege_args.extend(["--cap-drop".to_string(), (*c).to_string()]);
+                }
+                for c in caps {
+                    privilege_args.extend(["--cap-add".to_string(), c.clone()]);
+                }
+                let tracing = Path::new("/sys/kernel/tracing");
+                assert!(
+                    tracing.join("events").is_dir(),
+                    "the host has no tracefs at /sys/kernel/tracing to mount (mount -t tracefs tracefs /sys/kernel/tracing)"
+                );
+                mounts.push(bind(tracing, "/sys/kernel/tracing"));
+            }
+        }
+        let mut args: Vec<String> = Vec::new();
+        args.extend(
+            [
+                "run",
+                "--detach",
+                "--net-host",
+                "--with-ns",
+                &host_pid_ns,
+                "--cgroup",
+                &cgroup,
+                "--log-uri",
+                &log_uri,
+                "--env",
+                "NRI_RESIZE_LOG=nri_resize=debug,info",
+            ]
+            .iter()
+            .map(ToString::to_string),
+        );
+        args.extend(privilege_args);
         for m in &mounts {
             args.push("--mount".into());
             args.push(m.clone());

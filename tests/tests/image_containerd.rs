@@ -8,13 +8,13 @@ use std::time::{Duration, Instant};
 
 use nri_resize_tests::{
     daemon_image_archive, http_get, ContainerSpec, Containerd, ContainerdOptions,
-    ContainerdVersion, DaemonContainer, PodSpec, Resources,
+    ContainerdVersion, DaemonContainer, PodSpec, Privilege, Resources, LEAST_PRIVILEGE_CAPS,
 };
 
-async fn daemon_from_image_sees_a_real_pod(version: ContainerdVersion) {
+async fn daemon_from_image_sees_a_real_pod(version: ContainerdVersion, privilege: Privilege) {
     let archive = daemon_image_archive();
     let ctrd = Containerd::start(version, ContainerdOptions::default()).await;
-    let daemon = DaemonContainer::start(&ctrd, &archive);
+    let daemon = DaemonContainer::start(&ctrd, &archive, &privilege);
     daemon.wait_ready(Duration::from_secs(60));
 
     let mut spec = PodSpec::new("imaged");
@@ -51,6 +51,10 @@ async fn daemon_from_image_sees_a_real_pod(version: ContainerdVersion) {
         r#"nri_resize_container_desired_memory_bytes{container="app",namespace="default",pod="imaged"} 67108864"#,
         r#"nri_resize_container_allocated_memory_bytes{container="app",namespace="default",pod="imaged"} 67108864"#,
         r#"nri_resize_container_throttled_periods_total{container="app",namespace="default",pod="imaged"}"#,
+        // The eBPF programs load with either privilege: no measurement fell back to polling.
+        r#"nri_resize_observer_strategy{program="throttle",strategy="cpu_stat_polling"} 0"#,
+        r#"nri_resize_observer_strategy{program="reclaim",strategy="memory_stat_polling"} 0"#,
+        r#"nri_resize_observer_strategy{program="oom",strategy="memory_events_polling"} 0"#,
     ] {
         assert!(body.contains(series), "missing {series} in\n{body}");
     }
@@ -103,10 +107,21 @@ async fn daemon_from_image_sees_a_real_pod(version: ContainerdVersion) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn daemon_image_in_containerd_1_7() {
-    daemon_from_image_sees_a_real_pod(ContainerdVersion::V1_7).await;
+    daemon_from_image_sees_a_real_pod(ContainerdVersion::V1_7, Privilege::Privileged).await;
+}
+
+/// The least-privilege overlay's capabilities (`deploy/overlays/least-privilege`) suffice:
+/// NRI, cgroupfs, every eBPF program, the API socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_image_with_least_privilege_in_containerd_1_7() {
+    let caps = LEAST_PRIVILEGE_CAPS
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    daemon_from_image_sees_a_real_pod(ContainerdVersion::V1_7, Privilege::Capabilities(caps)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn daemon_image_in_containerd_2() {
-    daemon_from_image_sees_a_real_pod(ContainerdVersion::V2).await;
+    daemon_from_image_sees_a_real_pod(ContainerdVersion::V2, Privilege::Privileged).await;
 }
