@@ -6,10 +6,12 @@
 //! - `demo`       a private containerd + the plugin + a pod created and resized, narrated
 //! - `bench`      every benchmark, side by side with its baseline
 //! - `fuzz`       run one fuzz target (default: all, 60 s each)
+//! - `manifests`  render deploy/ with kustomize, validate offline (also a tier of `test`)
 //! - `image`      the daemon as an OCI image archive (`ctr images import`-able), no Docker engine
 
 mod ebpf;
 mod image;
+mod manifests;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -159,6 +161,7 @@ fn test(fuzz_seconds: u64) -> anyhow::Result<()> {
             cargo().args(["test", "-p", "nri-resize", "--test", "cli"]),
         )
     });
+    tier(&mut results, "manifests", manifests_tier);
     tier(&mut results, "kernel", || {
         run(
             "observer on the real kernel (eBPF + cgroupfs)",
@@ -268,6 +271,23 @@ fn bench() -> anyhow::Result<()> {
     )
 }
 
+/// Renders and validates `deploy/`, then the structural checks of the manifests.
+fn manifests_tier() -> anyhow::Result<()> {
+    eprintln!("\n==> render deploy/ (kustomize) and validate (kubernetes-validate)");
+    let files = manifests::render(&root())?;
+    manifests::validate(&files)?;
+    run(
+        "manifests: CRDs, probes, config, dashboard against the catalog",
+        cargo().args([
+            "test",
+            "-p",
+            "nri-resize-tests",
+            "--test",
+            "deploy_manifests",
+        ]),
+    )
+}
+
 /// `cargo xtask image [--debug] [--out PATH]`: eBPF object, daemon build (release unless
 /// `--debug`), OCI archive.
 fn image_cmd(debug: bool, out: Option<PathBuf>) -> anyhow::Result<()> {
@@ -312,6 +332,10 @@ fn main() -> anyhow::Result<()> {
         Some("test") => test(arg("--fuzz-seconds").map_or(Ok(20), |s| s.parse()).context("--fuzz-seconds")?),
         Some("demo") => demo(),
         Some("bench") => bench(),
+        Some("manifests") => {
+            setup(false)?;
+            manifests_tier()
+        }
         Some("image") => image_cmd(args.iter().any(|a| a == "--debug"), arg("--out").map(PathBuf::from)),
         Some("fuzz") => {
             let seconds = arg("--seconds").map_or(Ok(60), |s| s.parse()).context("--seconds")?;
@@ -320,6 +344,6 @@ fn main() -> anyhow::Result<()> {
                 None => fuzz(&FUZZ_TARGETS, seconds),
             }
         }
-        _ => bail!("usage: cargo xtask <setup|build-ebpf|test [--fuzz-seconds N]|demo|bench|fuzz [--target T] [--seconds N]|image [--debug] [--out PATH]>"),
+        _ => bail!("usage: cargo xtask <setup|build-ebpf|test [--fuzz-seconds N]|demo|bench|fuzz [--target T] [--seconds N]|manifests|image [--debug] [--out PATH]>"),
     }
 }
