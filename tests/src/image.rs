@@ -60,8 +60,9 @@ pub fn http_get(addr: &str, path: &str, accept: Option<&str>) -> Option<(u16, St
 pub enum Privilege {
     /// `privileged: true`.
     Privileged,
-    /// Not privileged: the runtime's default capabilities dropped, these added, the host's
-    /// tracefs mounted at `/sys/kernel/tracing` (mounting it would need `CAP_SYS_ADMIN`).
+    /// Not privileged: the runtime's default capabilities dropped, these added, a read-only
+    /// root filesystem, the host's tracefs mounted at `/sys/kernel/tracing` (mounting it would
+    /// need `CAP_SYS_ADMIN`).
     Capabilities(Vec<String>),
 }
 
@@ -185,6 +186,8 @@ impl DaemonContainer {
         match privilege {
             Privilege::Privileged => privilege_args.push("--privileged".into()),
             Privilege::Capabilities(caps) => {
+                // As the overlay: `readOnlyRootFilesystem: true`.
+                privilege_args.push("--read-only".into());
                 for c in DEFAULT_CAPS {
                     privilege_args.extend(["--cap-drop".to_string(), (*c).to_string()]);
                 }
