@@ -109,6 +109,34 @@ fn free_port() -> u16 {
         .expect("find a free TCP port")
 }
 
+/// `ctr run` flags for `privilege`; adds the mounts it needs.
+fn privilege_args(privilege: &Privilege, mounts: &mut Vec<String>) -> Vec<String> {
+    let mut args: Vec<String> = Vec::new();
+    match privilege {
+        Privilege::Privileged => args.push("--privileged".into()),
+        Privilege::Capabilities(caps) => {
+            // As the overlay: `readOnlyRootFilesystem: true`.
+            args.push("--read-only".into());
+            for c in DEFAULT_CAPS {
+                args.extend(["--cap-drop".to_string(), (*c).to_string()]);
+            }
+            for c in caps {
+                args.extend(["--cap-add".to_string(), c.clone()]);
+            }
+            let tracing = Path::new("/sys/kernel/tracing");
+            assert!(
+                tracing.join("events").is_dir(),
+                "the host has no tracefs at /sys/kernel/tracing to mount (mount -t tracefs tracefs /sys/kernel/tracing)"
+            );
+            mounts.push(format!(
+                "type=bind,src={},dst=/sys/kernel/tracing,options=rbind:rw",
+                tracing.display()
+            ));
+        }
+    }
+    args
+}
+
 impl DaemonContainer {
     fn ctr(&self) -> Command {
         let mut c = Command::new(&self.ctr);
@@ -182,26 +210,7 @@ impl DaemonContainer {
             bind(&d.api_dir, "/run/nri-resize"),
             bind(&state_dir, "/var/lib/nri-resize"),
         ];
-        let mut privilege_args: Vec<String> = Vec::new();
-        match privilege {
-            Privilege::Privileged => privilege_args.push("--privileged".into()),
-            Privilege::Capabilities(caps) => {
-                // As the overlay: `readOnlyRootFilesystem: true`.
-                privilege_args.push("--read-only".into());
-                for c in DEFAULT_CAPS {
-                    privilege_args.extend(["--cap-drop".to_string(), (*c).to_string()]);
-                }
-                for c in caps {
-                    privilege_args.extend(["--cap-add".to_string(), c.clone()]);
-                }
-                let tracing = Path::new("/sys/kernel/tracing");
-                assert!(
-                    tracing.join("events").is_dir(),
-                    "the host has no tracefs at /sys/kernel/tracing to mount (mount -t tracefs tracefs /sys/kernel/tracing)"
-                );
-                mounts.push(bind(tracing, "/sys/kernel/tracing"));
-            }
-        }
+        let privilege_args = privilege_args(privilege, &mut mounts);
         let mut args: Vec<String> = Vec::new();
         args.extend(
             [

@@ -11,6 +11,31 @@ use nri_resize_tests::{
     ContainerdVersion, DaemonContainer, PodSpec, Privilege, Resources, LEAST_PRIVILEGE_CAPS,
 };
 
+/// A kubelet-style resize through CRI: counted by resource and direction, timed, confirmed.
+async fn resize_is_counted_and_confirmed(ctrd: &Containerd, daemon: &DaemonContainer, id: &str) {
+    ctrd.update_container_resources(id, &Resources::limits(80_000, 64 << 20))
+        .await
+        .expect("resize the container's CPU through CRI");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, _, body) = http_get(&daemon.metrics_addr, "/metrics", None).expect("scrape");
+        let want = [
+            r#"nri_resize_resize_requests_total{direction="increase",outcome="in_place",resource="cpu"} 1"#,
+            r#"nri_resize_resize_duration_seconds_count{direction="increase",resource="cpu"} 1"#,
+            r#"nri_resize_resize_outcomes_total{outcome="in_place"} 1"#,
+            r#"nri_resize_container_actual_cpu_millicores{container="app",namespace="default",pod="imaged"} 800"#,
+        ];
+        if want.iter().all(|w| body.contains(w)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after a CPU increase, want {want:?} in\n{body}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 async fn daemon_from_image_sees_a_real_pod(version: ContainerdVersion, privilege: Privilege) {
     let archive = daemon_image_archive();
     let ctrd = Containerd::start(version, ContainerdOptions::default()).await;
@@ -104,28 +129,7 @@ async fn daemon_from_image_sees_a_real_pod(version: ContainerdVersion, privilege
     );
     eprintln!("{out}");
 
-    // A kubelet-style resize through CRI: counted by resource and direction, timed, confirmed.
-    ctrd.update_container_resources(&id, &Resources::limits(80_000, 64 << 20))
-        .await
-        .expect("resize the container's CPU through CRI");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (_, _, body) = http_get(&daemon.metrics_addr, "/metrics", None).expect("scrape");
-        let want = [
-            r#"nri_resize_resize_requests_total{direction="increase",outcome="in_place",resource="cpu"} 1"#,
-            r#"nri_resize_resize_duration_seconds_count{direction="increase",resource="cpu"} 1"#,
-            r#"nri_resize_resize_outcomes_total{outcome="in_place"} 1"#,
-            r#"nri_resize_container_actual_cpu_millicores{container="app",namespace="default",pod="imaged"} 800"#,
-        ];
-        if want.iter().all(|w| body.contains(w)) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "after a CPU increase, want {want:?} in\n{body}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    resize_is_counted_and_confirmed(&ctrd, &daemon, &id).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
