@@ -356,7 +356,7 @@ fn the_dashboard_queries_only_cataloged_metrics() {
     for needed in [
         "nri_resize_resize_outcomes_total",
         "nri_resize_container_throttled_seconds_total",
-        "nri_resize_memory_reclaims_in_progress",
+        "nri_resize_memory_decrease_reclaims_in_progress",
         "nri_resize_node_capacity",
         "nri_resize_node_allocatable",
     ] {

@@ -92,15 +92,18 @@ pub const CATALOG: &[Entry] = &[
     e("nri_resize_container_direct_reclaim_seconds_total", Kind::Counter, "seconds", C, "time the container's tasks spent in memcg direct reclaim (eBPF only)"),
     e("nri_resize_container_oom_kills_total", Kind::Counter, "kills", C, "OOM kills of processes in the container's memcg"),
     // Safe memory decrease (issue 5).
-    later(e("nri_resize_memory_reclaimed_bytes_total", Kind::Counter, "bytes", C, "bytes reclaimed by staged memory decreases"), "issue 5"),
-    later(e("nri_resize_memory_reclaims_in_progress", Kind::Gauge, "reclaims", &[], "staged memory decreases currently reclaiming"), "issue 5"),
-    later(e("nri_resize_memory_reclaim_duration_seconds", Kind::Histogram, "seconds", &[], "duration of a staged memory decrease, first step to final limit"), "issue 5"),
-    later(e("nri_resize_memory_decrease_outcomes_total", Kind::Counter, "decreases", &["reason"], "memory decreases by outcome reason (done, gave up, refused, ...)"), "issue 5"),
+    later(e("nri_resize_memory_decrease_outcomes_total", Kind::Counter, "decreases", &["outcome"], "memory limit decreases by outcome: `direct`, `inline`, `converged`, `deferred_anonymous`, `deferred_timeout`, `superseded`, `rejected`, `restarted`, `error`"), "issue 5"),
+    later(e("nri_resize_memory_decrease_reclaimed_bytes_total", Kind::Counter, "bytes", &[], "bytes by which memory decreases brought container usage down"), "issue 5"),
+    later(e("nri_resize_memory_decrease_reclaims_in_progress", Kind::Gauge, "reclaims", &[], "staged memory decreases reclaiming now"), "issue 5"),
+    later(e("nri_resize_memory_decrease_reclaim_duration_seconds", Kind::Histogram, "seconds", &[], "time a decrease below usage took to reclaim: inside the update (inline) or from accepting a staged decrease to its end"), "issue 5"),
     // Node capacity (issue 6).
-    later(e("nri_resize_node_capacity", Kind::Gauge, "millicores / bytes", &["resource"], "node capacity: online CPUs (millicores) and memory (bytes)"), "issue 6"),
-    later(e("nri_resize_node_allocatable", Kind::Gauge, "millicores / bytes", &["resource"], "capacity minus the configured system reserve"), "issue 6"),
-    later(e("nri_resize_node_capacity_changes_total", Kind::Counter, "changes", &["resource", "direction"], "node capacity changes detected (CPU hotplug, memory hotplug)"), "issue 6"),
-    later(e("nri_resize_node_capacity_detection_seconds", Kind::Histogram, "seconds", &[], "from the kernel event to the updated capacity metric"), "issue 6"),
+    later(e("nri_resize_node_capacity", Kind::Gauge, "cores / bytes", &["resource"], "online CPUs (cores) and `MemTotal` (bytes)"), "issue 6"),
+    later(e("nri_resize_node_allocatable", Kind::Gauge, "cores / bytes", &["resource"], "capacity minus the configured reserve"), "issue 6"),
+    later(e("nri_resize_node_capacity_changes_total", Kind::Counter, "changes", &["resource", "direction"], "capacity changes seen (`up`, `down`, `same`)"), "issue 6"),
+    later(e("nri_resize_node_capacity_detection_seconds", Kind::Histogram, "seconds", &["source"], "from the kernel event (cpuhp timestamp / uevent arrival) to the metric update"), "issue 6"),
+    later(e("nri_resize_node_capacity_events_total", Kind::Counter, "events", &["source"], "events that made the capacity watcher re-read (`cpuhp`, `uevent`, `resync`)"), "issue 6"),
+    later(e("nri_resize_node_offline_pinned_containers", Kind::Gauge, "containers", &[], "containers whose cpuset names an offline CPU"), "issue 6"),
+    later(e("nri_resize_capacity_reevaluations_total", Kind::Counter, "resizes", &["outcome"], "Deferred and Infeasible resizes re-evaluated after a capacity change (`applied`, `would_apply`, `deferred`, `infeasible`, `failed`)"), "issue 6"),
     // Observer.
     e("nri_resize_observer_strategy", Kind::Gauge, "0/1", &["program", "strategy"], "1 for the strategy in effect per observer measurement (`throttle`, `reclaim`, `oom`, `hotplug`), 0 for the others"),
 ];
