@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
-use nri_resize::api::{ApiClient, Status};
+use nri_resize::api::ApiClient;
 use nri_resize::daemon::{self, Exit, ObserverOptions, RunOptions, EXIT_DISCONNECTED};
 use nri_resize::model::{CpuResources, LinuxResources, MemoryResources};
 use nri_resize::nri::PluginIdentity;
@@ -52,6 +52,10 @@ enum Command {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Refresh every N seconds (default 2) until Ctrl-C: the table redrawn on a cleared
+        /// screen, or one JSON document per line with `--json`.
+        #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "2", value_parser = parse_interval)]
+        watch: Option<Duration>,
     },
     /// Show the latest NRI events the plugin received.
     Events {
@@ -287,111 +291,64 @@ fn fmt_resources(r: Option<&LinuxResources>) -> (String, String) {
     (cpu, mem)
 }
 
-/// `500m/128Mi`; `-` when unknown, `max` for unlimited.
-fn compact(cpu_millis: Option<u64>, cpu_limited: bool, memory: Option<i64>) -> String {
-    let cpu = match (cpu_millis, cpu_limited) {
-        (Some(m), true) => format!("{m}m"),
-        (_, false) => "max".to_string(),
-        (None, true) => "-".to_string(),
-    };
-    let mem = match memory {
-        Some(m) if m > 0 && m < (1 << 62) => format!("{}Mi", m >> 20),
-        Some(_) => "max".to_string(),
-        None => "-".to_string(),
-    };
-    format!("{cpu}/{mem}")
-}
-
-fn compact_spec(r: Option<&LinuxResources>) -> String {
-    r.map_or_else(
-        || "-".to_string(),
-        |r| {
-            compact(
-                r.cpu_limit_millis(),
-                r.cpu_quota().is_some_and(|q| q > 0),
-                r.memory_limit(),
-            )
-        },
-    )
-}
-
-fn print_status(s: &Status, resizes: &nri_resize::api::Resizes) -> std::io::Result<()> {
-    let mut out = std::io::stdout().lock();
-    writeln!(
-        out,
-        "runtime: {} {} ({}){}",
-        s.runtime.name.as_deref().unwrap_or("?"),
-        s.runtime.version.as_deref().unwrap_or("?"),
-        if s.runtime.connected {
-            "connected"
+/// One status rendering: pretty JSON, one-line JSON (for `--watch --json`), or the table.
+async fn status_once(api: &ApiArgs, json: bool, one_line: bool) -> anyhow::Result<String> {
+    let client = ApiClient::new(&api.api_socket);
+    let status = client.status().await?;
+    if json {
+        let text = if one_line {
+            serde_json::to_string(&status)?
         } else {
-            "DISCONNECTED"
-        },
-        if s.runtime.connected && !s.runtime.synchronized {
-            ", not synchronized"
-        } else {
-            ""
-        }
-    )?;
-    if let Some(node) = &s.node {
-        writeln!(
-            out,
-            "{}",
-            nri_resize::capacity::node_line(node, daemon::now_ms())
-        )?;
+            serde_json::to_string_pretty(&status)?
+        };
+        return Ok(text + "\n");
     }
-    writeln!(
-        out,
-        "{:<32} {:<14} {:<8} {:<14} {:<14} {:<14} {:<11} {:>9}  REASON",
-        "POD", "CONTAINER", "STATE", "DESIRED", "ALLOCATED", "ACTUAL", "RESIZE", "THROTTLED"
-    )?;
-    for p in &s.pods {
-        if p.containers.is_empty() {
-            writeln!(out, "{:<32} {:<14}", p.pod.full_name(), "-")?;
+    let resizes = client.resizes().await.unwrap_or_default();
+    let page_size = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .and_then(|p| u64::try_from(p).ok())
+        .unwrap_or(4096);
+    Ok(nri_resize::api::render_status(
+        &status,
+        &resizes,
+        page_size,
+        daemon::now_ms(),
+    ))
+}
+
+/// `status --watch`: redraws every `every` until Ctrl-C (exit 0). A daemon that cannot be
+/// reached is shown as such and retried, not fatal.
+async fn watch_status(api: &ApiArgs, json: bool, every: Duration) -> anyhow::Result<()> {
+    const CLEAR: &str = "\x1b[2J\x1b[H";
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+            _ = tick.tick() => {}
         }
-        for c in &p.containers {
-            let rec = resizes.containers.get(&c.id);
-            let desired = compact_spec(
-                rec.and_then(|r| r.desired.as_ref())
-                    .or(c.resources.as_ref()),
-            );
-            let allocated = compact_spec(c.resources.as_ref());
-            let observed = c.observed.as_ref();
-            let actual = observed.and_then(|o| o.actual.as_ref()).map_or_else(
-                || "-".to_string(),
-                |a| {
-                    compact(
-                        a.cpu_limit_millis(),
-                        a.cpu_quota.is_some_and(|q| q > 0),
-                        a.memory_limit,
-                    )
-                },
-            );
-            let throttled = observed
-                .and_then(|o| o.throttling.as_ref())
-                .map_or_else(|| "-".to_string(), |t| t.count.to_string());
-            let (resize, reason) = rec.map_or(("-".to_string(), String::new()), |r| {
-                (
-                    r.state.map_or("-".to_string(), |s| format!("{s:?}")),
-                    r.reason.clone(),
-                )
-            });
-            writeln!(
+        let body = match status_once(api, json, true).await {
+            Ok(text) => text,
+            Err(e) if json => {
+                eprintln!("nri-resize: {e:#}");
+                continue;
+            }
+            Err(e) => format!("nri-resize: {e:#}\n"),
+        };
+        let mut out = std::io::stdout().lock();
+        if json {
+            out.write_all(body.as_bytes())?;
+        } else {
+            write!(
                 out,
-                "{:<32} {:<14} {:<8} {:<14} {:<14} {:<14} {:<11} {:>9}  {}",
-                p.pod.full_name(),
-                c.name,
-                format!("{:?}", c.state).to_lowercase(),
-                desired,
-                allocated,
-                actual,
-                resize,
-                throttled,
-                reason
+                "{CLEAR}every {:.1}s  {}\n\n{body}",
+                every.as_secs_f64(),
+                api.api_socket.display()
             )?;
         }
+        out.flush()?;
     }
-    Ok(())
 }
 
 async fn resize_command(api: &ApiArgs, pod: &str, containers: &[String]) -> anyhow::Result<()> {
@@ -429,18 +386,10 @@ async fn resize_command(api: &ApiArgs, pod: &str, containers: &[String]) -> anyh
 async fn client_command(cmd: Command) -> anyhow::Result<ExitCode> {
     match cmd {
         Command::Run(_) => unreachable!("handled by main"),
-        Command::Status { api, json } => {
-            let status = ApiClient::new(&api.api_socket).status().await?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&status)?);
-            } else {
-                let resizes = ApiClient::new(&api.api_socket)
-                    .resizes()
-                    .await
-                    .unwrap_or_default();
-                print_status(&status, &resizes)?;
-            }
-        }
+        Command::Status { api, json, watch } => match watch {
+            None => print!("{}", status_once(&api, json, false).await?),
+            Some(every) => watch_status(&api, json, every).await?,
+        },
         Command::Events { api, since, json } => {
             let events = ApiClient::new(&api.api_socket).events(since).await?;
             for e in &events {

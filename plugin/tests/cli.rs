@@ -70,3 +70,198 @@ fn update_without_anything_to_change_is_refused() {
     assert_ne!(code, 0, "{text}");
     assert!(text.contains("nothing to update"), "{text}");
 }
+
+/// A daemon with no runtime to talk to: it keeps retrying, and its status API and metrics
+/// server answer meanwhile. Stopped (SIGTERM, by pid) when dropped.
+struct Daemon {
+    child: std::process::Child,
+    dir: tempfile::TempDir,
+}
+
+impl Daemon {
+    fn start() -> Daemon {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = |name: &str| dir.path().join(name).to_str().expect("utf8").to_string();
+        std::fs::create_dir_all(dir.path().join("cgroup")).expect("cgroup dir");
+        let child = Command::new(env!("CARGO_BIN_EXE_nri-resize"))
+            .args([
+                "run",
+                "--nri-socket",
+                &p("no-runtime.sock"),
+                "--api-socket",
+                &p("api/api.sock"),
+                "--state-dir",
+                &p("state"),
+                "--cgroup-root",
+                &p("cgroup"),
+                "--metrics-addr",
+                "127.0.0.1:0",
+                "--no-ebpf",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start nri-resize run");
+        let d = Daemon { child, dir };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !d.api_socket().exists() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the daemon's API socket never appeared"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        d
+    }
+
+    fn api_socket(&self) -> std::path::PathBuf {
+        self.dir.path().join("api/api.sock")
+    }
+
+    fn metrics_addr(&self) -> String {
+        let (code, text) = nri_resize(&[
+            "status",
+            "--json",
+            "--api-socket",
+            self.api_socket().to_str().expect("utf8"),
+        ]);
+        assert_eq!(code, 0, "{text}");
+        let v: serde_json::Value = serde_json::from_str(&text).expect("status --json is JSON");
+        v["metrics_addr"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no metrics_addr in {text}"))
+            .to_string()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).expect("pid"));
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let _ = self.child.wait();
+    }
+}
+
+/// A plain HTTP/1.0 GET: (status line, headers, body).
+fn http_get(addr: &str, path: &str, accept: Option<&str>) -> (String, String, String) {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to the metrics address");
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .expect("timeout");
+    let accept = accept.map_or_else(String::new, |a| format!("Accept: {a}\r\n"));
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n{accept}\r\n").expect("send");
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).expect("read");
+    let (head, body) = resp.split_once("\r\n\r\n").expect("http response");
+    let (status, headers) = head.split_once("\r\n").unwrap_or((head, ""));
+    (status.to_string(), headers.to_lowercase(), body.to_string())
+}
+
+#[test]
+fn metrics_health_and_readiness_on_the_metrics_address() {
+    let d = Daemon::start();
+    let addr = d.metrics_addr();
+    let (status, _, body) = http_get(&addr, "/healthz", None);
+    assert!(status.contains(" 200 "), "{status} {body}");
+    let (status, _, body) = http_get(&addr, "/readyz", None);
+    assert!(
+        status.contains(" 503 "),
+        "not registered with a runtime: {status}"
+    );
+    assert!(
+        body.contains("not connected to the runtime"),
+        "/readyz says why: {body}"
+    );
+    let (status, headers, body) = http_get(&addr, "/metrics", None);
+    assert!(status.contains(" 200 "), "{status}");
+    assert!(
+        headers.contains("content-type: text/plain; version=0.0.4"),
+        "{headers}"
+    );
+    assert!(body.contains("nri_resize_nri_connected 0"), "{body}");
+    assert!(!body.contains("# EOF"), "{body}");
+    let (status, headers, body) = http_get(
+        &addr,
+        "/metrics",
+        Some("application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"),
+    );
+    assert!(status.contains(" 200 "), "{status}");
+    assert!(
+        headers.contains("content-type: application/openmetrics-text; version=1.0.0"),
+        "{headers}"
+    );
+    assert!(body.ends_with("# EOF\n"), "{body}");
+    assert!(
+        body.contains("# TYPE nri_resize_nri_connected gauge"),
+        "{body}"
+    );
+    openmetrics_parser::openmetrics::parse_openmetrics(&body)
+        .unwrap_or_else(|e| panic!("served OpenMetrics does not parse: {e:?}\n{body}"));
+}
+
+#[test]
+fn status_watch_redraws_until_interrupted() {
+    let d = Daemon::start();
+    let child = Command::new(env!("CARGO_BIN_EXE_nri-resize"))
+        .args([
+            "status",
+            "--watch",
+            "0.2",
+            "--api-socket",
+            d.api_socket().to_str().expect("utf8"),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start status --watch");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).expect("SIGINT");
+    let out = child.wait_with_output().expect("wait");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "Ctrl-C ends the watch cleanly: {:?}\n{stdout}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let frames = stdout.matches("\x1b[2J\x1b[H").count();
+    assert!(
+        frames >= 3,
+        "expected a redraw every 0.2 s for 1.5 s, got {frames}:\n{stdout}"
+    );
+    assert_eq!(
+        stdout.matches("runtime: ? ? (DISCONNECTED)").count(),
+        frames,
+        "every frame is a full table:\n{stdout}"
+    );
+    assert!(stdout.contains("POD"), "{stdout}");
+}
+
+#[test]
+fn status_watch_json_prints_one_document_per_line() {
+    let d = Daemon::start();
+    let child = Command::new(env!("CARGO_BIN_EXE_nri-resize"))
+        .args([
+            "status",
+            "--json",
+            "--watch",
+            "0.2",
+            "--api-socket",
+            d.api_socket().to_str().expect("utf8"),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start status --watch --json");
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).expect("SIGINT");
+    let out = child.wait_with_output().expect("wait");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let docs: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(docs.len() >= 2, "{stdout}");
+    assert!(docs.iter().all(|d| d["runtime"]["connected"] == false));
+}

@@ -40,6 +40,7 @@
 mod cgroups;
 mod cleanup;
 mod containerd;
+mod image;
 mod images;
 mod plugin;
 mod pod;
@@ -49,6 +50,9 @@ mod version;
 pub use cgroups::{shares_to_weight, weight_to_shares, CgroupLimits, CgroupMode, CgroupTree};
 pub use cleanup::shim_pids;
 pub use containerd::{connect, Containerd, ContainerdOptions};
+pub use image::{
+    daemon_image_archive, http_get, DaemonContainer, Privilege, DAEMON_IMAGE, LEAST_PRIVILEGE_CAPS,
+};
 pub use images::{image_archives, ImageArchives, BUSYBOX_IMAGE, PAUSE_IMAGE};
 /// The CRI v1 API (types and clients) from crate `k8s-cri`.
 pub use k8s_cri::v1 as cri;

@@ -137,7 +137,9 @@ async fn model_matches_runtime(ctrd: &Containerd, api: &ApiClient) -> Result<usi
         })
         .collect();
     if pods != model_pods {
-        return Err(format!("pods differ: runtime {pods:?}, model {model_pods:?}"));
+        return Err(format!(
+            "pods differ: runtime {pods:?}, model {model_pods:?}"
+        ));
     }
     if runtime != model {
         let diff: Vec<_> = runtime

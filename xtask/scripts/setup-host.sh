@@ -98,6 +98,25 @@ if [[ $want_ebpf -eq 1 ]]; then
   fi
 fi
 
+# 4. Manifest tooling: kustomize (Debian trixie: needs only libc6 >= 2.34) and kubernetes-validate
+#    (PyPI, pinned; offline JSON schemas for Kubernetes 1.33-1.37) in a venv of Debian's python3.
+KV_VERSION=1.37.0
+VENV="$CACHE/venv"
+m_pkgs=()
+dpkg -s kustomize >/dev/null 2>&1 || m_pkgs+=("kustomize/trixie")
+dpkg -s python3-venv >/dev/null 2>&1 || m_pkgs+=("python3-venv")
+if [[ ${#m_pkgs[@]} -gt 0 ]]; then
+  apt_update
+  log "installing ${m_pkgs[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${m_pkgs[@]}" >/dev/null
+fi
+if ! "$VENV/bin/kubernetes-validate" --version 2>/dev/null | grep -qF "$KV_VERSION"; then
+  log "installing kubernetes-validate==$KV_VERSION into $VENV"
+  rm -rf "$VENV"
+  /usr/bin/python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check "kubernetes-validate==$KV_VERSION"
+fi
+
 log "containerd 1.7: $(containerd --version 2>/dev/null | awk '{print $3}')"
 log "containerd 2.x: $("$C2_DIR/usr/bin/containerd" --version 2>/dev/null | awk '{print $3}')"
 log "runc: $(runc --version 2>/dev/null | head -1 | awk '{print $3}')"

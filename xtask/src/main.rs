@@ -6,8 +6,12 @@
 //! - `demo`       a private containerd + the plugin + a pod created and resized, narrated
 //! - `bench`      every benchmark, side by side with its baseline
 //! - `fuzz`       run one fuzz target (default: all, 60 s each)
+//! - `manifests`  render deploy/ with kustomize, validate offline (also a tier of `test`)
+//! - `image`      the daemon as an OCI image archive (`ctr images import`-able), no Docker engine
 
 mod ebpf;
+mod image;
+mod manifests;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -162,6 +166,7 @@ fn test(fuzz_seconds: u64) -> anyhow::Result<()> {
             cargo().args(["test", "-p", "nri-resize", "--test", "cli"]),
         )
     });
+    tier(&mut results, "manifests", manifests_tier);
     tier(&mut results, "kernel", || {
         run(
             "observer on the real kernel (eBPF + cgroupfs)",
@@ -193,9 +198,22 @@ fn test(fuzz_seconds: u64) -> anyhow::Result<()> {
             "build the plugin binary",
             cargo().args(["build", "-p", "nri-resize", "--bin", "nri-resize"]),
         )?;
+        // The daemon's image from the binary just built (tests/tests/image_containerd.rs).
+        let archive = image::default_archive(&root());
+        image::build_archive(
+            &root().join("target/debug/nri-resize"),
+            &archive,
+            &image::image_name(),
+        )?;
         run(
             "real containerd 1.7 and 2.x through CRI",
-            cargo().args(["test", "-p", "nri-resize-tests", "--", "--nocapture"]),
+            cargo().env("NRI_RESIZE_IMAGE_ARCHIVE", &archive).args([
+                "test",
+                "-p",
+                "nri-resize-tests",
+                "--",
+                "--nocapture",
+            ]),
         )
     });
     tier(&mut results, "fuzz", || fuzz(&FUZZ_TARGETS, fuzz_seconds));
@@ -286,6 +304,53 @@ fn bench() -> anyhow::Result<()> {
     )
 }
 
+/// Renders and validates `deploy/`, then the structural checks of the manifests.
+fn manifests_tier() -> anyhow::Result<()> {
+    eprintln!("\n==> render deploy/ (kustomize) and validate (kubernetes-validate)");
+    let files = manifests::render(&root())?;
+    manifests::validate(&files)?;
+    run(
+        "manifests: CRDs, probes, config, dashboard against the catalog",
+        cargo().args([
+            "test",
+            "-p",
+            "nri-resize-tests",
+            "--test",
+            "deploy_manifests",
+        ]),
+    )
+}
+
+/// `cargo xtask image [--debug] [--out PATH]`: eBPF object, daemon build (release unless
+/// `--debug`), OCI archive.
+fn image_cmd(debug: bool, out: Option<PathBuf>) -> anyhow::Result<()> {
+    setup(true)?;
+    build_ebpf()?;
+    let mut build = cargo();
+    build.args(["build", "-p", "nri-resize", "--bin", "nri-resize"]);
+    if !debug {
+        build.arg("--release");
+    }
+    run("build the daemon", &mut build)?;
+    let binary = root().join(if debug {
+        "target/debug/nri-resize"
+    } else {
+        "target/release/nri-resize"
+    });
+    let out = out.unwrap_or_else(|| image::default_archive(&root()));
+    let built = image::build_archive(&binary, &out, &image::image_name())?;
+    eprintln!("\n==> OCI image {} ({})", built.name, built.manifest_digest);
+    for f in &built.files {
+        eprintln!("    {f}");
+    }
+    eprintln!(
+        "    archive: {}\n    import:  ctr -n k8s.io images import {}",
+        built.archive.display(),
+        built.archive.display()
+    );
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let arg = |name: &str| {
@@ -300,6 +365,11 @@ fn main() -> anyhow::Result<()> {
         Some("test") => test(arg("--fuzz-seconds").map_or(Ok(20), |s| s.parse()).context("--fuzz-seconds")?),
         Some("demo") => demo(),
         Some("bench") => bench(),
+        Some("manifests") => {
+            setup(false)?;
+            manifests_tier()
+        }
+        Some("image") => image_cmd(args.iter().any(|a| a == "--debug"), arg("--out").map(PathBuf::from)),
         Some("fuzz") => {
             let seconds = arg("--seconds").map_or(Ok(60), |s| s.parse()).context("--seconds")?;
             match arg("--target") {
@@ -307,6 +377,6 @@ fn main() -> anyhow::Result<()> {
                 None => fuzz(&FUZZ_TARGETS, seconds),
             }
         }
-        _ => bail!("usage: cargo xtask <setup|build-ebpf|test [--fuzz-seconds N]|demo|bench|fuzz [--target T] [--seconds N]>"),
+        _ => bail!("usage: cargo xtask <setup|build-ebpf|test [--fuzz-seconds N]|demo|bench|fuzz [--target T] [--seconds N]|manifests|image [--debug] [--out PATH]>"),
     }
 }

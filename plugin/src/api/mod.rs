@@ -11,6 +11,7 @@
 //! | GET | `/readyz` | 200 once registered with the runtime and synchronized, else 503 |
 
 mod client;
+mod table;
 
 use std::ops::Deref;
 use std::os::unix::fs::PermissionsExt;
@@ -28,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 pub use client::{ApiClient, ClientError};
+pub use table::render_status;
 
 use crate::cgroup::ActualResources;
 use crate::daemon::{Confirmation, ContainerObservation, NodeState, ObserverInfo};

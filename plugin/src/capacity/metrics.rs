@@ -164,4 +164,16 @@ impl CapacityMetrics {
     pub fn reevaluated(&self, outcome: &'static str) {
         self.reevaluations.with_label_values(&[outcome]).inc();
     }
+
+    /// Creates one series of every labelled family so that `gather` lists them all (tests of
+    /// the metrics catalog).
+    #[doc(hidden)]
+    pub fn touch_all_for_catalog(&self) {
+        self.capacity.with_label_values(&["cpu"]);
+        self.allocatable.with_label_values(&["cpu"]);
+        self.changes.with_label_values(&["cpu", "up"]);
+        self.detection.with_label_values(&["cpuhp"]);
+        self.events.with_label_values(&["resync"]);
+        self.reevaluations.with_label_values(&["applied"]);
+    }
 }

@@ -155,6 +155,7 @@ impl NodeState {
         self.observed(|o| {
             if let Some(r) = &target.resources {
                 self.metrics.set_desired(&target.labels, r);
+                self.metrics.set_allocated(&target.labels, r);
             }
             if o.targets.get(&ctr.id) != Some(&target) {
                 o.targets.insert(ctr.id.clone(), target);

@@ -3,12 +3,16 @@
 //! container goes, the observer's strategies, and NRI handler counts and latency.
 //!
 //! Served as Prometheus text on `--metrics-addr` by [`serve`], with `/healthz` and `/readyz`.
-//! The catalog is in `docs/observer.md`.
+//! The catalog is [`catalog::CATALOG`] (and the README's table); `OpenMetrics` text is served when
+//! the scraper asks for it ([`Metrics::encode_openmetrics`]).
 
+pub mod catalog;
 mod decrease;
+mod openmetrics;
 mod server;
 
 use std::fmt;
+use std::time::Instant;
 
 use prometheus::core::Collector;
 use prometheus::{
@@ -25,6 +29,7 @@ use crate::nri::HandlerObserver;
 use crate::observer::{
     HotplugStrategy, Observation, OomStrategy, ReclaimStrategy, Strategies, ThrottleStrategy,
 };
+use crate::policy::{Direction, Resource};
 
 const PREFIX: &str = "nri_resize";
 const CONTAINER_LABELS: [&str; 3] = ["namespace", "pod", "container"];
@@ -70,6 +75,10 @@ pub struct Metrics {
     actual_cpu_millicores: IntGaugeVec,
     desired_memory_bytes: IntGaugeVec,
     actual_memory_bytes: IntGaugeVec,
+    allocated_cpu_millicores: IntGaugeVec,
+    allocated_memory_bytes: IntGaugeVec,
+    resize_requests: IntCounterVec,
+    resize_duration: HistogramVec,
     observer_strategy: IntGaugeVec,
     nri_connected: IntGauge,
     nri_events: IntCounterVec,
@@ -174,6 +183,36 @@ impl Metrics {
                 "Memory limit in the container's cgroup when last read, in bytes.",
                 &CONTAINER_LABELS,
             )?,
+            allocated_cpu_millicores: gauge(
+                "container_allocated_cpu_millicores",
+                "CPU limit the runtime holds for the container (its spec after the last accepted update), in millicores.",
+                &CONTAINER_LABELS,
+            )?,
+            allocated_memory_bytes: gauge(
+                "container_allocated_memory_bytes",
+                "Memory limit the runtime holds for the container, in bytes.",
+                &CONTAINER_LABELS,
+            )?,
+            resize_requests: int_counter(
+                "resize_requests_total",
+                "Resize requests per resource and direction they change, by outcome.",
+                &["resource", "direction", "outcome"],
+            )?,
+            resize_duration: register(
+                r,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "resize_duration_seconds",
+                        "From a resize request's arrival until the plugin finished acting on it.",
+                    )
+                    .buckets(vec![
+                        0.000_1, 0.000_5, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                        2.5, 5.0, 10.0, 30.0,
+                    ]),
+                    &["resource", "direction"],
+                )
+                .map_err(MetricsError::Register)?,
+            )?,
             observer_strategy: gauge(
                 "observer_strategy",
                 "1 for the strategy in effect per observer measurement, 0 for the others.",
@@ -241,6 +280,16 @@ impl Metrics {
         self.annotation_errors.inc();
     }
 
+    /// Starts timing one resize request that changes `changes` (resource, direction); the
+    /// returned guard records the duration when dropped and the outcome when told.
+    pub fn resize_timer(&self, changes: &[(Resource, Direction)]) -> ResizeTimer<'_> {
+        ResizeTimer {
+            metrics: self,
+            changes: changes.to_vec(),
+            start: Instant::now(),
+        }
+    }
+
     pub fn registry(&self) -> &Registry {
         &self.registry
     }
@@ -250,6 +299,48 @@ impl Metrics {
         prometheus::TextEncoder::new()
             .encode_to_string(&self.registry.gather())
             .map_err(MetricsError::Encode)
+    }
+
+    /// `OpenMetrics` 1.0 text exposition (ends with `# EOF`).
+    pub fn encode_openmetrics(&self) -> String {
+        openmetrics::encode(&self.registry.gather())
+    }
+
+    /// Creates one series of every labelled family so that `gather` lists them all (tests of the
+    /// catalog and of the exposition formats).
+    #[cfg(test)]
+    pub(crate) fn touch_all_for_catalog(&self) {
+        self.decrease.outcome(DecreaseOutcome::Direct);
+        let l = ContainerLabels::default();
+        let mut s = self.container(&l);
+        s.update(
+            self,
+            &Observation {
+                reclaim: crate::observer::Reclaim {
+                    pgsteal_direct: Some(1),
+                    direct_reclaim_ns: Some(1),
+                    ..crate::observer::Reclaim::default()
+                },
+                ..Observation::default()
+            },
+        );
+        self.set_desired(&l, &test_resources());
+        self.set_allocated(&l, &test_resources());
+        self.set_actual(
+            &l,
+            &ActualResources {
+                cpu_quota: Some(50_000),
+                cpu_period: Some(100_000),
+                memory_limit: Some(1 << 20),
+                ..ActualResources::default()
+            },
+        );
+        self.set_strategies(Strategies::POLLING);
+        self.observe("CreateContainer", 0.001, "deadline");
+        self.resize_outcome("in_place");
+        self.annotation_error();
+        self.resize_timer(&[(Resource::Cpu, Direction::Increase)])
+            .finish("in_place");
     }
 
     pub fn set_nri_connected(&self, connected: bool) {
@@ -312,6 +403,26 @@ impl Metrics {
         }
     }
 
+    /// Sets the allocated limits of a container: what the runtime holds for it.
+    pub fn set_allocated(&self, labels: &ContainerLabels, allocated: &LinuxResources) {
+        let v = labels.values();
+        match allocated.cpu_limit_millis() {
+            Some(m) => self
+                .allocated_cpu_millicores
+                .with_label_values(&v)
+                .set(i64::try_from(m).unwrap_or(i64::MAX)),
+            None => {
+                let _ = self.allocated_cpu_millicores.remove_label_values(&v);
+            }
+        }
+        match allocated.memory_limit() {
+            Some(l) if l > 0 => self.allocated_memory_bytes.with_label_values(&v).set(l),
+            _ => {
+                let _ = self.allocated_memory_bytes.remove_label_values(&v);
+            }
+        }
+    }
+
     /// Sets the actual limits of a container (read from its cgroup).
     pub fn set_actual(&self, labels: &ContainerLabels, actual: &ActualResources) {
         let v = labels.values();
@@ -344,6 +455,8 @@ impl Metrics {
         let _ = self.actual_cpu_millicores.remove_label_values(&v);
         let _ = self.desired_memory_bytes.remove_label_values(&v);
         let _ = self.actual_memory_bytes.remove_label_values(&v);
+        let _ = self.allocated_cpu_millicores.remove_label_values(&v);
+        let _ = self.allocated_memory_bytes.remove_label_values(&v);
     }
 
     /// Series that only exist once their strategy has something to say.
@@ -353,6 +466,56 @@ impl Metrics {
             self.reclaimed_bytes.with_label_values(&v),
             self.direct_reclaim_seconds.with_label_values(&v),
         )
+    }
+}
+
+/// Times one resize request (a drop guard): `finish(outcome)` counts it per resource and
+/// direction; dropping it (also after `finish`) records the duration.
+#[derive(Debug)]
+#[must_use = "the duration is recorded when the timer is dropped"]
+pub struct ResizeTimer<'a> {
+    metrics: &'a Metrics,
+    changes: Vec<(Resource, Direction)>,
+    start: Instant,
+}
+
+impl ResizeTimer<'_> {
+    /// Counts the request under `outcome` (one of the fixed values of `resize_outcomes_total`).
+    pub fn finish(&self, outcome: &'static str) {
+        for (r, d) in &self.changes {
+            self.metrics
+                .resize_requests
+                .with_label_values(&[r.as_str(), d.as_str(), outcome])
+                .inc();
+        }
+    }
+}
+
+impl Drop for ResizeTimer<'_> {
+    fn drop(&mut self) {
+        let secs = self.start.elapsed().as_secs_f64();
+        for (r, d) in &self.changes {
+            self.metrics
+                .resize_duration
+                .with_label_values(&[r.as_str(), d.as_str()])
+                .observe(secs);
+        }
+    }
+}
+
+#[cfg(test)]
+fn test_resources() -> LinuxResources {
+    LinuxResources {
+        cpu: Some(crate::model::CpuResources {
+            quota: Some(200_000),
+            period: Some(100_000),
+            ..crate::model::CpuResources::default()
+        }),
+        memory: Some(crate::model::MemoryResources {
+            limit: Some(100 << 20),
+            ..crate::model::MemoryResources::default()
+        }),
+        ..LinuxResources::default()
     }
 }
 
@@ -466,6 +629,15 @@ mod tests {
         let mut s = m.container(&labels());
         s.update(&m, &observation(3, 2_000_000_000, None, 0));
         s.update(&m, &observation(5, 3_000_000_000, Some(10), 1));
+        m.set_desired(&labels(), &test_resources());
+        m.set_allocated(&labels(), &test_resources());
+        m.set_actual(
+            &labels(),
+            &ActualResources {
+                memory_limit: Some(1 << 20),
+                ..ActualResources::default()
+            },
+        );
         let text = m.encode().expect("encode");
         let l = r#"{container="app",namespace="ns",pod="web"}"#;
         for want in [
@@ -480,9 +652,17 @@ mod tests {
         ] {
             assert!(text.contains(&want), "missing {want:?} in\n{text}");
         }
+        assert!(
+            text.contains("nri_resize_container_allocated_memory_bytes{"),
+            "{text}"
+        );
         m.remove_container(&labels());
         let text = m.encode().expect("encode");
         assert!(!text.contains(r#"container="app""#), "{text}");
+        assert!(
+            !m.encode_openmetrics().contains(r#"container="app""#),
+            "gone from OpenMetrics too"
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use super::{Metrics, MetricsError};
+use super::{openmetrics, Metrics, MetricsError};
 use crate::nri::RuntimeLink;
 
 /// What `/readyz` checks: registered and synchronized with the runtime, and the observer loaded.
@@ -54,9 +54,19 @@ pub struct MetricsServer {
     pub task: JoinHandle<std::io::Result<()>>,
 }
 
-async fn metrics(State(ctx): State<Ctx>) -> impl IntoResponse {
+/// `OpenMetrics` when the scraper's `Accept` asks for it (Prometheus does by default), else the
+/// classic text format.
+async fn metrics(State(ctx): State<Ctx>, headers: HeaderMap) -> impl IntoResponse {
     ctx.metrics
         .set_nri_connected(ctx.readiness.link.status().connected);
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    if openmetrics::wants_openmetrics(accept) {
+        return (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, openmetrics::CONTENT_TYPE)],
+            ctx.metrics.encode_openmetrics(),
+        );
+    }
     match ctx.metrics.encode() {
         Ok(text) => (
             StatusCode::OK,

@@ -38,7 +38,7 @@ use crate::daemon::NodeState;
 use crate::model::{Container, CpuResources, LinuxResources, MemoryResources, Pod};
 use crate::nri::{ContainerUpdate, Eviction, Rejection, RuntimeLink, UpdateReply};
 use crate::policy::{
-    admit, check_invariants, decide, parse_effective_policy, plan, plan_single, Admission,
+    admit, changes, check_invariants, decide, parse_effective_policy, plan, plan_single, Admission,
     Allocated, ContainerAllocation, CpuSet, Decision, Limit, Limits, LimitsUpdate, PlanOptions,
     PodAllocation, PodResources, Quantities, ResizeState, Step, DEFAULT_CFS_PERIOD_US,
 };
@@ -574,6 +574,7 @@ impl Engine {
             Quantities::from_linux(&desired),
         );
         let subject = format!("{}/{}", pod.full_name(), ctr.name);
+        let timer = self.state.metrics.resize_timer(&changes(&from, &to));
         match decide(&from, &to, &resolved.policy) {
             Decision::NoChange => {
                 self.record(pod, ctr, Some(&desired), None, "");
@@ -581,12 +582,14 @@ impl Engine {
             }
             Decision::Restart { reason } => {
                 let reason = format!("restart required: {reason}");
+                timer.finish("restart");
                 return Ok(self.restart_reply(pod, ctr, &desired, allocated, &reason, enforce));
             }
             Decision::Reject { reason } => {
                 info!(container = %subject, %reason, enforce, "resize rejected by policy");
                 self.record(pod, ctr, Some(&desired), Some(ResizeState::Error), &reason);
                 self.state.metrics.resize_outcome("rejected");
+                timer.finish("rejected");
                 if enforce {
                     return Err(Rejection(format!("resize of {subject} refused: {reason}")));
                 }
@@ -599,13 +602,13 @@ impl Engine {
             let state = verdict.resize_status().state;
             info!(container = %subject, ?state, %reason, enforce, "resize not admitted");
             self.record(pod, ctr, Some(&desired), Some(state), reason);
-            self.state
-                .metrics
-                .resize_outcome(if state == ResizeState::Deferred {
-                    "deferred"
-                } else {
-                    "infeasible"
-                });
+            let outcome = if state == ResizeState::Deferred {
+                "deferred"
+            } else {
+                "infeasible"
+            };
+            self.state.metrics.resize_outcome(outcome);
+            timer.finish(outcome);
             if enforce {
                 return Err(Rejection(format!(
                     "resize of {subject} is {state:?}: {reason}"
@@ -627,12 +630,14 @@ impl Engine {
                     &reason,
                 );
                 self.state.metrics.resize_outcome("deferred");
+                timer.finish("deferred");
                 if enforce {
                     return Err(Rejection(format!("resize of {subject} refused: {reason}")));
                 }
                 return Ok(UpdateReply::default());
             }
             decrease::DecreaseVerdict::Restart(reason) => {
+                timer.finish("restart");
                 return Ok(self.restart_reply(pod, ctr, &desired, allocated, &reason, enforce));
             }
         }
@@ -665,10 +670,12 @@ impl Engine {
             }
         }
         if let Some(limit) = interim {
+            timer.finish("in_place");
             return Ok(self.start_staged_decrease(pod, ctr, &desired, limit));
         }
         self.record(pod, ctr, Some(&desired), Some(ResizeState::InProgress), "");
         self.state.metrics.resize_outcome("in_place");
+        timer.finish("in_place");
         Ok(UpdateReply::default())
     }
 
@@ -812,17 +819,30 @@ impl Engine {
                 .collect(),
             overhead: Quantities::default(),
         };
+        let mut changed: Vec<_> = desired
+            .iter()
+            .filter_map(|(n, to)| {
+                this_pod
+                    .containers
+                    .get(n)
+                    .map(|from| changes(&from.quantities, to))
+            })
+            .flatten()
+            .collect();
+        changed.sort_unstable_by_key(|(r, d)| (r.as_str(), d.as_str()));
+        changed.dedup();
+        let timer = self.state.metrics.resize_timer(&changed);
         let verdict = self.admission_with(&pod, Some(&this_pod), &desired);
         let enforce = self.config().resize.mode == Mode::Enforce;
         if let Admission::Deferred { reason } | Admission::Infeasible { reason } = &verdict {
             let state = verdict.resize_status().state;
-            self.state
-                .metrics
-                .resize_outcome(if state == ResizeState::Deferred {
-                    "deferred"
-                } else {
-                    "infeasible"
-                });
+            let outcome = if state == ResizeState::Deferred {
+                "deferred"
+            } else {
+                "infeasible"
+            };
+            self.state.metrics.resize_outcome(outcome);
+            timer.finish(outcome);
             return Err(ResizeError::Refused {
                 state,
                 reason: reason.clone(),
@@ -836,7 +856,9 @@ impl Engine {
         }
         let target = snapshot(&target);
         self.checkpoint(&pod, &target);
-        self.run(pod, target, false).await
+        let result = self.run(pod, target, false).await;
+        timer.finish(if result.is_ok() { "in_place" } else { "error" });
+        result
     }
 
     fn checkpoint(&self, pod: &Pod, target: &SnapshotLimits) {

@@ -1,0 +1,436 @@
+//! `nri-resize status` as a table a person reads at a glance: a pure function from the API's
+//! answers to text (unit-tested here; the CLI only prints it).
+
+use std::fmt::Write as _;
+
+use super::{ContainerStatus, Resizes, Status};
+use crate::model::LinuxResources;
+
+/// `500m/128Mi`; `-` when unknown, `max` for unlimited.
+fn compact(cpu_millis: Option<u64>, cpu_limited: bool, memory: Option<i64>) -> String {
+    let cpu = match (cpu_millis, cpu_limited) {
+        (Some(m), true) => format!("{m}m"),
+        (_, false) => "max".to_string(),
+        (None, true) => "-".to_string(),
+    };
+    let mem = match memory {
+        Some(m) if m > 0 && m < (1 << 62) => mebibytes(m.unsigned_abs()),
+        Some(_) => "max".to_string(),
+        None => "-".to_string(),
+    };
+    format!("{cpu}/{mem}")
+}
+
+fn mebibytes(bytes: u64) -> String {
+    if bytes >= 1 << 20 || bytes == 0 {
+        format!("{}Mi", bytes >> 20)
+    } else {
+        format!("{}Ki", bytes >> 10)
+    }
+}
+
+fn compact_spec(r: Option<&LinuxResources>) -> String {
+    r.map_or_else(
+        || "-".to_string(),
+        |r| {
+            compact(
+                r.cpu_limit_millis(),
+                r.cpu_quota().is_some_and(|q| q > 0),
+                r.memory_limit(),
+            )
+        },
+    )
+}
+
+fn actual(c: &ContainerStatus) -> String {
+    c.observed
+        .as_ref()
+        .and_then(|o| o.actual.as_ref())
+        .map_or_else(
+            || "-".to_string(),
+            |a| {
+                compact(
+                    a.cpu_limit_millis(),
+                    a.cpu_quota.is_some_and(|q| q > 0),
+                    a.memory_limit,
+                )
+            },
+        )
+}
+
+/// `12 (0.35s)`: throttled periods and seconds; `-` before the first observation.
+fn throttling(c: &ContainerStatus) -> String {
+    c.observed
+        .as_ref()
+        .and_then(|o| o.throttling.as_ref())
+        .map_or_else(
+            || "-".to_string(),
+            |t| {
+                if t.count == 0 {
+                    "0".to_string()
+                } else {
+                    format!("{} ({:.2}s)", t.count, t.seconds)
+                }
+            },
+        )
+}
+
+/// What reclaim took from the container so far, and OOM kills: `12Mi`, `12Mi 1 oom`.
+fn reclaim(c: &ContainerStatus, page_size: u64) -> String {
+    let Some(o) = c.observed.as_ref() else {
+        return "-".to_string();
+    };
+    let mut s = o.reclaim.as_ref().and_then(|r| r.pages).map_or_else(
+        || "-".to_string(),
+        |p| mebibytes(p.saturating_mul(page_size)),
+    );
+    if let Some(oom) = &o.oom {
+        if oom.kills > 0 {
+            let _ = write!(s, " {} oom", oom.kills);
+        }
+    }
+    s
+}
+
+/// One row per container (a pod without containers: one row of dashes).
+fn rows(s: &Status, resizes: &Resizes, page_size: u64) -> Vec<[String; 9]> {
+    s.pods
+        .iter()
+        .flat_map(|p| {
+            let pod = p.pod.full_name();
+            if p.containers.is_empty() {
+                return vec![[
+                    pod,
+                    "-".into(),
+                    "-".into(),
+                    "-".into(),
+                    "-".into(),
+                    "-".into(),
+                    "-".into(),
+                    "-".into(),
+                    String::new(),
+                ]];
+            }
+            p.containers
+                .iter()
+                .map(|c| {
+                    let rec = resizes.containers.get(&c.id);
+                    let desired = compact_spec(
+                        rec.and_then(|r| r.desired.as_ref())
+                            .or(c.resources.as_ref()),
+                    );
+                    let allocated = compact_spec(c.resources.as_ref());
+                    let (state, reason) = rec.map_or(("-".to_string(), String::new()), |r| {
+                        (
+                            r.state.map_or("-".to_string(), |s| format!("{s:?}")),
+                            r.reason.clone(),
+                        )
+                    });
+                    let mut reason = reason;
+                    if let Some(o) = &c.observed {
+                        if o.matches == Some(false) && reason.is_empty() {
+                            reason = "actual differs from desired".into();
+                        }
+                    }
+                    [
+                        pod.clone(),
+                        c.name.clone(),
+                        desired,
+                        allocated,
+                        actual(c),
+                        state,
+                        throttling(c),
+                        reclaim(c, page_size),
+                        reason,
+                    ]
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Renders the status table. `page_size` converts reclaimed pages to bytes (the node's page
+/// size: the API is node-local).
+pub fn render_status(s: &Status, resizes: &Resizes, page_size: u64, now_ms: u64) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "runtime: {} {} ({}){}{}",
+        s.runtime.name.as_deref().unwrap_or("?"),
+        s.runtime.version.as_deref().unwrap_or("?"),
+        if s.runtime.connected {
+            "connected"
+        } else {
+            "DISCONNECTED"
+        },
+        if s.runtime.connected && !s.runtime.synchronized {
+            ", not synchronized"
+        } else {
+            ""
+        },
+        s.metrics_addr
+            .as_deref()
+            .map_or_else(String::new, |a| format!("  metrics: http://{a}/metrics")),
+    );
+    if let Some(o) = &s.observer {
+        let _ = writeln!(
+            out,
+            "observer: throttle={} reclaim={} oom={} every {}ms",
+            o.strategies.throttle, o.strategies.reclaim, o.strategies.oom, o.interval_ms
+        );
+    }
+    if let Some(node) = &s.node {
+        let _ = writeln!(out, "{}", crate::capacity::node_line(node, now_ms));
+    }
+    if !s.state_dir.problems.is_empty() {
+        let _ = writeln!(
+            out,
+            "state dir {}: {}{}",
+            s.state_dir.path,
+            if s.state_dir.usable { "" } else { "UNUSABLE; " },
+            s.state_dir.problems.last().map_or("", String::as_str)
+        );
+    }
+    let rows = rows(s, resizes, page_size);
+    let header = [
+        "POD",
+        "CONTAINER",
+        "DESIRED",
+        "ALLOCATED",
+        "ACTUAL",
+        "STATE",
+        "THROTTLED",
+        "RECLAIMED",
+        "REASON",
+    ];
+    let mut widths = header.map(str::len);
+    for r in &rows {
+        for (w, cell) in widths.iter_mut().zip(r.iter()) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: &[&str]| {
+        let mut l = String::new();
+        for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
+            if i + 1 == cells.len() {
+                l.push_str(cell);
+            } else {
+                let _ = write!(l, "{cell:<w$}  ");
+            }
+        }
+        l.trim_end().to_string()
+    };
+    let _ = writeln!(out, "{}", line(&header));
+    for r in &rows {
+        let cells: Vec<&str> = r.iter().map(String::as_str).collect();
+        let _ = writeln!(out, "{}", line(&cells));
+    }
+    if s.pods.is_empty() {
+        let _ = writeln!(out, "(no pods)");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{
+        ContainerObserved, LinkStatusView, OomView, PodStatus, ReclaimView, ThrottlingView,
+    };
+    use crate::cgroup::ActualResources;
+    use crate::model::{Container, ContainerState, CpuResources, MemoryResources, Pod};
+    use crate::policy::ResizeState;
+    use crate::resize::ContainerResize;
+
+    fn res(quota: i64, mem: i64) -> LinuxResources {
+        LinuxResources {
+            cpu: Some(CpuResources {
+                quota: Some(quota),
+                period: Some(100_000),
+                ..CpuResources::default()
+            }),
+            memory: Some(MemoryResources {
+                limit: Some(mem),
+                ..MemoryResources::default()
+            }),
+            ..LinuxResources::default()
+        }
+    }
+
+    fn status() -> Status {
+        let pod = Pod {
+            id: "p1".into(),
+            name: "web".into(),
+            namespace: "default".into(),
+            ..Pod::default()
+        };
+        let app = Container {
+            id: "c1".into(),
+            pod_id: "p1".into(),
+            name: "app".into(),
+            state: ContainerState::Running,
+            resources: Some(res(50_000, 128 << 20)),
+            ..Container::default()
+        };
+        let sidecar = Container {
+            id: "c2".into(),
+            pod_id: "p1".into(),
+            name: "sidecar".into(),
+            state: ContainerState::Running,
+            resources: Some(res(20_000, 64 << 20)),
+            ..Container::default()
+        };
+        Status {
+            runtime: LinkStatusView {
+                connected: true,
+                synchronized: true,
+                name: Some("containerd".into()),
+                version: Some("1.7.24".into()),
+                connects: 1,
+                connected_since: None,
+            },
+            pods: vec![PodStatus {
+                pod,
+                containers: vec![
+                    ContainerStatus {
+                        container: app,
+                        observed: Some(ContainerObserved {
+                            actual: Some(ActualResources {
+                                cpu_quota: Some(50_000),
+                                cpu_period: Some(100_000),
+                                memory_limit: Some(128 << 20),
+                                ..ActualResources::default()
+                            }),
+                            matches: Some(true),
+                            throttling: Some(ThrottlingView {
+                                count: 12,
+                                seconds: 0.345,
+                            }),
+                            reclaim: Some(ReclaimView {
+                                pages: Some(2560),
+                                ..ReclaimView::default()
+                            }),
+                            oom: Some(OomView {
+                                kills: 1,
+                                ..OomView::default()
+                            }),
+                            ..ContainerObserved::default()
+                        }),
+                    },
+                    ContainerStatus {
+                        container: sidecar,
+                        observed: None,
+                    },
+                ],
+            }],
+            observer: None,
+            metrics_addr: Some("127.0.0.1:9464".into()),
+            node: None,
+            state_dir: crate::resize::checkpoint::StateDirStatus::default(),
+        }
+    }
+
+    #[test]
+    fn one_row_per_container_with_desired_allocated_actual_state_and_counters() {
+        let mut resizes = Resizes::default();
+        resizes.containers.insert(
+            "c1".into(),
+            ContainerResize {
+                pod_id: "p1".into(),
+                container: "app".into(),
+                desired: Some(res(100_000, 256 << 20)),
+                allocated: Some(res(50_000, 128 << 20)),
+                state: Some(ResizeState::Deferred),
+                reason: "node has 1 CPU free".into(),
+                updated_ms: 0,
+            },
+        );
+        let text = render_status(&status(), &resizes, 4096, 0);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[0].starts_with("runtime: containerd 1.7.24 (connected)"),
+            "{text}"
+        );
+        assert!(lines[0].contains("http://127.0.0.1:9464/metrics"), "{text}");
+        let header = lines[1];
+        for col in [
+            "POD",
+            "CONTAINER",
+            "DESIRED",
+            "ALLOCATED",
+            "ACTUAL",
+            "STATE",
+            "THROTTLED",
+            "RECLAIMED",
+            "REASON",
+        ] {
+            assert!(header.contains(col), "{col} in {header}");
+        }
+        let app: Vec<&str> = lines[2].split_whitespace().collect();
+        assert_eq!(
+            app,
+            [
+                "default/web",
+                "app",
+                "1000m/256Mi",
+                "500m/128Mi",
+                "500m/128Mi",
+                "Deferred",
+                "12",
+                "(0.34s)",
+                "10Mi",
+                "1",
+                "oom",
+                "node",
+                "has",
+                "1",
+                "CPU",
+                "free"
+            ],
+            "{text}"
+        );
+        let sidecar: Vec<&str> = lines[3].split_whitespace().collect();
+        assert_eq!(
+            sidecar,
+            [
+                "default/web",
+                "sidecar",
+                "200m/64Mi",
+                "200m/64Mi",
+                "-",
+                "-",
+                "-",
+                "-"
+            ],
+            "{text}"
+        );
+        // Columns line up: every row's DESIRED starts where the header's does.
+        let col = header.find("DESIRED").expect("column");
+        assert_eq!(&lines[2][col..col + 11], "1000m/256Mi", "{text}");
+        assert_eq!(&lines[3][col..col + 9], "200m/64Mi", "{text}");
+    }
+
+    #[test]
+    fn disconnected_runtime_and_no_pods_say_so() {
+        let mut s = status();
+        s.runtime.connected = false;
+        s.pods.clear();
+        let text = render_status(&s, &Resizes::default(), 4096, 0);
+        assert!(text.contains("DISCONNECTED"), "{text}");
+        assert!(text.contains("(no pods)"), "{text}");
+    }
+
+    #[test]
+    fn a_mismatch_without_a_reason_is_explained_and_unlimited_is_max() {
+        let mut s = status();
+        let c = &mut s.pods[0].containers[0];
+        c.container.resources = Some(res(-1, -1));
+        if let Some(o) = c.observed.as_mut() {
+            o.matches = Some(false);
+        }
+        let text = render_status(&s, &Resizes::default(), 4096, 0);
+        let row = text.lines().nth(2).expect("row");
+        assert!(row.contains("max/max"), "{text}");
+        assert!(row.ends_with("actual differs from desired"), "{text}");
+    }
+}
