@@ -47,6 +47,11 @@ need_pkgs=()
 for p in protobuf-compiler busybox-static gcc libc6-dev; do
   dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
 done
+# The VM tier (`cargo xtask vm-test`): QEMU from bookworm (TCG; qboot.rom is in qemu-system-data),
+# xz/zstd to unpack Debian's kernels, e2fsprogs for the guest's /tmp disk.
+for p in qemu-system-x86 qemu-system-data xz-utils zstd e2fsprogs; do
+  dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p/bookworm")
+done
 dpkg -s runc >/dev/null 2>&1 || need_pkgs+=("runc/bookworm")
 if ! dpkg -s containerd 2>/dev/null | grep -q '^Version: 1\.7\.'; then
   need_pkgs+=("containerd/trixie")

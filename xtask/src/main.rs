@@ -2,12 +2,15 @@
 //!
 //! - `setup`      install what the project needs on a fresh Debian 12 machine (idempotent)
 //! - `build-ebpf` build the observer's kernel programs from source
-//! - `test`       setup + every tier: format, lint, unit, kernel, containerd 1.7 and 2.x, fuzz
+//! - `test`       setup + every tier: format, lint, unit, kernel, containerd 1.7 and 2.x, fuzz, vm
 //! - `demo`       a private containerd + the plugin + a pod created and resized, narrated
 //! - `bench`      every benchmark, side by side with its baseline
 //! - `fuzz`       run one fuzz target (default: all, 60 s each)
+//! - `vm-test`    the VM tier alone: cgroup v2 on Debian's 6.1 and 6.12 kernels under QEMU
+//!   (`--kernel 6.1|6.12|all`, `--suite <test>`); see `vm.rs`
 
 mod ebpf;
+mod vm;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -159,13 +162,15 @@ fn test(fuzz_seconds: u64) -> anyhow::Result<()> {
     });
     tier(&mut results, "kernel", || {
         run(
-            "observer on the real kernel (eBPF + cgroupfs)",
+            "observer and cgroup I/O on the real kernel (eBPF + cgroupfs)",
             cargo().args([
                 "test",
                 "-p",
                 "nri-resize",
                 "--test",
                 "observer_kernel",
+                "--test",
+                "cgroup_kernel",
                 "--",
                 "--nocapture",
             ]),
@@ -182,6 +187,15 @@ fn test(fuzz_seconds: u64) -> anyhow::Result<()> {
         )
     });
     tier(&mut results, "fuzz", || fuzz(&FUZZ_TARGETS, fuzz_seconds));
+    tier(&mut results, "vm", || {
+        vm::vm_test(
+            &root(),
+            &vm::Options {
+                kernels: vm::KERNELS.to_vec(),
+                only: Vec::new(),
+            },
+        )
+    });
 
     eprintln!("\n==> summary ({} s in all)", started.elapsed().as_secs());
     for t in &results {
@@ -267,6 +281,12 @@ fn main() -> anyhow::Result<()> {
         Some("test") => test(arg("--fuzz-seconds").map_or(Ok(20), |s| s.parse()).context("--fuzz-seconds")?),
         Some("demo") => demo(),
         Some("bench") => bench(),
+        Some("vm-test") => {
+            let opts = vm::Options::parse(&args[1..])?;
+            setup(true)?;
+            build_ebpf()?;
+            vm::vm_test(&root(), &opts)
+        }
         Some("fuzz") => {
             let seconds = arg("--seconds").map_or(Ok(60), |s| s.parse()).context("--seconds")?;
             match arg("--target") {
@@ -274,6 +294,6 @@ fn main() -> anyhow::Result<()> {
                 None => fuzz(&FUZZ_TARGETS, seconds),
             }
         }
-        _ => bail!("usage: cargo xtask <setup|build-ebpf|test [--fuzz-seconds N]|demo|bench|fuzz [--target T] [--seconds N]>"),
+        _ => bail!("usage: cargo xtask <setup|build-ebpf|test [--fuzz-seconds N]|demo|bench|fuzz [--target T] [--seconds N]|vm-test [--kernel 6.1|6.12|all] [--suite T]>"),
     }
 }
