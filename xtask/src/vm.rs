@@ -43,28 +43,11 @@ pub struct Suite {
 }
 
 /// What the guest runs, in order, on every kernel. To add a suite, add one line here.
+#[rustfmt::skip]
 pub const SUITES: &[Suite] = &[
-    Suite {
-        package: "nri-resize",
-        test: "vm_hotplug",
-        filter: "",
-        env: &[],
-        timeout_s: 120,
-    },
-    Suite {
-        package: "nri-resize",
-        test: "cgroup_kernel",
-        filter: "",
-        env: &[],
-        timeout_s: 180,
-    },
-    Suite {
-        package: "nri-resize",
-        test: "observer_kernel",
-        filter: "",
-        env: &[("NRI_RESIZE_EXPECT_THROTTLE", "fentry")],
-        timeout_s: 420,
-    },
+    Suite { package: "nri-resize", test: "vm_hotplug",      filter: "", env: &[],                                        timeout_s: 120 },
+    Suite { package: "nri-resize", test: "cgroup_kernel",   filter: "", env: &[],                                        timeout_s: 180 },
+    Suite { package: "nri-resize", test: "observer_kernel", filter: "", env: &[("NRI_RESIZE_EXPECT_THROTTLE", "fentry")], timeout_s: 420 },
 ];
 
 /// A Debian kernel the tier boots.
@@ -562,11 +545,75 @@ impl std::fmt::Write for HexSink<'_> {
     }
 }
 
+/// Spare CPU slots of the guest (`-smp BOOT_CPUS,maxcpus=MAX_CPUS`, one CPU per socket).
+const BOOT_CPUS: u8 = 2;
+const MAX_CPUS: u8 = 3;
+
+/// The MADT QEMU 7.2 builds for `-M pc -smp 2,maxcpus=3,sockets=3` — the same entries — but at
+/// revision 5 with the spare CPU marked *online capable*, loaded through the kernel's ACPI table
+/// upgrade (`kernel/firmware/acpi/*.aml` in the initramfs). Since the fix for QEMU CPU hotplug
+/// (in 6.12.y), a kernel that sees no hypervisor it knows — TCG is not one — ignores a disabled
+/// CPU of a revision < 5 MADT, so without this the hotplugged CPU never gets a number.
+fn madt_with_online_capable_spare_cpus() -> Vec<u8> {
+    let mut body = Vec::new();
+    body.extend_from_slice(&0xfee0_0000u32.to_le_bytes()); // local APIC address
+    body.extend_from_slice(&1u32.to_le_bytes()); // PCAT_COMPAT
+    for cpu in 0..MAX_CPUS {
+        // Processor local APIC: uid, APIC id, flags (1 enabled, 2 online capable).
+        let flags: u32 = if cpu < BOOT_CPUS { 1 } else { 2 };
+        body.extend_from_slice(&[0, 8, cpu, cpu]);
+        body.extend_from_slice(&flags.to_le_bytes());
+    }
+    // I/O APIC 0 at 0xfec00000, GSI base 0.
+    body.extend_from_slice(&[1, 12, 0, 0]);
+    body.extend_from_slice(&0xfec0_0000u32.to_le_bytes());
+    body.extend_from_slice(&0u32.to_le_bytes());
+    // Interrupt source overrides: IRQ0 → GSI 2; the PCI IRQs 5, 9, 10, 11 level, active high.
+    for (irq, gsi, flags) in [
+        (0u8, 2u32, 0u16),
+        (5, 5, 0xd),
+        (9, 9, 0xd),
+        (10, 10, 0xd),
+        (11, 11, 0xd),
+    ] {
+        body.extend_from_slice(&[2, 10, 0, irq]);
+        body.extend_from_slice(&gsi.to_le_bytes());
+        body.extend_from_slice(&flags.to_le_bytes());
+    }
+    // Local APIC NMI: all processors, LINT1.
+    body.extend_from_slice(&[4, 6, 0xff, 0, 0, 1]);
+
+    let length = u32::try_from(36 + body.len()).expect("small table");
+    let mut table = Vec::new();
+    table.extend_from_slice(b"APIC");
+    table.extend_from_slice(&length.to_le_bytes());
+    table.push(5); // revision: the online capable flag counts
+    table.push(0); // checksum, below
+    table.extend_from_slice(b"BOCHS "); // OEM id and table id must match QEMU's to override
+    table.extend_from_slice(b"BXPC    ");
+    table.extend_from_slice(&2u32.to_le_bytes()); // OEM revision (QEMU's is 1)
+    table.extend_from_slice(b"BXPC");
+    table.extend_from_slice(&1u32.to_le_bytes());
+    table.extend_from_slice(&body);
+    let sum = table.iter().fold(0u8, |a, b| a.wrapping_add(*b));
+    table[9] = 0u8.wrapping_sub(sum);
+    table
+}
+
 fn build_initramfs(tree: &Path) -> anyhow::Result<Vec<u8>> {
     let busybox = std::fs::read("/bin/busybox")
         .context("read /bin/busybox (Debian busybox-static; run `cargo xtask setup`)")?;
     let modules = resolve_modules(tree)?;
     let mut cpio = Cpio::default();
+    // Early, uncompressed: read by the kernel's ACPI table upgrade before anything else.
+    for d in ["kernel", "kernel/firmware", "kernel/firmware/acpi"] {
+        cpio.dir(d);
+    }
+    cpio.file(
+        "kernel/firmware/acpi/APIC.aml",
+        0o644,
+        &madt_with_online_capable_spare_cpus(),
+    );
     for d in [
         "bin", "dev", "proc", "sys", "modules", "lower", "upper", "newroot",
     ] {
@@ -686,6 +733,22 @@ impl Drop for Qemu {
     }
 }
 
+/// QEMU gets SIGKILL when this process dies, even when it dies without unwinding (a `SIGTERM`
+/// from `timeout`, say), so no guest outlives its runner.
+#[allow(unsafe_code, reason = "prctl in the forked child, before exec")]
+fn kill_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt as _;
+    // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// A QMP connection.
 struct Qmp {
     reader: BufReader<UnixStream>,
@@ -802,6 +865,15 @@ fn tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
+/// qboot (fast) unless `NRI_RESIZE_VM_BIOS=seabios`.
+fn bios_args() -> Vec<&'static str> {
+    if std::env::var("NRI_RESIZE_VM_BIOS").is_ok_and(|b| b == "seabios") {
+        Vec::new()
+    } else {
+        vec!["-bios", "/usr/share/qemu/qboot.rom"]
+    }
+}
+
 /// Boots `kernel`, runs `suites`, serves hotplug requests; the results of every suite.
 #[expect(
     clippy::too_many_lines,
@@ -854,8 +926,16 @@ fn run_vm(
         "-display",
         "none",
     ])
-    .args(["-smp", "2,maxcpus=3", "-m", "1536M,slots=2,maxmem=4G"])
-    .args(["-bios", "/usr/share/qemu/qboot.rom"])
+    // One spare CPU slot and two DIMM slots for the hotplug protocol. One CPU per socket:
+    // 6.12 ignores a hot-pluggable APIC in a package that has present CPUs unless it detects
+    // a hypervisor, and it does not recognise TCG as one.
+    .args([
+        "-smp",
+        &format!("{BOOT_CPUS},maxcpus={MAX_CPUS},sockets={MAX_CPUS},cores=1,threads=1"),
+        "-m",
+        "1536M,slots=2,maxmem=4G",
+    ])
+    .args(bios_args())
     .arg("-kernel")
     .arg(&boot.vmlinux)
     .arg("-initrd")
@@ -891,6 +971,7 @@ fn run_vm(
     let budget = BOOT_BUDGET + Duration::from_secs(suites.iter().map(|s| s.timeout_s + 15).sum());
     let started = Instant::now();
     let deadline = started + budget;
+    kill_with_parent(&mut cmd);
     let mut qemu = Qemu {
         child: cmd
             .spawn()
@@ -1063,6 +1144,19 @@ mod tests {
         assert!(data.starts_with(b"070701"));
         let text = String::from_utf8_lossy(&data);
         assert!(text.contains("TRAILER!!!"));
+    }
+
+    #[test]
+    fn the_madt_sums_to_zero_and_marks_the_spare_cpu_online_capable() {
+        let t = madt_with_online_capable_spare_cpus();
+        assert_eq!(&t[..4], b"APIC");
+        assert_eq!(t.iter().fold(0u8, |a, b| a.wrapping_add(*b)), 0);
+        let length = u32::from_le_bytes(t[4..8].try_into().expect("4 bytes"));
+        assert_eq!(usize::try_from(length).expect("length"), t.len());
+        // QEMU's own table for this machine is 136 bytes: the same entries.
+        assert_eq!(t.len(), 136);
+        let spare = 44 + 8 * usize::from(MAX_CPUS - 1);
+        assert_eq!(&t[spare..spare + 8], &[0, 8, 2, 2, 2, 0, 0, 0]);
     }
 
     #[test]
