@@ -1,7 +1,8 @@
 //! Self-test of the VM tier's hotplug protocol (`cargo xtask vm-test`, see `xtask/src/vm.rs`):
 //! the guest asks the host runner for a CPU through `$NRI_RESIZE_HOTPLUG_DIR/request`, the runner
 //! plugs one through QMP and answers in `done`, and the guest's `/sys/devices/system/cpu/present`
-//! grows. Proves the host side without the capacity watcher.
+//! grows; then the same for a 128 MiB DIMM and `MemTotal`. Proves the host side without the
+//! capacity watcher.
 //!
 //! Outside the VM (no `NRI_RESIZE_HOTPLUG_DIR`) there is nobody to plug a CPU: the test says so
 //! and returns; the VM tier always runs it with the variable set.
@@ -27,6 +28,14 @@ fn count_cpus(list: &str) -> usize {
 
 fn read(path: &str) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {path}: {e}"))
+}
+
+fn mem_total_kib() -> u64 {
+    read("/proc/meminfo")
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("MemTotal in /proc/meminfo")
 }
 
 /// Asks the host runner for `what` (`cpu` or `memory 128M`) and returns its answer.
@@ -56,7 +65,7 @@ fn request_hotplug(dir: &Path, what: &str) -> String {
 }
 
 #[test]
-fn a_cpu_requested_from_the_host_runner_appears_in_the_guest() {
+fn a_cpu_and_a_dimm_requested_from_the_host_runner_appear_in_the_guest() {
     let Some(dir) = std::env::var_os("NRI_RESIZE_HOTPLUG_DIR").map(PathBuf::from) else {
         eprintln!(
             "SKIPPED: NRI_RESIZE_HOTPLUG_DIR is not set — this test runs inside the VM tier \
@@ -82,6 +91,24 @@ fn a_cpu_requested_from_the_host_runner_appears_in_the_guest() {
         read(present).trim()
     );
     assert_eq!(after, before + 1, "{present} did not grow by one CPU");
+
+    // Memory: a 128 MiB DIMM, onlined by the kernel (`memhp_default_state=online`).
+    let before = mem_total_kib();
+    let answer = request_hotplug(&dir, "memory 128M");
+    assert_eq!(answer, "ok", "the host runner could not plug a DIMM");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let after = loop {
+        let now = mem_total_kib();
+        if now >= before + 64 * 1024 || Instant::now() > deadline {
+            break now;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    eprintln!("MemTotal: {before} kB before, {after} kB after the DIMM");
+    assert!(
+        after >= before + 64 * 1024,
+        "MemTotal did not grow by a 128 MiB DIMM: {before} → {after} kB"
+    );
 
     // A malformed request gets an error answer, and the protocol carries on.
     let answer = request_hotplug(&dir, "gpu");

@@ -53,7 +53,10 @@ for p in qemu-system-x86 qemu-system-data xz-utils zstd e2fsprogs; do
   dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p/bookworm")
 done
 dpkg -s runc >/dev/null 2>&1 || need_pkgs+=("runc/bookworm")
-if ! dpkg -s containerd 2>/dev/null | grep -q '^Version: 1\.7\.'; then
+# (No `dpkg -s | grep -q` here: with pipefail, grep's early exit makes dpkg die of SIGPIPE and
+# the check fail at random, reinstalling containerd under running tests.)
+containerd_version=$(dpkg-query -W -f='${Version}' containerd 2>/dev/null || true)
+if [[ $containerd_version != 1.7.* ]]; then
   need_pkgs+=("containerd/trixie")
 fi
 if [[ ${#need_pkgs[@]} -gt 0 ]]; then

@@ -36,7 +36,7 @@ pub struct Suite {
     /// Test-name filter passed to the binary (`""`: all tests of the target).
     pub filter: &'static str,
     /// Extra environment for the binary (the runner always sets `NRI_RESIZE_IN_VM=1` and
-    /// `NRI_RESIZE_HOTPLUG_DIR`).
+    /// `NRI_RESIZE_HOTPLUG_DIR`). `{root}` in a value is the workspace root.
     pub env: &'static [(&'static str, &'static str)],
     /// Longest the suite may take in the guest (everything runs 10–50× slower than native).
     pub timeout_s: u64,
@@ -160,7 +160,7 @@ pub fn vm_test(root: &Path, opts: &Options) -> anyhow::Result<()> {
         .filter(|s| opts.only.is_empty() || opts.only.iter().any(|o| o == s.test))
         .copied()
         .collect();
-    let binaries = build_suites(root, &suites)?;
+    let binaries = build_suites(&suites)?;
     let mut failures = Vec::new();
     let mut summary = Vec::new();
     for kernel in &opts.kernels {
@@ -197,10 +197,17 @@ pub fn vm_test(root: &Path, opts: &Options) -> anyhow::Result<()> {
 }
 
 /// `cargo test --no-run --message-format=json` per package; the executable of each suite.
-fn build_suites(root: &Path, suites: &[Suite]) -> anyhow::Result<BTreeMap<String, PathBuf>> {
+fn build_suites(suites: &[Suite]) -> anyhow::Result<BTreeMap<String, PathBuf>> {
     let mut by_package: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for s in suites {
         by_package.entry(s.package).or_default().push(s.test);
+    }
+    if by_package.contains_key("nri-resize-tests") {
+        // The real-runtime suites start the plugin binary (`NRI_RESIZE_BIN`).
+        crate::run(
+            "build the plugin binary for the VM suites",
+            crate::cargo().args(["build", "-p", "nri-resize", "--bin", "nri-resize"]),
+        )?;
     }
     let mut binaries = BTreeMap::new();
     for (package, tests) in by_package {
@@ -242,7 +249,6 @@ fn build_suites(root: &Path, suites: &[Suite]) -> anyhow::Result<BTreeMap<String
             }
         }
     }
-    let _ = root;
     Ok(binaries)
 }
 
@@ -702,6 +708,7 @@ fn guest_script(
             suite.timeout_s
         );
         for (k, v) in suite.env {
+            let v = v.replace("{root}", &root.to_string_lossy());
             let _ = write!(line, " {}", quote(&format!("{k}={v}")));
         }
         let _ = write!(
