@@ -60,7 +60,7 @@ impl Tree {
         };
         for rel in [tree.root.clone(), tree.pod(), tree.ctr()] {
             for mount in &tree.mounts {
-                let dir = tree.dir_in(mount, &rel);
+                let dir = Self::dir_in(mount, &rel);
                 std::fs::create_dir(&dir)
                     .unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
                 if matches!(tree.cgroups, Cgroups::V2(_)) && rel != tree.ctr() {
@@ -72,7 +72,7 @@ impl Tree {
         tree
     }
 
-    fn dir_in(&self, mount: &Path, rel: &str) -> PathBuf {
+    fn dir_in(mount: &Path, rel: &str) -> PathBuf {
         mount.join(rel.trim_start_matches('/'))
     }
 
@@ -91,7 +91,7 @@ impl Tree {
             (Cgroups::V1(v1), _) => &v1.memory,
             (Cgroups::V2(v2), _) => &v2.root,
         };
-        self.dir_in(mount, rel)
+        Self::dir_in(mount, rel)
     }
 
     fn raw(&self, controller: &str, rel: &str, file: &str) -> String {
@@ -110,7 +110,7 @@ impl Tree {
             .map(|m| {
                 format!(
                     "echo $$ > {}/cgroup.procs",
-                    self.dir_in(m, &self.ctr()).display()
+                    Self::dir_in(m, &self.ctr()).display()
                 )
             })
             .collect();
@@ -134,7 +134,7 @@ impl Drop for Tree {
         }
         for rel in [self.ctr(), self.pod(), self.root.clone()] {
             for mount in &self.mounts {
-                let dir = self.dir_in(mount, &rel);
+                let dir = Self::dir_in(mount, &rel);
                 let deadline = Instant::now() + Duration::from_secs(10);
                 while let Err(e) = std::fs::remove_dir(&dir) {
                     if e.kind() == std::io::ErrorKind::NotFound {
