@@ -193,6 +193,7 @@ fn test(fuzz_seconds: u64) -> anyhow::Result<()> {
             &vm::Options {
                 kernels: vm::KERNELS.to_vec(),
                 only: Vec::new(),
+                budget: vm::TIER_BUDGET,
             },
         )
     });
@@ -294,6 +295,6 @@ fn main() -> anyhow::Result<()> {
                 None => fuzz(&FUZZ_TARGETS, seconds),
             }
         }
-        _ => bail!("usage: cargo xtask <setup|build-ebpf|test [--fuzz-seconds N]|demo|bench|fuzz [--target T] [--seconds N]|vm-test [--kernel 6.1|6.12|all] [--suite T]>"),
+        _ => bail!("usage: cargo xtask <setup|build-ebpf|test [--fuzz-seconds N]|demo|bench|fuzz [--target T] [--seconds N]|vm-test [--kernel 6.1|6.12|all] [--suite T] [--budget-seconds N]>"),
     }
 }
