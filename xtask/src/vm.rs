@@ -268,6 +268,30 @@ fn build_suites(suites: &[Suite]) -> anyhow::Result<BTreeMap<String, PathBuf>> {
     Ok(binaries)
 }
 
+/// An exclusive `flock` on the cache while a kernel is fetched and unpacked: two runners on
+/// one machine never unpack into the same directory at once.
+struct CacheLock {
+    _file: std::fs::File,
+}
+
+impl CacheLock {
+    #[allow(unsafe_code, reason = "flock(2) on a file descriptor we own")]
+    fn take(path: &Path) -> anyhow::Result<Self> {
+        use std::os::fd::AsRawFd as _;
+        let file =
+            std::fs::File::create(path).with_context(|| format!("create {}", path.display()))?;
+        // SAFETY: flock on an open descriptor owned by `file`, which outlives the lock.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            bail!(
+                "flock {}: {}",
+                path.display(),
+                std::io::Error::last_os_error()
+            );
+        }
+        Ok(Self { _file: file })
+    }
+}
+
 /// The unpacked kernel: what QEMU boots.
 #[derive(Debug)]
 struct Boot {
@@ -277,6 +301,8 @@ struct Boot {
 
 /// Downloads and unpacks `kernel` once (cached), writes its initramfs when it changed.
 fn prepare_kernel(kernel: &Kernel) -> anyhow::Result<Boot> {
+    std::fs::create_dir_all(cache_dir())?;
+    let _lock = CacheLock::take(&cache_dir().join(".lock"))?;
     let dir = cache_dir().join(kernel.name);
     let tree = dir.join("tree");
     let vmlinux = dir.join("vmlinux");
@@ -329,10 +355,19 @@ fn prepare_kernel(kernel: &Kernel) -> anyhow::Result<Boot> {
         std::fs::remove_file(&deb)?;
         std::fs::write(&stamp, kernel.package)?;
     }
-    let initramfs = dir.join("initramfs.cpio");
+    // Named by content: runners from other checkouts (another init script) share the cache
+    // without rewriting a file a starting QEMU reads.
     let cpio = build_initramfs(&tree)?;
-    if std::fs::read(&initramfs).ok().as_deref() != Some(&cpio[..]) {
-        std::fs::write(&initramfs, &cpio)?;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    std::hash::Hash::hash(&cpio, &mut hasher);
+    let initramfs = dir.join(format!(
+        "initramfs-{:016x}.cpio",
+        std::hash::Hasher::finish(&hasher)
+    ));
+    if !initramfs.is_file() {
+        let partial = dir.join(format!(".initramfs.{}", std::process::id()));
+        std::fs::write(&partial, &cpio)?;
+        std::fs::rename(&partial, &initramfs)?;
     }
     Ok(Boot { vmlinux, initramfs })
 }
