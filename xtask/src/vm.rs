@@ -3,7 +3,8 @@
 //!
 //! - Kernels come from Debian packages, downloaded with `apt-get download` and unpacked (never
 //!   installed) into `/var/cache/nri-resize/vm/<kernel>/`: the uncompressed `vmlinux` (booted
-//!   directly through its PVH note with qboot, ~2 s to init) and the few modules the guest needs.
+//!   directly through its PVH note with qboot; ~15 s from QEMU start to the first suite) and the
+//!   few modules the guest needs.
 //! - The initramfs is busybox-static + `xtask/scripts/vm/init.sh` + those modules. The guest's root
 //!   is an overlay of the host's `/` (9p, read-only) with a tmpfs upper layer, so test binaries
 //!   built on the host run unchanged with the host's libraries. `/tmp` is a virtio ext4 disk.
@@ -14,7 +15,8 @@
 //!   deletes `request` and writes `done` (`ok` or `error: <message>`); the test waits for `done`
 //!   and removes it.
 //!
-//! Every QEMU process is owned by a guard that kills it on every exit path.
+//! Suites run one after another, each binary with `--test-threads=1`. Every QEMU process is owned
+//! by a guard that kills it on every exit path (and dies with the runner: `PR_SET_PDEATHSIG`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -863,15 +865,6 @@ fn tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-/// qboot (fast) unless `NRI_RESIZE_VM_BIOS=seabios`.
-fn bios_args() -> Vec<&'static str> {
-    if std::env::var("NRI_RESIZE_VM_BIOS").is_ok_and(|b| b == "seabios") {
-        Vec::new()
-    } else {
-        vec!["-bios", "/usr/share/qemu/qboot.rom"]
-    }
-}
-
 /// Boots `kernel`, runs `suites`, serves hotplug requests; the results of every suite.
 #[expect(
     clippy::too_many_lines,
@@ -932,7 +925,7 @@ fn run_vm(
         "-m",
         "1536M,slots=2,maxmem=4G",
     ])
-    .args(bios_args())
+    .args(["-bios", "/usr/share/qemu/qboot.rom"])
     .arg("-kernel")
     .arg(&boot.vmlinux)
     .arg("-initrd")
