@@ -60,6 +60,9 @@ pub struct Kernel {
     pub name: &'static str,
     /// Debian binary package holding `vmlinuz` and the modules.
     pub package: &'static str,
+    /// When `package` has left the archive (an ABI bump replaces it): the newest package whose
+    /// name matches this `apt-cache search --names-only` pattern is used instead, loudly.
+    pub successor: &'static str,
 }
 
 /// Kernels of the tier: bookworm's (via bookworm-security) and trixie's.
@@ -67,10 +70,12 @@ pub const KERNELS: &[Kernel] = &[
     Kernel {
         name: "6.1",
         package: "linux-image-6.1.0-56-amd64",
+        successor: r"^linux-image-6\.1\.0-[0-9]+-amd64$",
     },
     Kernel {
         name: "6.12",
         package: "linux-image-6.12.107+deb13-amd64",
+        successor: r"^linux-image-6\.12\.[0-9]+\+deb13-amd64$",
     },
 ];
 
@@ -309,7 +314,9 @@ fn prepare_kernel(kernel: &Kernel) -> anyhow::Result<Boot> {
     let tree = dir.join("tree");
     let vmlinux = dir.join("vmlinux");
     let stamp = dir.join(".package");
-    let ready = std::fs::read_to_string(&stamp).is_ok_and(|s| s.trim() == kernel.package)
+    // The stamp: `<pinned package> <package actually unpacked>`.
+    let ready = std::fs::read_to_string(&stamp)
+        .is_ok_and(|s| s.split_whitespace().next() == Some(kernel.package))
         && vmlinux.is_file();
     if !ready {
         eprintln!(
@@ -318,19 +325,7 @@ fn prepare_kernel(kernel: &Kernel) -> anyhow::Result<Boot> {
         );
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&tree)?;
-        let status = Command::new("apt-get")
-            .args(["-q", "download", kernel.package])
-            .current_dir(&dir)
-            .stdout(Stdio::null())
-            .status()
-            .context("run apt-get download")?;
-        if !status.success() {
-            bail!(
-                "apt-get download {} failed: is the package still in the archive? \
-                 (6.1 comes from bookworm-security, 6.12 from trixie; `apt-get update` first)",
-                kernel.package
-            );
-        }
+        let used = download_kernel(kernel, &dir)?;
         let deb = std::fs::read_dir(&dir)?
             .filter_map(Result::ok)
             .map(|e| e.path())
@@ -355,7 +350,7 @@ fn prepare_kernel(kernel: &Kernel) -> anyhow::Result<Boot> {
         let vmlinuz = glob_one(&tree.join("boot"), "vmlinuz-")?;
         extract_vmlinux(&vmlinuz, &vmlinux)?;
         std::fs::remove_file(&deb)?;
-        std::fs::write(&stamp, kernel.package)?;
+        std::fs::write(&stamp, format!("{} {used}\n", kernel.package))?;
     }
     // Named by content: runners from other checkouts (another init script) share the cache
     // without rewriting a file a starting QEMU reads.
@@ -372,6 +367,43 @@ fn prepare_kernel(kernel: &Kernel) -> anyhow::Result<Boot> {
         std::fs::rename(&partial, &initramfs)?;
     }
     Ok(Boot { vmlinux, initramfs })
+}
+
+/// `apt-get download` of the pinned package, or of its newest successor when the archive no
+/// longer has it. Returns the package downloaded into `dir`.
+fn download_kernel(kernel: &Kernel, dir: &Path) -> anyhow::Result<String> {
+    let download = |package: &str| -> anyhow::Result<bool> {
+        Ok(Command::new("apt-get")
+            .args(["-q", "download", package])
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .status()
+            .context("run apt-get download")?
+            .success())
+    };
+    if download(kernel.package)? {
+        return Ok(kernel.package.to_owned());
+    }
+    let script = format!(
+        "apt-cache search --names-only '{}' | cut -d' ' -f1 | sort -V | tail -n 1",
+        kernel.successor
+    );
+    let out = Command::new("bash").args(["-c", &script]).output()?;
+    let successor = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    if successor.is_empty() || successor == kernel.package || !download(&successor)? {
+        bail!(
+            "apt-get download {} failed and no successor matching {} could be downloaded \
+             (6.1 comes from bookworm-security, 6.12 from trixie; `apt-get update` first)",
+            kernel.package,
+            kernel.successor
+        );
+    }
+    eprintln!(
+        "!!! kernel {}: {} is no longer in the archive; using its successor {successor} \
+         (update KERNELS in xtask/src/vm.rs)",
+        kernel.name, kernel.package
+    );
+    Ok(successor)
 }
 
 fn glob_one(dir: &Path, prefix: &str) -> anyhow::Result<PathBuf> {
