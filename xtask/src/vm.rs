@@ -1088,8 +1088,9 @@ fn run_vm(
         }
         if Instant::now() > deadline {
             break Err(anyhow!(
-                "the VM ran past its budget ({} s for this kernel's suites, or the tier's own) and was killed",
-                budget.as_secs()
+                "the VM ran past its budget of {} s (its suites' timeouts, capped by what is left of \
+                 the tier's budget) and was killed",
+                deadline.saturating_duration_since(started).as_secs()
             ));
         }
         std::thread::sleep(Duration::from_millis(200));
