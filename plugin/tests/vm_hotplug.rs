@@ -56,6 +56,29 @@ fn cpu_hotplug(dir: &Path, present: &str, before: usize) {
         read(present).trim()
     );
     assert_eq!(after, before + 1, "{present} did not grow by one CPU");
+
+    // The new CPU comes up offline; bring it online, then back offline so the suites that
+    // follow in this guest see the CPUs they booted with.
+    let online = "/sys/devices/system/cpu/online";
+    let online_before = count_cpus(&read(online));
+    let new_cpu = (0..64)
+        .map(|n| PathBuf::from(format!("/sys/devices/system/cpu/cpu{n}/online")))
+        .find(|p| std::fs::read_to_string(p).is_ok_and(|v| v.trim() == "0"))
+        .expect("the plugged CPU is present and offline");
+    std::fs::write(&new_cpu, "1").unwrap_or_else(|e| panic!("online {}: {e}", new_cpu.display()));
+    assert_eq!(
+        count_cpus(&read(online)),
+        online_before + 1,
+        "{online} after onlining {}",
+        new_cpu.display()
+    );
+    std::fs::write(&new_cpu, "0").unwrap_or_else(|e| panic!("offline {}: {e}", new_cpu.display()));
+    assert_eq!(
+        count_cpus(&read(online)),
+        online_before,
+        "{online} after offlining it again"
+    );
+    eprintln!("{} went online and offline again", new_cpu.display());
 }
 
 /// Asks the host runner for `what` (`cpu` or `memory 128M`) and returns its answer.
