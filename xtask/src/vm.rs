@@ -177,6 +177,13 @@ impl Options {
 
 /// Builds the suites, then boots each kernel and runs them. Fails if any suite fails.
 pub fn vm_test(root: &Path, opts: &Options) -> anyhow::Result<()> {
+    if root.starts_with("/tmp") {
+        bail!(
+            "the VM tier runs the host's test binaries from the host's `/`, but the guest mounts \
+             its own disk on /tmp: run it from a checkout outside /tmp (this one is {})",
+            root.display()
+        );
+    }
     let suites: Vec<Suite> = SUITES
         .iter()
         .filter(|s| opts.only.is_empty() || opts.only.iter().any(|o| o == s.test))
