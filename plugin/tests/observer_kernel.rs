@@ -3,12 +3,19 @@
 //! own cgroup counters. No containerd needed.
 //!
 //! Requirements (the tests fail, loudly, when one is missing — they never skip): root, kernel
-//! BTF at `/sys/kernel/btf/vmlinux`, cgroup v1 `cpu` and `memory` hierarchies at
-//! `/sys/fs/cgroup/{cpu,memory}` (cgroup v2 is exercised in the QEMU suite), and the eBPF object
-//! built into the test binary (`cargo xtask build-ebpf` before `cargo test`).
+//! BTF at `/sys/kernel/btf/vmlinux`, the cgroup `cpu` and `memory` controllers — cgroup v1
+//! hierarchies at `/sys/fs/cgroup/{cpu,memory}` (the hybrid hosts, `kernel` tier) or cgroup v2 at
+//! `/sys/fs/cgroup` with both enabled (Debian's 6.1 and 6.12 kernels under QEMU, `vm` tier) — and
+//! the eBPF object built into the test binary (`cargo xtask build-ebpf` before `cargo test`).
 //!
-//! Each test creates `/sys/fs/cgroup/{cpu,memory}/nri-resize-obs-test-<pid>-<name>` and removes it
-//! in every outcome (a drop guard that first kills the children it spawned).
+//! The strategy each measurement must end up with depends on the kernel: throttling expects
+//! `$NRI_RESIZE_EXPECT_THROTTLE` (the VM tier sets `fentry`; default `tp_btf_sched_switch`, what
+//! 6.18 without trampolines gives), reclaim expects the memcg tracepoints where the kernel has
+//! `memcg/count_memcg_events` and `memory.stat` polling otherwise.
+//!
+//! Each test creates `nri-resize-obs-test-<pid>-<name>` in the hierarchies (v1: cpu and memory;
+//! v2: the unified one) and removes it in every outcome (a drop guard that first kills the
+//! children it spawned).
 #![expect(
     clippy::similar_names,
     reason = "before/after pairs of kernel and eBPF counters"
@@ -23,8 +30,7 @@ use nri_resize::observer::{
     ReclaimStrategy, ThrottleStrategy,
 };
 
-const CPU_ROOT: &str = "/sys/fs/cgroup/cpu";
-const MEMORY_ROOT: &str = "/sys/fs/cgroup/memory";
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 const MIB: u64 = 1024 * 1024;
 const PAGE: u64 = 4096;
 
@@ -38,11 +44,97 @@ fn require_environment() {
         Path::new("/sys/kernel/btf/vmlinux").is_file(),
         "observer_kernel tests need kernel BTF at /sys/kernel/btf/vmlinux (CONFIG_DEBUG_INFO_BTF)"
     );
-    for root in [CPU_ROOT, MEMORY_ROOT] {
-        assert!(
-            Path::new(root).join("tasks").is_file(),
-            "observer_kernel tests need the cgroup v1 hierarchy {root} (this suite covers v1; v2 runs in QEMU)"
+    match layout() {
+        CgroupLayout::V1 { cpu, memory } => {
+            for root in [cpu, memory] {
+                assert!(
+                    root.join("tasks").is_file(),
+                    "observer_kernel tests need the cgroup v1 hierarchy {} or cgroup v2 with cpu and memory",
+                    root.display()
+                );
+            }
+        }
+        CgroupLayout::V2 { root } => {
+            let enabled =
+                std::fs::read_to_string(root.join("cgroup.subtree_control")).unwrap_or_default();
+            for c in ["cpu", "memory"] {
+                assert!(
+                    enabled.split_whitespace().any(|e| e == c),
+                    "cgroup v2 at {}: controller {c} is not enabled in cgroup.subtree_control ({enabled:?})",
+                    root.display()
+                );
+            }
+        }
+    }
+}
+
+/// The node's layout: v1 (hybrid hosts) or v2 (the VM tier), as the daemon detects it.
+fn layout() -> CgroupLayout {
+    CgroupLayout::detect(Path::new(CGROUP_ROOT))
+}
+
+fn is_v2() -> bool {
+    matches!(layout(), CgroupLayout::V2 { .. })
+}
+
+fn in_vm() -> bool {
+    std::env::var_os("NRI_RESIZE_IN_VM").is_some()
+}
+
+/// Generous waits inside the VM tier (software emulation runs 10–50× slower).
+fn patience(native: Duration) -> Duration {
+    if in_vm() {
+        native * 15
+    } else {
+        native
+    }
+}
+
+/// The throttling strategy this kernel must give (see the module docs).
+fn expected_throttle() -> ThrottleStrategy {
+    std::env::var("NRI_RESIZE_EXPECT_THROTTLE").map_or(ThrottleStrategy::TpBtfSchedSwitch, |s| {
+        s.parse()
+            .unwrap_or_else(|e| panic!("NRI_RESIZE_EXPECT_THROTTLE: {e}"))
+    })
+}
+
+/// OOM kills: `tp_btf/mark_victim` where the tracepoint passes the victim's task (6.8+, and
+/// backported to late 6.1.y: its tracefs record then carries the task's `comm`), `memory.events`
+/// / `memory.oom_control` polling where it passes only a pid.
+fn expected_oom() -> OomStrategy {
+    let format = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+        .iter()
+        .find_map(|t| {
+            std::fs::read_to_string(Path::new(t).join("events/oom/mark_victim/format")).ok()
+        })
+        .expect("tracefs has oom/mark_victim");
+    let fields = parse::tracefs_format(&format);
+    if parse::field(&fields, "comm").is_some() {
+        OomStrategy::MarkVictim
+    } else {
+        eprintln!(
+            "NOTE: this kernel's oom/mark_victim passes a pid only: OOM kills must fall back to cgroup file polling"
         );
+        OomStrategy::MemoryEventsPolling
+    }
+}
+
+/// Reclaim: the memcg tracepoints where the kernel has them (6.14+), `memory.stat` otherwise.
+fn expected_reclaim() -> ReclaimStrategy {
+    let tracepoint = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+        .iter()
+        .any(|t| {
+            Path::new(t)
+                .join("events/memcg/count_memcg_events")
+                .is_dir()
+        });
+    if tracepoint {
+        ReclaimStrategy::MemcgTracepoints
+    } else {
+        eprintln!(
+            "NOTE: this kernel has no memcg/count_memcg_events tracepoint: reclaim must fall back to memory.stat polling"
+        );
+        ReclaimStrategy::MemoryStatPolling
     }
 }
 
@@ -60,16 +152,16 @@ fn start_observer(settings: &ObserverSettings) -> Observer {
 
 fn host_settings() -> ObserverSettings {
     let mut settings = ObserverSettings::host();
-    settings.cgroups = CgroupLayout::V1 {
-        cpu: CPU_ROOT.into(),
-        memory: MEMORY_ROOT.into(),
-    };
+    settings.cgroups = layout();
     settings
 }
 
-/// Our own cgroup in the cpu and memory hierarchies; removed on drop, children killed first.
+/// Our own cgroup in the cpu and memory hierarchies (v2: the one unified hierarchy); removed on
+/// drop, children killed first.
 struct TestCgroup {
     relative: String,
+    cpu: PathBuf,
+    memory: PathBuf,
     dirs: Vec<PathBuf>,
     children: Vec<Child>,
 }
@@ -77,13 +169,21 @@ struct TestCgroup {
 impl TestCgroup {
     fn create(name: &str) -> Self {
         let relative = format!("nri-resize-obs-test-{}-{name}", std::process::id());
+        let (cpu, memory) = match layout() {
+            CgroupLayout::V1 { cpu, memory } => (cpu.join(&relative), memory.join(&relative)),
+            CgroupLayout::V2 { root } => (root.join(&relative), root.join(&relative)),
+        };
         let mut cgroup = Self {
-            relative: relative.clone(),
+            relative,
+            cpu: cpu.clone(),
+            memory: memory.clone(),
             dirs: Vec::new(),
             children: Vec::new(),
         };
-        for root in [CPU_ROOT, MEMORY_ROOT] {
-            let dir = Path::new(root).join(&relative);
+        for dir in [cpu, memory] {
+            if cgroup.dirs.contains(&dir) {
+                continue;
+            }
             std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
             cgroup.dirs.push(dir);
         }
@@ -91,11 +191,31 @@ impl TestCgroup {
     }
 
     fn cpu(&self) -> PathBuf {
-        Path::new(CPU_ROOT).join(&self.relative)
+        self.cpu.clone()
     }
 
     fn memory(&self) -> PathBuf {
-        Path::new(MEMORY_ROOT).join(&self.relative)
+        self.memory.clone()
+    }
+
+    /// Sets the CFS bandwidth limit in each version's own files.
+    fn set_cpu_max(&self, quota_us: u64, period_us: u64) {
+        if is_v2() {
+            Self::write(&self.cpu(), "cpu.max", &format!("{quota_us} {period_us}"));
+        } else {
+            Self::write(&self.cpu(), "cpu.cfs_period_us", &period_us.to_string());
+            Self::write(&self.cpu(), "cpu.cfs_quota_us", &quota_us.to_string());
+        }
+    }
+
+    /// Sets the memory limit in each version's own file.
+    fn set_memory_max(&self, bytes: u64) {
+        let file = if is_v2() {
+            "memory.max"
+        } else {
+            "memory.limit_in_bytes"
+        };
+        Self::write(&self.memory(), file, &bytes.to_string());
     }
 
     fn write(dir: &Path, file: &str, value: &str) {
@@ -112,11 +232,12 @@ impl TestCgroup {
     /// Runs `script` with `sh -c` after the shell moved itself into both hierarchies, so the
     /// workload never runs outside the cgroup.
     fn spawn(&mut self, script: &str) -> u32 {
-        let enter = format!(
-            "echo $$ > {cpu}/cgroup.procs && echo $$ > {mem}/cgroup.procs && {script}",
-            cpu = self.cpu().display(),
-            mem = self.memory().display()
-        );
+        let enter: Vec<String> = self
+            .dirs
+            .iter()
+            .map(|d| format!("echo $$ > {}/cgroup.procs", d.display()))
+            .collect();
+        let enter = format!("{} && {script}", enter.join(" && "));
         let child = Command::new("sh")
             .args(["-c", &enter])
             .stdout(Stdio::null())
@@ -171,14 +292,21 @@ fn nr_throttled(cgroup: &TestCgroup) -> u64 {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scenario: eBPF, the forced fallback and cpu.stat over the same workload"
+)]
 fn throttling_from_sched_switch_agrees_with_cpu_stat_and_with_forced_fallback() {
     let mut observer = start_observer(&host_settings());
+    let expected = expected_throttle();
     assert_eq!(
         observer.strategies().throttle,
-        ThrottleStrategy::TpBtfSchedSwitch,
-        "expected tp_btf/sched_switch on this kernel (fentry is refused here); fallbacks: {:?}",
+        expected,
+        "expected the {} throttling strategy on this kernel ($NRI_RESIZE_EXPECT_THROTTLE); fallbacks: {:?}",
+        expected.as_str(),
         observer.fallbacks()
     );
+    eprintln!("throttling strategy: {}", expected.as_str());
     let mut forced_settings = host_settings();
     forced_settings.force_throttle = Some(ThrottleStrategy::CpuStatPolling);
     forced_settings.hotplug = false;
@@ -189,8 +317,7 @@ fn throttling_from_sched_switch_agrees_with_cpu_stat_and_with_forced_fallback() 
     );
 
     let mut cgroup = TestCgroup::create("throttle");
-    TestCgroup::write(&cgroup.cpu(), "cpu.cfs_period_us", "100000");
-    TestCgroup::write(&cgroup.cpu(), "cpu.cfs_quota_us", "10000");
+    cgroup.set_cpu_max(10_000, 100_000);
     let observed = cgroup.observed(&observer);
     let base = observer
         .read(&observed)
@@ -216,15 +343,20 @@ fn throttling_from_sched_switch_agrees_with_cpu_stat_and_with_forced_fallback() 
             break started.elapsed();
         }
         assert!(
-            started.elapsed() < Duration::from_secs(2),
-            "no throttling reported within 2 s: {now:?}"
+            started.elapsed() < patience(Duration::from_secs(2)),
+            "no throttling reported within {:?}: {now:?}",
+            patience(Duration::from_secs(2))
         );
         std::thread::sleep(Duration::from_millis(20));
     };
-    // Let it accumulate ~30 periods, then stop the workload so all counters settle.
-    std::thread::sleep(Duration::from_secs(3));
+    // Let it accumulate ~30 throttled periods (however long a loaded machine or emulation
+    // takes), then stop the workload so all counters settle.
+    let deadline = Instant::now() + patience(Duration::from_secs(20));
+    while nr_throttled(&cgroup) - base_kernel < 30 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
     cgroup.kill_children();
-    std::thread::sleep(Duration::from_millis(200));
+    std::thread::sleep(patience(Duration::from_millis(200)));
 
     let ebpf = observer
         .read(&observed)
@@ -246,15 +378,28 @@ fn throttling_from_sched_switch_agrees_with_cpu_stat_and_with_forced_fallback() 
     );
     assert!(
         kernel >= 20,
-        "the workload was throttled only {kernel} times in 3 s"
+        "the workload was throttled only {kernel} times"
+    );
+    // `nr_throttled` counts throttled *periods*: when the period timer fires late it adds every
+    // overrun period at once, while the eBPF programs count throttle events. Natively the two
+    // agree within 5 %; under software emulation (VM tier) the timer overruns often, so there
+    // the events may fall short of the periods by up to a quarter — never exceed them.
+    let tolerance = if in_vm() { 25 } else { 5 };
+    assert!(
+        within(ebpf_count, kernel, tolerance),
+        "eBPF {ebpf_count} vs cpu.stat nr_throttled {kernel}: more than {tolerance} % apart"
     );
     assert!(
-        within(ebpf_count, kernel, 5),
-        "eBPF {ebpf_count} vs cpu.stat nr_throttled {kernel}: more than 5 % apart"
+        ebpf_count <= kernel + kernel.div_ceil(20),
+        "eBPF counted {ebpf_count} throttles, more than the {kernel} throttled periods"
     );
     assert!(
-        within(forced_count, ebpf_count, 5),
-        "forced fallback {forced_count} vs eBPF {ebpf_count}: more than 5 % apart"
+        within(forced_count, kernel, 5),
+        "forced fallback {forced_count} vs cpu.stat nr_throttled {kernel}: more than 5 % apart"
+    );
+    assert!(
+        within(forced_count, ebpf_count, tolerance),
+        "forced fallback {forced_count} vs eBPF {ebpf_count}: more than {tolerance} % apart"
     );
     assert!(
         ebpf.throttled_ns > base.throttled_ns,
@@ -284,14 +429,20 @@ fn fentry_is_tried_first_and_falls_back_with_a_reason() {
         eprintln!("fentry refused: {}", fallback.reason);
     }
     assert_eq!(
+        strategies.throttle,
+        expected_throttle(),
+        "fallbacks: {:?}",
+        observer.fallbacks()
+    );
+    assert_eq!(
         strategies.reclaim,
-        ReclaimStrategy::MemcgTracepoints,
+        expected_reclaim(),
         "fallbacks: {:?}",
         observer.fallbacks()
     );
     assert_eq!(
         strategies.oom,
-        OomStrategy::MarkVictim,
+        expected_oom(),
         "fallbacks: {:?}",
         observer.fallbacks()
     );
@@ -310,18 +461,15 @@ fn fentry_is_tried_first_and_falls_back_with_a_reason() {
 #[test]
 fn oom_kill_is_attributed_to_the_victims_memcg_once() {
     let mut observer = start_observer(&host_settings());
+    let strategy = expected_oom();
     assert_eq!(
         observer.strategies().oom,
-        OomStrategy::MarkVictim,
+        strategy,
         "fallbacks: {:?}",
         observer.fallbacks()
     );
     let mut cgroup = TestCgroup::create("oom");
-    TestCgroup::write(
-        &cgroup.memory(),
-        "memory.limit_in_bytes",
-        &(100 * MIB).to_string(),
-    );
+    cgroup.set_memory_max(100 * MIB);
     let observed = cgroup.observed(&observer);
     let mut forced_settings = host_settings();
     forced_settings.force_oom = Some(OomStrategy::MemoryEventsPolling);
@@ -346,17 +494,19 @@ fn oom_kill_is_attributed_to_the_victims_memcg_once() {
         1,
         "exactly one OOM kill attributed to the cgroup"
     );
-    assert_eq!(
-        after.last_victim_tgid,
-        Some(pid),
-        "the victim is the dd process"
-    );
+    if strategy == OomStrategy::MarkVictim {
+        assert_eq!(
+            after.last_victim_tgid,
+            Some(pid),
+            "the victim is the dd process"
+        );
+    }
     // The cross-check file is read on the first read and whenever eBPF counted a kill (plus
     // every `oom_cross_check_every` reads): the kill above forces a fresh read here.
     assert_eq!(
         after.kernel_oom_kill,
         Some(1),
-        "memory.oom_control oom_kill agrees"
+        "memory.oom_control / memory.events oom_kill agrees"
     );
     // An observer whose periodic cross-check never comes due still reads the file when it
     // first sees the cgroup.
@@ -368,32 +518,30 @@ fn oom_kill_is_attributed_to_the_victims_memcg_once() {
     assert_eq!(
         first.kernel_oom_kill,
         Some(1),
-        "first read cross-checks memory.oom_control"
+        "first read cross-checks memory.oom_control / memory.events"
     );
     let forced = polling.read(&observed).expect("read").oom;
     assert_eq!(
         forced.kills, 1,
-        "the forced memory.oom_control fallback counts the same kill"
+        "the forced memory.oom_control / memory.events fallback counts the same kill"
     );
 }
 
 #[test]
 fn page_cache_reclaim_agrees_with_memory_stat() {
     let mut observer = start_observer(&host_settings());
+    let strategy = expected_reclaim();
     assert_eq!(
         observer.strategies().reclaim,
-        ReclaimStrategy::MemcgTracepoints,
+        strategy,
         "fallbacks: {:?}",
         observer.fallbacks()
     );
     let mut cgroup = TestCgroup::create("reclaim");
-    TestCgroup::write(
-        &cgroup.memory(),
-        "memory.limit_in_bytes",
-        &(100 * MIB).to_string(),
-    );
+    cgroup.set_memory_max(100 * MIB);
     let observed = cgroup.observed(&observer);
-    // Disk-backed (tmpfs pages could not be reclaimed without swap).
+    // Disk-backed (tmpfs pages could not be reclaimed without swap; the VM tier mounts a disk
+    // there).
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
     let file = dir.path().join("page-cache");
     let before = observer.read(&observed).expect("read").reclaim;
@@ -410,7 +558,10 @@ fn page_cache_reclaim_agrees_with_memory_stat() {
     let after = observer.read(&observed).expect("read").reclaim;
     let stat_text = TestCgroup::read(&cgroup.memory(), "memory.stat");
     let stat = parse::memory_stat(&stat_text);
-    let cache = parse::flat_keyed(&stat_text, "cache").expect("memory.stat cache");
+    // Page cache still charged: v1 `cache`, v2 `file`.
+    let cache_key = if is_v2() { "file" } else { "cache" };
+    let cache = parse::flat_keyed(&stat_text, cache_key)
+        .unwrap_or_else(|| panic!("memory.stat has no {cache_key}: {stat_text}"));
     let written = std::fs::metadata(&file).expect("stat file").len();
     let d = |a: Option<u64>, b: Option<u64>| a.unwrap_or(0) - b.unwrap_or(0);
     let pgsteal = d(after.pgsteal(), before.pgsteal());
@@ -425,9 +576,10 @@ fn page_cache_reclaim_agrees_with_memory_stat() {
     // What the kernel says left the cgroup: the file's pages minus those still charged.
     let kernel_reclaimed = (written - cache.min(written)) / PAGE;
     eprintln!(
-        "eBPF: pgsteal {pgsteal} (direct {:?}, kswapd {:?}), pgscan direct {:?}, pgpgin {pgpgin}, pgpgout {pgpgout}, \
+        "strategy {}: pgsteal {pgsteal} (direct {:?}, kswapd {:?}), pgscan direct {:?}, pgpgin {pgpgin}, pgpgout {pgpgout}, \
          direct reclaim {:?} passes / {:?} ns / {:?} pages; memory.stat: pgpgin {kernel_pgpgin}, pgpgout \
-         {kernel_pgpgout}, cache {cache} B; file {written} B → {kernel_reclaimed} pages reclaimed",
+         {kernel_pgpgout}, {cache_key} {cache} B; file {written} B → {kernel_reclaimed} pages reclaimed",
+        strategy.as_str(),
         d(after.pgsteal_direct, before.pgsteal_direct),
         d(after.pgsteal_kswapd, before.pgsteal_kswapd),
         d(after.pgscan_direct, before.pgscan_direct),
@@ -438,19 +590,31 @@ fn page_cache_reclaim_agrees_with_memory_stat() {
     assert!(pgsteal > 0, "no reclaim observed");
     assert!(
         within(pgsteal, kernel_reclaimed, 5),
-        "eBPF pgsteal {pgsteal} vs memory.stat-derived {kernel_reclaimed} pages"
+        "observer pgsteal {pgsteal} vs memory.stat-derived {kernel_reclaimed} pages"
     );
-    assert!(
-        within(pgpgin, kernel_pgpgin, 5),
-        "eBPF pgpgin {pgpgin} vs memory.stat {kernel_pgpgin}"
-    );
-    assert!(
-        within(pgpgout, kernel_pgpgout, 5),
-        "eBPF pgpgout {pgpgout} vs memory.stat {kernel_pgpgout}"
-    );
-    assert!(
-        after.direct_reclaim_count.unwrap_or(0) > 0,
-        "no direct reclaim pass timed"
-    );
+    if is_v2() {
+        // v2's memory.stat counts pgsteal itself (and has no pgpgin/pgpgout).
+        let kernel_pgsteal = d(stat.pgsteal_direct, stat_before.pgsteal_direct)
+            + d(stat.pgsteal_kswapd, stat_before.pgsteal_kswapd);
+        assert!(
+            within(pgsteal, kernel_pgsteal, 5),
+            "observer pgsteal {pgsteal} vs memory.stat pgsteal {kernel_pgsteal}"
+        );
+    } else {
+        assert!(
+            within(pgpgin, kernel_pgpgin, 5),
+            "observer pgpgin {pgpgin} vs memory.stat {kernel_pgpgin}"
+        );
+        assert!(
+            within(pgpgout, kernel_pgpgout, 5),
+            "observer pgpgout {pgpgout} vs memory.stat {kernel_pgpgout}"
+        );
+    }
+    if strategy == ReclaimStrategy::MemcgTracepoints {
+        assert!(
+            after.direct_reclaim_count.unwrap_or(0) > 0,
+            "no direct reclaim pass timed"
+        );
+    }
     drop(cgroup);
 }

@@ -47,8 +47,16 @@ need_pkgs=()
 for p in protobuf-compiler busybox-static gcc libc6-dev; do
   dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
 done
+# The VM tier (`cargo xtask vm-test`): QEMU from bookworm (TCG; qboot.rom is in qemu-system-data),
+# xz/zstd to unpack Debian's kernels, e2fsprogs for the guest's /tmp disk.
+for p in qemu-system-x86 qemu-system-data xz-utils zstd e2fsprogs; do
+  dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p/bookworm")
+done
 dpkg -s runc >/dev/null 2>&1 || need_pkgs+=("runc/bookworm")
-if ! dpkg -s containerd 2>/dev/null | grep -q '^Version: 1\.7\.'; then
+# (No `dpkg -s | grep -q` here: with pipefail, grep's early exit makes dpkg die of SIGPIPE and
+# the check fail at random, reinstalling containerd under running tests.)
+containerd_version=$(dpkg-query -W -f='${Version}' containerd 2>/dev/null || true)
+if [[ $containerd_version != 1.7.* ]]; then
   need_pkgs+=("containerd/trixie")
 fi
 if [[ ${#need_pkgs[@]} -gt 0 ]]; then

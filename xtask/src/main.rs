@@ -2,16 +2,19 @@
 //!
 //! - `setup`      install what the project needs on a fresh Debian 12 machine (idempotent)
 //! - `build-ebpf` build the observer's kernel programs from source
-//! - `test`       setup + every tier: format, lint, unit, kernel, containerd 1.7 and 2.x, fuzz
+//! - `test`       setup + every tier: format, lint, unit, kernel, containerd 1.7 and 2.x, fuzz, vm
 //! - `demo`       a private containerd + the plugin + a pod created and resized, narrated
 //! - `bench`      every benchmark, side by side with its baseline
 //! - `fuzz`       run one fuzz target (default: all, 60 s each)
 //! - `manifests`  render deploy/ with kustomize, validate offline (also a tier of `test`)
 //! - `image`      the daemon as an OCI image archive (`ctr images import`-able), no Docker engine
+//! - `vm-test`    the VM tier alone: cgroup v2 on Debian's 6.1 and 6.12 kernels under QEMU
+//!   (`--kernel 6.1|6.12|all`, `--suite <test>`); see `vm.rs`
 
 mod ebpf;
 mod image;
 mod manifests;
+mod vm;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -169,13 +172,15 @@ fn test(fuzz_seconds: u64) -> anyhow::Result<()> {
     tier(&mut results, "manifests", manifests_tier);
     tier(&mut results, "kernel", || {
         run(
-            "observer on the real kernel (eBPF + cgroupfs)",
+            "observer and cgroup I/O on the real kernel (eBPF + cgroupfs)",
             cargo().args([
                 "test",
                 "-p",
                 "nri-resize",
                 "--test",
                 "observer_kernel",
+                "--test",
+                "cgroup_kernel",
                 "--",
                 "--nocapture",
             ]),
@@ -217,6 +222,16 @@ fn test(fuzz_seconds: u64) -> anyhow::Result<()> {
         )
     });
     tier(&mut results, "fuzz", || fuzz(&FUZZ_TARGETS, fuzz_seconds));
+    tier(&mut results, "vm", || {
+        vm::vm_test(
+            &root(),
+            &vm::Options {
+                kernels: vm::KERNELS.to_vec(),
+                only: Vec::new(),
+                budget: vm::TIER_BUDGET,
+            },
+        )
+    });
 
     eprintln!("\n==> summary ({} s in all)", started.elapsed().as_secs());
     for t in &results {
@@ -370,6 +385,12 @@ fn main() -> anyhow::Result<()> {
             manifests_tier()
         }
         Some("image") => image_cmd(args.iter().any(|a| a == "--debug"), arg("--out").map(PathBuf::from)),
+        Some("vm-test") => {
+            let opts = vm::Options::parse(&args[1..])?;
+            setup(true)?;
+            build_ebpf()?;
+            vm::vm_test(&root(), &opts)
+        }
         Some("fuzz") => {
             let seconds = arg("--seconds").map_or(Ok(60), |s| s.parse()).context("--seconds")?;
             match arg("--target") {
@@ -377,6 +398,6 @@ fn main() -> anyhow::Result<()> {
                 None => fuzz(&FUZZ_TARGETS, seconds),
             }
         }
-        _ => bail!("usage: cargo xtask <setup|build-ebpf|test [--fuzz-seconds N]|demo|bench|fuzz [--target T] [--seconds N]|manifests|image [--debug] [--out PATH]>"),
+        _ => bail!("usage: cargo xtask <setup|build-ebpf|test [--fuzz-seconds N]|demo|bench|fuzz [--target T] [--seconds N]|manifests|image [--debug] [--out PATH]|vm-test [--kernel 6.1|6.12|all] [--suite T] [--budget-seconds N]>"),
     }
 }

@@ -155,6 +155,48 @@ impl KernelBtf {
         Err(Self::err(format!("enum {name}: no {enumerator}")))
     }
 
+    /// Whether parameter `index` of the BTF-enabled tracepoint `tracepoint` (its
+    /// `btf_trace_<tracepoint>` typedef; parameter 0 is the context) is a pointer to `struct
+    /// wanted`. Tracepoints change prototypes across kernels: `oom/mark_victim` passes
+    /// `int pid` up to 6.7 and `struct task_struct *` from 6.8.
+    pub fn tracepoint_param_is_struct_ptr(
+        &self,
+        tracepoint: &str,
+        index: usize,
+        wanted: &str,
+    ) -> Result<bool, ObserverError> {
+        let typedef = format!("btf_trace_{tracepoint}");
+        let types = self
+            .btf
+            .resolve_types_by_name(&typedef)
+            .map_err(|e| Self::err(format!("typedef {typedef}: {e}")))?;
+        let Some(Type::Typedef(td)) = types.into_iter().find(|t| matches!(t, Type::Typedef(_)))
+        else {
+            return Err(Self::err(format!("typedef {typedef} not found")));
+        };
+        let chained = |t: &dyn btf_rs::BtfType| {
+            self.btf
+                .resolve_chained_type(t)
+                .map_err(|e| Self::err(format!("{typedef}: {e}")))
+        };
+        let Type::Ptr(ptr) = chained(&td)? else {
+            return Err(Self::err(format!("{typedef} is not a function pointer")));
+        };
+        let Type::FuncProto(proto) = chained(&ptr)? else {
+            return Err(Self::err(format!("{typedef} is not a function pointer")));
+        };
+        let Some(param) = proto.parameters.get(index) else {
+            return Ok(false);
+        };
+        let Type::Ptr(ptr) = chained(param)? else {
+            return Ok(false);
+        };
+        Ok(match chained(&ptr)? {
+            Type::Struct(s) => self.btf.resolve_name(&s).is_ok_and(|n| n == wanted),
+            _ => false,
+        })
+    }
+
     /// Whether the kernel has a function called `name` (a target for fentry).
     pub fn has_function(&self, name: &str) -> bool {
         self.btf

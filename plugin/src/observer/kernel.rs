@@ -69,6 +69,8 @@ struct Resolved {
     memcg_events: Result<(), String>,
     reclaim_end: Result<(), String>,
     cpuhp: Result<(), String>,
+    /// `oom/mark_victim` passes the victim's `task_struct` (6.8+; before, only its pid).
+    mark_victim_task: Result<(), String>,
 }
 
 #[expect(
@@ -180,7 +182,17 @@ fn resolve(
         Ok(())
     });
 
+    let mark_victim_task = match btf.tracepoint_param_is_struct_ptr("mark_victim", 1, "task_struct")
+    {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(
+            "oom/mark_victim passes no task_struct on this kernel (a pid only, before 6.8)".into(),
+        ),
+        Err(e) => Err(e.to_string()),
+    };
+
     Resolved {
+        mark_victim_task,
         config: c,
         task_chain,
         task_throttled,
@@ -582,6 +594,7 @@ fn attach_oom(
         let attached = r
             .task_chain
             .clone()
+            .and(r.mark_victim_task.clone())
             .and_then(|()| attach_tp_btf(ebpf, names::PROG_MARK_VICTIM, "mark_victim", aya_btf));
         if let Err(reason) = attached {
             oom = OomStrategy::MemoryEventsPolling;

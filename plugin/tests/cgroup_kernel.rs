@@ -1,0 +1,395 @@
+//! The cgroup reader/writer (`nri_resize::cgroup`, [`CgroupIo`]) against the running kernel's
+//! real cgroup files: limits written through the trait are read back through it and from the
+//! raw files, in each version's own format, and the kernel's refusals come back as the errors
+//! the resize engine tells apart.
+//!
+//! Runs on cgroup v1 (the hybrid hosts, `kernel` tier of `cargo xtask test`) and on cgroup v2
+//! (Debian's 6.1 and 6.12 kernels under QEMU, `vm` tier); inside the VM tier
+//! (`NRI_RESIZE_IN_VM=1`) it insists on v2. Needs root. Each test creates its own tree
+//! `/nri-resize-cgtest-<pid>-<name>` (v1: in the `cpu` and `memory` hierarchies) and removes it
+//! in every outcome, killing the processes it started first.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nri_resize::cgroup::{CgroupError, CgroupIo, CgroupVersion, Cgroups, CpuLimit};
+
+const MIB: u64 = 1024 * 1024;
+
+/// The node's cgroups, as the daemon detects them.
+fn node_cgroups() -> Cgroups {
+    let euid = nix::unistd::geteuid();
+    assert!(
+        euid.is_root(),
+        "cgroup_kernel tests need root to create cgroups (euid {euid})"
+    );
+    let cgroups = Cgroups::detect(Path::new("/sys/fs/cgroup"));
+    if std::env::var_os("NRI_RESIZE_IN_VM").is_some() {
+        assert_eq!(
+            cgroups.version(),
+            CgroupVersion::V2,
+            "the VM tier boots with cgroup_no_v1=all: expected cgroup v2, detected {cgroups:?}"
+        );
+    }
+    eprintln!("cgroup {:?}: {cgroups:?}", cgroups.version());
+    cgroups
+}
+
+/// A tree of our own: `/<root>/pod/ctr`, in every hierarchy the version uses.
+struct Tree {
+    cgroups: Cgroups,
+    /// Hierarchy mount points (v1: cpu and memory; v2: the unified root).
+    mounts: Vec<PathBuf>,
+    root: String,
+    children: Vec<Child>,
+}
+
+impl Tree {
+    fn create(name: &str) -> Self {
+        let cgroups = node_cgroups();
+        let mounts = match &cgroups {
+            Cgroups::V1(v1) => vec![v1.cpu.clone(), v1.memory.clone()],
+            Cgroups::V2(v2) => vec![v2.root.clone()],
+        };
+        let tree = Self {
+            cgroups,
+            mounts,
+            root: format!("/nri-resize-cgtest-{}-{name}", std::process::id()),
+            children: Vec::new(),
+        };
+        for rel in [tree.root.clone(), tree.pod(), tree.ctr()] {
+            for mount in &tree.mounts {
+                let dir = Self::dir_in(mount, &rel);
+                std::fs::create_dir(&dir)
+                    .unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+                if matches!(tree.cgroups, Cgroups::V2(_)) && rel != tree.ctr() {
+                    // v2: the controllers must be enabled down to the leaf.
+                    write_raw(&dir.join("cgroup.subtree_control"), "+cpu +memory");
+                }
+            }
+        }
+        tree
+    }
+
+    fn dir_in(mount: &Path, rel: &str) -> PathBuf {
+        mount.join(rel.trim_start_matches('/'))
+    }
+
+    fn pod(&self) -> String {
+        format!("{}/pod", self.root)
+    }
+
+    fn ctr(&self) -> String {
+        format!("{}/pod/ctr", self.root)
+    }
+
+    /// The directory of `rel` holding `controller`'s files.
+    fn dir(&self, controller: &str, rel: &str) -> PathBuf {
+        let mount = match (&self.cgroups, controller) {
+            (Cgroups::V1(v1), "cpu") => &v1.cpu,
+            (Cgroups::V1(v1), _) => &v1.memory,
+            (Cgroups::V2(v2), _) => &v2.root,
+        };
+        Self::dir_in(mount, rel)
+    }
+
+    fn raw(&self, controller: &str, rel: &str, file: &str) -> String {
+        let path = self.dir(controller, rel).join(file);
+        std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+            .trim()
+            .to_owned()
+    }
+
+    /// Starts `script` in the container cgroup (every hierarchy) before it runs anything.
+    fn spawn_in_ctr(&mut self, script: &str) -> u32 {
+        let enter: Vec<String> = self
+            .mounts
+            .iter()
+            .map(|m| {
+                format!(
+                    "echo $$ > {}/cgroup.procs",
+                    Self::dir_in(m, &self.ctr()).display()
+                )
+            })
+            .collect();
+        let child = Command::new("sh")
+            .args(["-c", &format!("{} && {script}", enter.join(" && "))])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn sh");
+        let pid = child.id();
+        self.children.push(child);
+        pid
+    }
+}
+
+impl Drop for Tree {
+    fn drop(&mut self) {
+        for mut c in self.children.drain(..) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for rel in [self.ctr(), self.pod(), self.root.clone()] {
+            for mount in &self.mounts {
+                let dir = Self::dir_in(mount, &rel);
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while let Err(e) = std::fs::remove_dir(&dir) {
+                    if e.kind() == std::io::ErrorKind::NotFound {
+                        break;
+                    }
+                    if Instant::now() > deadline {
+                        eprintln!("could not remove {}: {e}", dir.display());
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        }
+    }
+}
+
+fn write_raw(path: &Path, value: &str) {
+    std::fs::write(path, value)
+        .unwrap_or_else(|e| panic!("write {value:?} to {}: {e}", path.display()));
+}
+
+/// Waits until `cond` holds (the guest runs 10–50× slower than native: generous).
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn cpu_limits_written_through_cgroup_io_read_back_in_the_kernels_format() {
+    let tree = Tree::create("cpu");
+    let io = &tree.cgroups;
+    let pod = &PathBuf::from(tree.pod());
+    io.set_cpu_limit(
+        pod,
+        CpuLimit {
+            quota: Some(50_000),
+            period: 100_000,
+        },
+    )
+    .expect("set a 500m CPU limit");
+    let actual = io.read_actual(pod).expect("read the pod cgroup");
+    assert_eq!(
+        (actual.cpu_quota, actual.cpu_period),
+        (Some(50_000), Some(100_000))
+    );
+    assert_eq!(actual.cpu_limit_millis(), Some(500));
+    match io.version() {
+        CgroupVersion::V1 => {
+            assert_eq!(tree.raw("cpu", &tree.pod(), "cpu.cfs_quota_us"), "50000");
+            assert_eq!(tree.raw("cpu", &tree.pod(), "cpu.cfs_period_us"), "100000");
+        }
+        CgroupVersion::V2 => {
+            assert_eq!(tree.raw("cpu", &tree.pod(), "cpu.max"), "50000 100000");
+        }
+    }
+
+    // Another period, then unlimited.
+    io.set_cpu_limit(
+        pod,
+        CpuLimit {
+            quota: Some(25_000),
+            period: 50_000,
+        },
+    )
+    .expect("set quota with a 50 ms period");
+    let actual = io.read_actual(pod).expect("read");
+    assert_eq!(
+        (actual.cpu_quota, actual.cpu_period),
+        (Some(25_000), Some(50_000))
+    );
+    io.set_cpu_limit(
+        pod,
+        CpuLimit {
+            quota: None,
+            period: 100_000,
+        },
+    )
+    .expect("remove the CPU limit");
+    let actual = io.read_actual(pod).expect("read");
+    assert_eq!(actual.cpu_quota, Some(-1), "unlimited reads back as -1");
+    assert_eq!(actual.cpu_limit_millis(), None);
+    if io.version() == CgroupVersion::V2 {
+        assert_eq!(tree.raw("cpu", &tree.pod(), "cpu.max"), "max 100000");
+    }
+
+    // CPU share, written the way kubelet does (not a CgroupIo write), read back by CgroupIo.
+    let ctr = &PathBuf::from(tree.ctr());
+    match io.version() {
+        CgroupVersion::V1 => {
+            write_raw(&tree.dir("cpu", &tree.ctr()).join("cpu.shares"), "512");
+            let a = io.read_actual(ctr).expect("read");
+            assert_eq!((a.cpu_shares, a.cpu_weight), (Some(512), None));
+        }
+        CgroupVersion::V2 => {
+            write_raw(&tree.dir("cpu", &tree.ctr()).join("cpu.weight"), "20");
+            let a = io.read_actual(ctr).expect("read");
+            assert_eq!((a.cpu_shares, a.cpu_weight), (None, Some(20)));
+        }
+    }
+}
+
+#[test]
+fn memory_limits_written_through_cgroup_io_read_back_with_usage() {
+    let mut tree = Tree::create("memory");
+    let io = tree.cgroups.clone();
+    let pod = PathBuf::from(tree.pod());
+    let ctr = PathBuf::from(tree.ctr());
+    io.set_memory_limit(&pod, Some(256 * MIB))
+        .expect("set a 256 MiB limit");
+    let actual = io.read_actual(&pod).expect("read the pod cgroup");
+    assert_eq!(
+        actual.memory_limit,
+        Some(i64::try_from(256 * MIB).expect("fits"))
+    );
+    let raw = match io.version() {
+        CgroupVersion::V1 => tree.raw("memory", &tree.pod(), "memory.limit_in_bytes"),
+        CgroupVersion::V2 => tree.raw("memory", &tree.pod(), "memory.max"),
+    };
+    assert_eq!(raw, (256 * MIB).to_string());
+    // The kernel rounds to pages: an unaligned value reads back rounded down.
+    io.set_memory_limit(&pod, Some(100 * MIB + 100))
+        .expect("set an unaligned limit");
+    assert_eq!(
+        io.read_actual(&pod).expect("read").memory_limit,
+        Some(i64::try_from(100 * MIB).expect("fits"))
+    );
+    io.set_memory_limit(&pod, None).expect("remove the limit");
+    assert_eq!(
+        io.read_actual(&pod).expect("read").memory_limit,
+        Some(-1),
+        "unlimited reads back as -1"
+    );
+
+    // Soft limit / memory.high, written directly, read back by CgroupIo.
+    let (file, value) = match io.version() {
+        CgroupVersion::V1 => ("memory.soft_limit_in_bytes", 64 * MIB),
+        CgroupVersion::V2 => ("memory.high", 64 * MIB),
+    };
+    write_raw(
+        &tree.dir("memory", &tree.ctr()).join(file),
+        &value.to_string(),
+    );
+    assert_eq!(
+        io.read_actual(&ctr).expect("read").memory_soft_limit,
+        Some(i64::try_from(value).expect("fits"))
+    );
+
+    // Usage follows a process charged to the container cgroup.
+    let before = io
+        .read_actual(&ctr)
+        .expect("read")
+        .memory_usage
+        .expect("usage file");
+    tree.spawn_in_ctr("exec sleep 600");
+    eventually("the sleeper's memory charged to the container", || {
+        io.read_actual(&ctr)
+            .expect("read")
+            .memory_usage
+            .is_some_and(|u| u > before)
+    });
+}
+
+#[test]
+fn the_kernels_refusals_come_back_as_distinct_errors() {
+    let mut tree = Tree::create("refuse");
+    let io = tree.cgroups.clone();
+    let pod = PathBuf::from(tree.pod());
+    let ctr = PathBuf::from(tree.ctr());
+    io.set_cpu_limit(
+        &pod,
+        CpuLimit {
+            quota: Some(20_000),
+            period: 100_000,
+        },
+    )
+    .expect("pod limit");
+    let above_parent = io.set_cpu_limit(
+        &ctr,
+        CpuLimit {
+            quota: Some(50_000),
+            period: 100_000,
+        },
+    );
+    match io.version() {
+        // v1 refuses a child quota above its parent's ...
+        CgroupVersion::V1 => assert!(
+            matches!(above_parent, Err(CgroupError::InvalidValue { .. })),
+            "v1: expected EINVAL for a child quota above the parent's, got {above_parent:?}"
+        ),
+        // ... v2 accepts it (the parent still caps it).
+        CgroupVersion::V2 => {
+            above_parent.expect("v2 accepts a child cpu.max above the parent's");
+            assert_eq!(tree.raw("cpu", &tree.ctr(), "cpu.max"), "50000 100000");
+        }
+    }
+    // A value no kernel takes.
+    let zero = io.set_cpu_limit(
+        &pod,
+        CpuLimit {
+            quota: Some(1),
+            period: 100_000,
+        },
+    );
+    assert!(
+        matches!(zero, Err(CgroupError::InvalidValue { .. })),
+        "a 1 µs quota is below the kernel's minimum: {zero:?}"
+    );
+    // A cgroup that does not exist.
+    let gone = io.read_actual(Path::new(&format!("{}/gone", tree.root)));
+    assert!(matches!(gone, Err(CgroupError::Missing { .. })), "{gone:?}");
+
+    // A memory limit below what cannot be reclaimed (anonymous memory, no swap): v1 refuses
+    // (EBUSY), v2 accepts and the kernel OOM-kills inside the write.
+    let python = ["/usr/bin/python3"]
+        .into_iter()
+        .find(|p| Path::new(p).is_file())
+        .expect("python3 (Debian python3) holds anonymous memory for this test");
+    let pid = tree.spawn_in_ctr(&format!(
+        "exec {python} -c \"import time; b = b'x' * (48 << 20); time.sleep(600)\""
+    ));
+    eventually("48 MiB of anonymous memory charged", || {
+        io.read_actual(&ctr)
+            .expect("read")
+            .memory_usage
+            .is_some_and(|u| u > 48 * MIB)
+    });
+    let below = io.set_memory_limit(&ctr, Some(8 * MIB));
+    match io.version() {
+        CgroupVersion::V1 => {
+            assert!(
+                matches!(below, Err(CgroupError::Busy { .. })),
+                "v1: expected EBUSY below unreclaimable usage, got {below:?}"
+            );
+            assert!(
+                Path::new(&format!("/proc/{pid}")).exists(),
+                "v1 refused the limit: the process lives"
+            );
+        }
+        CgroupVersion::V2 => {
+            below.expect("v2 accepts memory.max below usage");
+            let child = tree.children.last_mut().expect("child");
+            let status = child.wait().expect("wait");
+            assert_eq!(
+                std::os::unix::process::ExitStatusExt::signal(&status),
+                Some(9),
+                "v2: the process is OOM-killed by the write, got {status}"
+            );
+            let events = tree.raw("memory", &tree.ctr(), "memory.events");
+            assert!(
+                events.lines().any(|l| l == "oom_kill 1"),
+                "memory.events counts the kill: {events}"
+            );
+        }
+    }
+}

@@ -1,0 +1,78 @@
+#!/bin/busybox sh
+# /init of the nri-resize test VM (busybox-static in an initramfs; see xtask/src/vm.rs).
+#
+# 1. load the virtio / 9p / overlay / ext4 modules listed in /modules.order (dependencies first);
+# 2. root = overlay of the host's `/` (9p tag `hostroot`, read-only) with a tmpfs upper layer, so
+#    host-built test binaries run with the host's own libraries;
+# 3. /tmp = the virtio disk (ext4: page cache there is disk-backed and reclaimable), the run
+#    directory = 9p tag `run` (writable, shared with the host, mounted at the same path as on the
+#    host), cgroup2 with every controller enabled, bpffs, tracefs;
+# 4. chroot and run the generated `$nri_resize_run/guest.sh`, report its status on the console,
+#    power off.
+# The kernel passes unknown `key=value` boot parameters to init as environment: `nri_resize_run`
+# and, for a checkout below /tmp, `nri_resize_keep`.
+/bin/busybox mkdir -p /sbin /usr/bin /usr/sbin
+/bin/busybox --install -s
+export PATH=/bin:/sbin:/usr/bin:/usr/sbin
+
+say() { echo "[vm-init] $*" >/dev/console; }
+fail() {
+    say "FAILED: $*"
+    echo "NRI_RESIZE_VM_STATUS 125" >/dev/console
+    poweroff -f
+}
+
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev 2>/dev/null
+
+while read -r m; do
+    insmod "/modules/$m" || fail "insmod $m"
+done </modules.order
+
+[ -n "$nri_resize_run" ] || fail "no nri_resize_run= on the kernel command line"
+
+mkdir -p /lower /upper /newroot
+mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 hostroot /lower ||
+    fail "mount 9p hostroot"
+mount -t tmpfs -o size=75% tmpfs /upper || fail "tmpfs upper"
+mkdir -p /upper/data /upper/work
+mount -t overlay overlay -o lowerdir=/lower,upperdir=/upper/data,workdir=/upper/work /newroot ||
+    fail "overlay root"
+
+R=/newroot
+mount -t proc proc $R/proc
+mount -t sysfs sysfs $R/sys
+mount -t devtmpfs devtmpfs $R/dev
+mkdir -p $R/dev/pts $R/dev/shm
+mount -t devpts devpts $R/dev/pts
+mount -t tmpfs tmpfs $R/dev/shm
+mount -t tmpfs tmpfs $R/run
+# A checkout below /tmp (`nri_resize_keep`) stays visible: bound aside, then back over the disk.
+if [ -n "$nri_resize_keep" ]; then
+    mkdir -p /keep && mount --bind "$R$nri_resize_keep" /keep || fail "bind $nri_resize_keep"
+fi
+mount -t ext4 /dev/vda $R/tmp || fail "mount /dev/vda (ext4) on /tmp"
+chmod 1777 $R/tmp
+if [ -n "$nri_resize_keep" ]; then
+    mkdir -p "$R$nri_resize_keep" && mount --bind /keep "$R$nri_resize_keep" ||
+        fail "bind $nri_resize_keep back"
+fi
+mkdir -p "$R$nri_resize_run"
+mount -t 9p -o trans=virtio,version=9p2000.L,cache=none,msize=512000 run "$R$nri_resize_run" ||
+    fail "mount 9p run"
+mount -t cgroup2 cgroup2 $R/sys/fs/cgroup || fail "mount cgroup2"
+for c in $(cat $R/sys/fs/cgroup/cgroup.controllers); do
+    echo "+$c" >$R/sys/fs/cgroup/cgroup.subtree_control || say "cannot enable controller $c"
+done
+mount -t bpf bpf $R/sys/fs/bpf || fail "mount bpffs"
+mount -t tracefs tracefs $R/sys/kernel/tracing || fail "mount tracefs"
+mount -t debugfs debugfs $R/sys/kernel/debug 2>/dev/null
+ip link set lo up 2>/dev/null || ifconfig lo 127.0.0.1 up
+
+say "kernel $(uname -r), cgroup2 controllers: $(cat $R/sys/fs/cgroup/cgroup.subtree_control)"
+chroot $R /bin/bash "$nri_resize_run/guest.sh"
+status=$?
+sync
+echo "NRI_RESIZE_VM_STATUS $status" >/dev/console
+poweroff -f

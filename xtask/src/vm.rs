@@ -1,0 +1,1183 @@
+//! `cargo xtask vm-test`: the portability tier. Boots Debian's own kernels under QEMU (TCG
+//! software emulation, cgroup v2 only) and runs the [`SUITES`] inside them.
+//!
+//! - Kernels come from Debian packages, downloaded with `apt-get download` and unpacked (never
+//!   installed) into `/var/cache/nri-resize/vm/<kernel>/`: the uncompressed `vmlinux` (booted
+//!   directly through its PVH note with qboot; ~15 s from QEMU start to the first suite) and the
+//!   few modules the guest needs.
+//! - The initramfs is busybox-static + `xtask/scripts/vm/init.sh` + those modules. The guest's root
+//!   is an overlay of the host's `/` (9p, read-only) with a tmpfs upper layer, so test binaries
+//!   built on the host run unchanged with the host's libraries. `/tmp` is a virtio ext4 disk.
+//! - The run directory (`/var/cache/nri-resize/vm/run-<kernel>-<pid>`) is shared writable at the
+//!   same path: the generated `guest.sh`, each suite's log, the results and the hotplug protocol.
+//! - Hotplug protocol (guest tests ↔ this runner): a test writes `$NRI_RESIZE_HOTPLUG_DIR/request`
+//!   containing `cpu` or `memory <size>` (e.g. `memory 128M`); the runner performs it through QMP,
+//!   deletes `request` and writes `done` (`ok` or `error: <message>`); the test waits for `done`
+//!   and removes it.
+//!
+//! Suites run one after another, each binary with `--test-threads=1`. Every QEMU process is owned
+//! by a guard that kills it on every exit path (and dies with the runner: `PR_SET_PDEATHSIG`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context as _};
+
+/// One test binary the guest runs. Adding a suite is one line in [`SUITES`].
+#[derive(Clone, Copy, Debug)]
+pub struct Suite {
+    /// Cargo package of the test target.
+    pub package: &'static str,
+    /// Integration test target (`--test <name>`); also the suite's name in the output.
+    pub test: &'static str,
+    /// Test-name filter passed to the binary (`""`: all tests of the target).
+    pub filter: &'static str,
+    /// Extra environment for the binary (the runner always sets `NRI_RESIZE_IN_VM=1` and
+    /// `NRI_RESIZE_HOTPLUG_DIR`). `{root}` in a value is the workspace root.
+    pub env: &'static [(&'static str, &'static str)],
+    /// Longest the suite may take in the guest (everything runs 10–50× slower than native).
+    pub timeout_s: u64,
+}
+
+/// What the guest runs, in order, on every kernel. To add a suite, add one line here.
+#[rustfmt::skip]
+pub const SUITES: &[Suite] = &[
+    Suite { package: "nri-resize", test: "vm_hotplug",      filter: "", env: &[],                                        timeout_s: 120 },
+    Suite { package: "nri-resize", test: "cgroup_kernel",   filter: "", env: &[],                                        timeout_s: 180 },
+    Suite { package: "nri-resize", test: "observer_kernel", filter: "", env: &[("NRI_RESIZE_EXPECT_THROTTLE", "fentry")], timeout_s: 420 },
+    Suite { package: "nri-resize", test: "capacity_kernel", filter: "", env: &[], timeout_s: 300 },
+    Suite { package: "nri-resize-tests", test: "resize_containerd", filter: "whole_pod_resize_of_three_guaranteed_containers_containerd_2", env: &[("NRI_RESIZE_BIN", "{root}/target/debug/nri-resize")], timeout_s: 600 },
+    Suite { package: "nri-resize-tests", test: "memory_decrease", filter: "memory_decrease_side_by_side_containerd_2", env: &[("NRI_RESIZE_BIN", "{root}/target/debug/nri-resize")], timeout_s: 600 },
+];
+
+/// A Debian kernel the tier boots.
+#[derive(Clone, Copy, Debug)]
+pub struct Kernel {
+    /// Short name (`--kernel 6.1`).
+    pub name: &'static str,
+    /// Debian binary package holding `vmlinuz` and the modules.
+    pub package: &'static str,
+    /// When `package` has left the archive (an ABI bump replaces it): the newest package whose
+    /// name matches this `apt-cache search --names-only` pattern is used instead, loudly.
+    pub successor: &'static str,
+}
+
+/// Kernels of the tier: bookworm's (via bookworm-security) and trixie's.
+pub const KERNELS: &[Kernel] = &[
+    Kernel {
+        name: "6.1",
+        package: "linux-image-6.1.0-56-amd64",
+        successor: r"^linux-image-6\.1\.0-[0-9]+-amd64$",
+    },
+    Kernel {
+        name: "6.12",
+        package: "linux-image-6.12.107+deb13-amd64",
+        successor: r"^linux-image-6\.12\.[0-9]+\+deb13-amd64$",
+    },
+];
+
+/// Modules the init loads (with their dependencies, which are resolved from each module's
+/// `depends=`); a module the kernel has built in is skipped.
+const GUEST_MODULES: &[&str] = &[
+    "virtio_pci",
+    "virtio_blk",
+    "9pnet_virtio",
+    "9p",
+    "overlay",
+    "crc32c_generic",
+    "ext4",
+];
+
+/// What the archive extraction keeps from a kernel package.
+const PACKAGE_PATTERNS: &[&str] = &[
+    "./boot/vmlinuz-*",
+    "*/modules.builtin",
+    "*/kernel/fs/*",
+    "*/kernel/drivers/virtio/*",
+    "*/kernel/drivers/block/*",
+    "*/kernel/net/9p/*",
+    "*/kernel/lib/*",
+    "*/kernel/crypto/*",
+    "*/kernel/arch/x86/crypto/*",
+];
+
+const INIT_SCRIPT: &str = include_str!("../scripts/vm/init.sh");
+const STATUS_MARK: &str = "NRI_RESIZE_VM_STATUS ";
+/// Guest boot and set-up, on top of the suites' own time.
+const BOOT_BUDGET: Duration = Duration::from_secs(90);
+/// Default time budget of the whole tier (every kernel, boots and suites): a VM still running
+/// when it is spent is killed and its unfinished suites fail.
+pub const TIER_BUDGET: Duration = Duration::from_secs(15 * 60);
+
+fn cache_dir() -> PathBuf {
+    std::env::var_os("NRI_RESIZE_CACHE")
+        .map_or_else(|| PathBuf::from("/var/cache/nri-resize"), PathBuf::from)
+        .join("vm")
+}
+
+/// Options of `cargo xtask vm-test`.
+#[derive(Debug)]
+pub struct Options {
+    pub kernels: Vec<Kernel>,
+    /// Only the suites whose test target is in this list (empty: all).
+    pub only: Vec<String>,
+    /// Time budget of the whole run.
+    pub budget: Duration,
+}
+
+impl Options {
+    /// Parses `--kernel 6.1|6.12|all`, `--suite <test>` (repeatable), `--budget-seconds N`.
+    pub fn parse(args: &[String]) -> anyhow::Result<Self> {
+        let mut kernels = KERNELS.to_vec();
+        let mut only = Vec::new();
+        let mut budget = TIER_BUDGET;
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            match a.as_str() {
+                "--kernel" => {
+                    let k = it.next().context("--kernel needs 6.1, 6.12 or all")?;
+                    kernels = if k == "all" {
+                        KERNELS.to_vec()
+                    } else {
+                        vec![*KERNELS.iter().find(|x| x.name == k).ok_or_else(|| {
+                            anyhow!(
+                                "unknown kernel {k:?}: one of {} or all",
+                                KERNELS
+                                    .iter()
+                                    .map(|k| k.name)
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            )
+                        })?]
+                    };
+                }
+                "--suite" => only.push(it.next().context("--suite needs a test name")?.clone()),
+                "--budget-seconds" => {
+                    let secs = it.next().context("--budget-seconds needs a number")?;
+                    budget = Duration::from_secs(secs.parse().context("--budget-seconds")?);
+                }
+                other => bail!("vm-test: unknown argument {other:?}"),
+            }
+        }
+        for s in &only {
+            if !SUITES.iter().any(|x| x.test == s) {
+                bail!("unknown suite {s:?}");
+            }
+        }
+        Ok(Self {
+            kernels,
+            only,
+            budget,
+        })
+    }
+}
+
+/// Builds the suites, then boots each kernel and runs them. Fails if any suite fails.
+pub fn vm_test(root: &Path, opts: &Options) -> anyhow::Result<()> {
+    let suites: Vec<Suite> = SUITES
+        .iter()
+        .filter(|s| opts.only.is_empty() || opts.only.iter().any(|o| o == s.test))
+        .copied()
+        .collect();
+    let binaries = build_suites(&suites)?;
+    let mut failures = Vec::new();
+    let mut summary = Vec::new();
+    let tier_deadline = Instant::now() + opts.budget;
+    for kernel in &opts.kernels {
+        let started = Instant::now();
+        let boot = prepare_kernel(kernel)?;
+        match run_vm(root, kernel, &boot, &suites, &binaries, tier_deadline) {
+            Ok(results) => {
+                for r in results {
+                    if !r.passed() {
+                        failures.push(format!("{} on {}", r.suite, kernel.name));
+                    }
+                    summary.push(r.line());
+                }
+            }
+            Err(e) => {
+                failures.push(format!("kernel {}: {e:#}", kernel.name));
+                summary.push(format!("[kernel {}] VM FAILED: {e:#}", kernel.name));
+            }
+        }
+        eprintln!(
+            "==> kernel {} done in {} s",
+            kernel.name,
+            started.elapsed().as_secs()
+        );
+    }
+    eprintln!("\n==> vm-test summary");
+    for line in &summary {
+        eprintln!("    {line}");
+    }
+    if !failures.is_empty() {
+        bail!("vm-test failed: {}", failures.join("; "));
+    }
+    Ok(())
+}
+
+/// `cargo test --no-run --message-format=json` per package; the executable of each suite.
+fn build_suites(suites: &[Suite]) -> anyhow::Result<BTreeMap<String, PathBuf>> {
+    let mut by_package: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for s in suites {
+        by_package.entry(s.package).or_default().push(s.test);
+    }
+    if by_package.contains_key("nri-resize-tests") {
+        // The real-runtime suites start the plugin binary (`NRI_RESIZE_BIN`).
+        crate::run(
+            "build the plugin binary for the VM suites",
+            crate::cargo().args(["build", "-p", "nri-resize", "--bin", "nri-resize"]),
+        )?;
+    }
+    let mut binaries = BTreeMap::new();
+    for (package, tests) in by_package {
+        let mut cmd = crate::cargo();
+        cmd.args(["test", "--no-run", "--message-format=json", "-p", package]);
+        for t in &tests {
+            cmd.args(["--test", t]);
+        }
+        eprintln!("\n==> build the VM suites of {package}\n    $ {cmd:?}");
+        let out = cmd
+            .stderr(Stdio::inherit())
+            .output()
+            .context("run cargo test --no-run")?;
+        if !out.status.success() {
+            bail!("building the test binaries of {package} failed");
+        }
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            if msg["reason"] != "compiler-artifact" {
+                continue;
+            }
+            let (Some(name), Some(exe)) =
+                (msg["target"]["name"].as_str(), msg["executable"].as_str())
+            else {
+                continue;
+            };
+            let is_test = msg["target"]["kind"]
+                .as_array()
+                .is_some_and(|k| k.iter().any(|v| v == "test"));
+            if is_test && tests.contains(&name) {
+                binaries.insert(name.to_owned(), PathBuf::from(exe));
+            }
+        }
+        for t in &tests {
+            if !binaries.contains_key(*t) {
+                bail!("cargo built no test executable for {package} --test {t}");
+            }
+        }
+    }
+    Ok(binaries)
+}
+
+/// An exclusive `flock` on the cache while a kernel is fetched and unpacked: two runners on
+/// one machine never unpack into the same directory at once.
+struct CacheLock {
+    _file: std::fs::File,
+}
+
+impl CacheLock {
+    #[allow(unsafe_code, reason = "flock(2) on a file descriptor we own")]
+    fn take(path: &Path) -> anyhow::Result<Self> {
+        use std::os::fd::AsRawFd as _;
+        let file =
+            std::fs::File::create(path).with_context(|| format!("create {}", path.display()))?;
+        // SAFETY: flock on an open descriptor owned by `file`, which outlives the lock.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            bail!(
+                "flock {}: {}",
+                path.display(),
+                std::io::Error::last_os_error()
+            );
+        }
+        Ok(Self { _file: file })
+    }
+}
+
+/// The unpacked kernel: what QEMU boots.
+#[derive(Debug)]
+struct Boot {
+    vmlinux: PathBuf,
+    initramfs: PathBuf,
+}
+
+/// Downloads and unpacks `kernel` once (cached), writes its initramfs when it changed.
+fn prepare_kernel(kernel: &Kernel) -> anyhow::Result<Boot> {
+    std::fs::create_dir_all(cache_dir())?;
+    let _lock = CacheLock::take(&cache_dir().join(".lock"))?;
+    let dir = cache_dir().join(kernel.name);
+    let tree = dir.join("tree");
+    let vmlinux = dir.join("vmlinux");
+    let stamp = dir.join(".package");
+    // The stamp: `<pinned package> <package actually unpacked>`.
+    let ready = std::fs::read_to_string(&stamp)
+        .is_ok_and(|s| s.split_whitespace().next() == Some(kernel.package))
+        && vmlinux.is_file();
+    if !ready {
+        eprintln!(
+            "==> kernel {}: fetching {} (apt-get download; unpacked, not installed)",
+            kernel.name, kernel.package
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&tree)?;
+        let used = download_kernel(kernel, &dir)?;
+        let deb = std::fs::read_dir(&dir)?
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .find(|p| p.extension().is_some_and(|e| e == "deb"))
+            .context("apt-get download left no .deb")?;
+        let script = format!(
+            "dpkg-deb --fsys-tarfile '{}' | tar -x -C '{}' --wildcards {}",
+            deb.display(),
+            tree.display(),
+            PACKAGE_PATTERNS
+                .iter()
+                .map(|p| format!("'{p}'"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        let status = Command::new("bash")
+            .args(["-o", "pipefail", "-c", &script])
+            .status()?;
+        if !status.success() {
+            bail!("unpacking {} failed", deb.display());
+        }
+        let vmlinuz = glob_one(&tree.join("boot"), "vmlinuz-")?;
+        extract_vmlinux(&vmlinuz, &vmlinux)?;
+        std::fs::remove_file(&deb)?;
+        std::fs::write(&stamp, format!("{} {used}\n", kernel.package))?;
+    }
+    // Named by content: runners from other checkouts (another init script) share the cache
+    // without rewriting a file a starting QEMU reads.
+    let cpio = build_initramfs(&tree)?;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    std::hash::Hash::hash(&cpio, &mut hasher);
+    let initramfs = dir.join(format!(
+        "initramfs-{:016x}.cpio",
+        std::hash::Hasher::finish(&hasher)
+    ));
+    if !initramfs.is_file() {
+        let partial = dir.join(format!(".initramfs.{}", std::process::id()));
+        std::fs::write(&partial, &cpio)?;
+        std::fs::rename(&partial, &initramfs)?;
+    }
+    Ok(Boot { vmlinux, initramfs })
+}
+
+/// `apt-get download` of the pinned package, or of its newest successor when the archive no
+/// longer has it. Returns the package downloaded into `dir`.
+fn download_kernel(kernel: &Kernel, dir: &Path) -> anyhow::Result<String> {
+    let download = |package: &str| -> anyhow::Result<bool> {
+        Ok(Command::new("apt-get")
+            .args(["-q", "download", package])
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .status()
+            .context("run apt-get download")?
+            .success())
+    };
+    if download(kernel.package)? {
+        return Ok(kernel.package.to_owned());
+    }
+    let script = format!(
+        "apt-cache search --names-only '{}' | cut -d' ' -f1 | sort -V | tail -n 1",
+        kernel.successor
+    );
+    let out = Command::new("bash").args(["-c", &script]).output()?;
+    let successor = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    if successor.is_empty() || successor == kernel.package || !download(&successor)? {
+        bail!(
+            "apt-get download {} failed and no successor matching {} could be downloaded \
+             (6.1 comes from bookworm-security, 6.12 from trixie; `apt-get update` first)",
+            kernel.package,
+            kernel.successor
+        );
+    }
+    eprintln!(
+        "!!! kernel {}: {} is no longer in the archive; using its successor {successor} \
+         (update KERNELS in xtask/src/vm.rs)",
+        kernel.name, kernel.package
+    );
+    Ok(successor)
+}
+
+fn glob_one(dir: &Path, prefix: &str) -> anyhow::Result<PathBuf> {
+    std::fs::read_dir(dir)
+        .with_context(|| format!("read {}", dir.display()))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(prefix))
+        })
+        .with_context(|| format!("no {prefix}* in {}", dir.display()))
+}
+
+/// The uncompressed ELF inside a bzImage (like the kernel's `scripts/extract-vmlinux`): try each
+/// compressor at each of its magic numbers until one yields an ELF file.
+fn extract_vmlinux(vmlinuz: &Path, out: &Path) -> anyhow::Result<()> {
+    const FORMATS: [(&[u8], &str); 3] = [
+        (b"\x28\xb5\x2f\xfd", "zstd"),
+        (b"\xfd7zXZ\x00", "xz"),
+        (b"\x1f\x8b\x08", "gzip"),
+    ];
+    let image = std::fs::read(vmlinuz)?;
+    for (magic, tool) in FORMATS {
+        for offset in image
+            .windows(magic.len())
+            .enumerate()
+            .filter(|(_, w)| *w == magic)
+            .map(|(i, _)| i)
+        {
+            let elf = decompress(tool, &image[offset..])?;
+            if elf.len() > 1 << 20 && elf.starts_with(b"\x7fELF") {
+                std::fs::write(out, &elf)?;
+                return Ok(());
+            }
+        }
+    }
+    bail!("no compressed ELF kernel found in {}", vmlinuz.display())
+}
+
+/// `tool -dc` of `input`; trailing garbage makes the tool fail after writing the output, so the
+/// exit status is not checked (the caller checks the output).
+fn decompress(tool: &str, input: &[u8]) -> anyhow::Result<Vec<u8>> {
+    let mut child = Command::new(tool)
+        .args(["-dc"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("run {tool}"))?;
+    let mut stdin = child.stdin.take().context("stdin")?;
+    let input = input.to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&input);
+    });
+    let mut out = Vec::new();
+    child
+        .stdout
+        .take()
+        .context("stdout")?
+        .read_to_end(&mut out)?;
+    let _ = child.wait();
+    let _ = writer.join();
+    Ok(out)
+}
+
+/// Modules by name (`-` and `_` are the same) under `tree`.
+fn find_modules(tree: &Path) -> BTreeMap<String, PathBuf> {
+    fn walk(dir: &Path, out: &mut BTreeMap<String, PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.filter_map(Result::ok) {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if let Some(name) = p.file_name().and_then(|n| n.to_str()) {
+                if let Some(stem) = name
+                    .strip_suffix(".ko.xz")
+                    .or_else(|| name.strip_suffix(".ko.zst"))
+                    .or_else(|| name.strip_suffix(".ko"))
+                {
+                    out.insert(stem.replace('-', "_"), p);
+                }
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(tree, &mut out);
+    out
+}
+
+fn builtin_modules(tree: &Path) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let Ok(path) = find_file(tree, "modules.builtin") else {
+        return out;
+    };
+    for line in std::fs::read_to_string(path).unwrap_or_default().lines() {
+        if let Some(name) = line.rsplit('/').next().and_then(|n| n.strip_suffix(".ko")) {
+            out.insert(name.replace('-', "_"));
+        }
+    }
+    out
+}
+
+fn find_file(dir: &Path, name: &str) -> anyhow::Result<PathBuf> {
+    for e in std::fs::read_dir(dir)?.filter_map(Result::ok) {
+        let p = e.path();
+        if p.file_name().is_some_and(|n| n == name) {
+            return Ok(p);
+        }
+        if p.is_dir() {
+            if let Ok(found) = find_file(&p, name) {
+                return Ok(found);
+            }
+        }
+    }
+    bail!("{name} not found")
+}
+
+/// A module's bytes, decompressed.
+fn module_bytes(path: &Path) -> anyhow::Result<Vec<u8>> {
+    let raw = std::fs::read(path)?;
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("xz") => decompress("xz", &raw),
+        Some("zst") => decompress("zstd", &raw),
+        _ => Ok(raw),
+    }
+}
+
+/// `depends=` of a module's `.modinfo`.
+fn module_depends(bytes: &[u8]) -> Vec<String> {
+    let key = b"depends=";
+    let Some(start) = bytes.windows(key.len()).position(|w| w == key) else {
+        return Vec::new();
+    };
+    let rest = &bytes[start + key.len()..];
+    let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
+    String::from_utf8_lossy(&rest[..end])
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(|s| s.replace('-', "_"))
+        .collect()
+}
+
+/// The guest modules and their dependencies, dependencies first: `(file name, bytes)`.
+fn resolve_modules(tree: &Path) -> anyhow::Result<Vec<(String, Vec<u8>)>> {
+    fn visit(
+        name: &str,
+        modules: &BTreeMap<String, PathBuf>,
+        builtin: &BTreeSet<String>,
+        seen: &mut BTreeSet<String>,
+        out: &mut Vec<(String, Vec<u8>)>,
+    ) -> anyhow::Result<()> {
+        if !seen.insert(name.to_owned()) || builtin.contains(name) {
+            return Ok(());
+        }
+        let path = modules
+            .get(name)
+            .with_context(|| format!("module {name} is neither built in nor in the package"))?;
+        let bytes = module_bytes(path)?;
+        for dep in module_depends(&bytes) {
+            visit(&dep, modules, builtin, seen, out)?;
+        }
+        out.push((format!("{name}.ko"), bytes));
+        Ok(())
+    }
+    let modules = find_modules(tree);
+    let builtin = builtin_modules(tree);
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for m in GUEST_MODULES {
+        visit(m, &modules, &builtin, &mut seen, &mut out)?;
+    }
+    Ok(out)
+}
+
+/// A `newc` cpio archive, written in memory.
+#[derive(Default)]
+struct Cpio {
+    data: Vec<u8>,
+    ino: u32,
+}
+
+impl Cpio {
+    fn entry(&mut self, name: &str, mode: u32, rdev: (u32, u32), body: &[u8]) {
+        self.ino += 1;
+        let namesize = u32::try_from(name.len() + 1).expect("short name");
+        let filesize = u32::try_from(body.len()).expect("file under 4 GiB");
+        let fields = [
+            self.ino, mode, 0, 0, 1, 0, filesize, 0, 0, rdev.0, rdev.1, namesize, 0,
+        ];
+        self.data.extend_from_slice(b"070701");
+        for f in fields {
+            let _ = write!(HexSink(&mut self.data), "{f:08x}");
+        }
+        self.data.extend_from_slice(name.as_bytes());
+        self.data.push(0);
+        self.pad();
+        self.data.extend_from_slice(body);
+        self.pad();
+    }
+
+    fn pad(&mut self) {
+        while !self.data.len().is_multiple_of(4) {
+            self.data.push(0);
+        }
+    }
+
+    fn dir(&mut self, name: &str) {
+        self.entry(name, 0o040_755, (0, 0), &[]);
+    }
+
+    fn file(&mut self, name: &str, mode: u32, body: &[u8]) {
+        self.entry(name, 0o100_000 | mode, (0, 0), body);
+    }
+
+    fn finish(mut self) -> Vec<u8> {
+        self.entry("TRAILER!!!", 0, (0, 0), &[]);
+        self.data
+    }
+}
+
+struct HexSink<'a>(&'a mut Vec<u8>);
+
+impl std::fmt::Write for HexSink<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+}
+
+/// CPUs the guest boots with, and its CPU slots (one spare for the hotplug protocol).
+const BOOT_CPUS: u8 = 2;
+const MAX_CPUS: u8 = 3;
+
+fn build_initramfs(tree: &Path) -> anyhow::Result<Vec<u8>> {
+    let busybox = std::fs::read("/bin/busybox")
+        .context("read /bin/busybox (Debian busybox-static; run `cargo xtask setup`)")?;
+    let modules = resolve_modules(tree)?;
+    let mut cpio = Cpio::default();
+    for d in [
+        "bin", "dev", "proc", "sys", "modules", "lower", "upper", "newroot",
+    ] {
+        cpio.dir(d);
+    }
+    // The kernel opens /dev/console for init before devtmpfs is mounted.
+    cpio.entry("dev/console", 0o020_600, (5, 1), &[]);
+    cpio.file("init", 0o755, INIT_SCRIPT.as_bytes());
+    cpio.file("bin/busybox", 0o755, &busybox);
+    let mut order = String::new();
+    for (name, bytes) in &modules {
+        cpio.file(&format!("modules/{name}"), 0o644, bytes);
+        order.push_str(name);
+        order.push('\n');
+    }
+    cpio.file("modules.order", 0o644, order.as_bytes());
+    Ok(cpio.finish())
+}
+
+/// One suite's outcome in one guest.
+#[derive(Debug)]
+struct SuiteResult {
+    suite: String,
+    header: String,
+    status: Option<i32>,
+    seconds: u64,
+}
+
+impl SuiteResult {
+    fn passed(&self) -> bool {
+        self.status == Some(0)
+    }
+
+    fn line(&self) -> String {
+        let verdict = match self.status {
+            Some(0) => "ok".to_owned(),
+            Some(124) => "FAILED (timed out)".to_owned(),
+            Some(s) => format!("FAILED (exit {s})"),
+            None => "NOT RUN (the VM stopped first)".to_owned(),
+        };
+        format!("{} {:>4} s  {verdict}", self.header, self.seconds)
+    }
+}
+
+/// Single-quotes `s` for bash.
+fn quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// The script the guest runs in its chroot: every suite, its log, its result line.
+fn guest_script(
+    root: &Path,
+    run: &Path,
+    suites: &[Suite],
+    binaries: &BTreeMap<String, PathBuf>,
+) -> String {
+    let target_tmp = root.join("target/tmp");
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "# generated by xtask/src/vm.rs\nset -u\nexport PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n\
+         export HOME=/root NRI_RESIZE_IN_VM=1 NRI_RESIZE_HOTPLUG_DIR={hp}\n\
+         RUN={run}\nkernel=$(uname -r)\n\
+         if [ -f /sys/fs/cgroup/cgroup.controllers ]; then cg=v2; else cg=v1; fi\n\
+         # CARGO_TARGET_TMPDIR must be disk-backed (the overlay's upper layer is tmpfs).\n\
+         mkdir -p /tmp/cargo-target-tmp {tt} && mount --bind /tmp/cargo-target-tmp {tt}\n\
+         run_suite() {{\n  name=$1 dir=$2 limit=$3; shift 3\n  log=$RUN/logs/$name.log\n  \
+         echo \"[kernel $kernel cgroup $cg] $name\" >\"$log\"\n  start=$(date +%s)\n  \
+         (cd \"$dir\" && timeout -k 10 \"$limit\" env \"$@\") >>\"$log\" 2>&1\n  rc=$?\n  \
+         echo \"$name $rc $(( $(date +%s) - start )) [kernel $kernel cgroup $cg]\" >>$RUN/results\n}}",
+        hp = quote(&run.join("hotplug").to_string_lossy()),
+        run = quote(&run.to_string_lossy()),
+        tt = quote(&target_tmp.to_string_lossy()),
+    );
+    for suite in suites {
+        let bin = &binaries[suite.test];
+        let dir = root.join(match suite.package {
+            "nri-resize" => "plugin",
+            "nri-resize-tests" => "tests",
+            other => other,
+        });
+        let mut line = format!(
+            "run_suite {} {} {}",
+            quote(suite.test),
+            quote(&dir.to_string_lossy()),
+            suite.timeout_s
+        );
+        for (k, v) in suite.env {
+            let v = v.replace("{root}", &root.to_string_lossy());
+            let _ = write!(line, " {}", quote(&format!("{k}={v}")));
+        }
+        let _ = write!(
+            line,
+            " {} --nocapture --test-threads=1",
+            quote(&bin.to_string_lossy())
+        );
+        if !suite.filter.is_empty() {
+            let _ = write!(line, " {}", quote(suite.filter));
+        }
+        s.push_str(&line);
+        s.push('\n');
+    }
+    s.push_str("exit 0\n");
+    s
+}
+
+/// A QEMU process, killed and reaped when dropped (every exit path, timeouts included).
+struct Qemu {
+    child: Child,
+}
+
+impl Drop for Qemu {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// QEMU gets SIGKILL when this process dies, even when it dies without unwinding (a `SIGTERM`
+/// from `timeout`, say), so no guest outlives its runner.
+#[allow(unsafe_code, reason = "prctl in the forked child, before exec")]
+fn kill_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt as _;
+    // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// A QMP connection.
+struct Qmp {
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+}
+
+impl Qmp {
+    fn connect(socket: &Path, deadline: Instant) -> anyhow::Result<Self> {
+        let stream = loop {
+            match UnixStream::connect(socket) {
+                Ok(s) => break s,
+                Err(e) if Instant::now() > deadline => {
+                    bail!("connect QMP {}: {e}", socket.display())
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        };
+        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+        let mut qmp = Self {
+            reader: BufReader::new(stream.try_clone()?),
+            writer: stream,
+        };
+        let greeting = qmp.read_message()?;
+        if greeting.get("QMP").is_none() {
+            bail!("unexpected QMP greeting {greeting}");
+        }
+        qmp.execute("qmp_capabilities", serde_json::json!({}))?;
+        Ok(qmp)
+    }
+
+    fn read_message(&mut self) -> anyhow::Result<serde_json::Value> {
+        let mut line = String::new();
+        if self.reader.read_line(&mut line)? == 0 {
+            bail!("QMP connection closed");
+        }
+        serde_json::from_str(&line).with_context(|| format!("QMP sent {line:?}"))
+    }
+
+    /// Runs a command; its `return`, or its `error` as an error. Events are skipped.
+    fn execute(
+        &mut self,
+        command: &str,
+        arguments: serde_json::Value,
+    ) -> anyhow::Result<serde_json::Value> {
+        let msg = serde_json::json!({ "execute": command, "arguments": arguments });
+        writeln!(self.writer, "{msg}")?;
+        loop {
+            let reply = self.read_message()?;
+            if let Some(r) = reply.get("return") {
+                return Ok(r.clone());
+            }
+            if let Some(e) = reply.get("error") {
+                bail!("{command}: {}", e["desc"].as_str().unwrap_or("error"));
+            }
+        }
+    }
+
+    /// Plugs the first free CPU slot.
+    fn hotplug_cpu(&mut self, n: u32) -> anyhow::Result<String> {
+        let slots = self.execute("query-hotpluggable-cpus", serde_json::json!({}))?;
+        let free = slots
+            .as_array()
+            .and_then(|a| a.iter().find(|s| s.get("qom-path").is_none()))
+            .ok_or_else(|| anyhow!("no free CPU slot (all of maxcpus are plugged)"))?;
+        let mut args = free["props"].clone();
+        let obj = args.as_object_mut().context("props is an object")?;
+        obj.insert("driver".into(), free["type"].clone());
+        obj.insert("id".into(), format!("hotcpu{n}").into());
+        self.execute("device_add", args)?;
+        Ok(format!("cpu {}", free["props"]))
+    }
+
+    /// Plugs a DIMM of `size` bytes.
+    fn hotplug_memory(&mut self, n: u32, size: u64) -> anyhow::Result<String> {
+        let mem = format!("hotmem{n}");
+        self.execute(
+            "object-add",
+            serde_json::json!({"qom-type": "memory-backend-ram", "id": mem, "size": size}),
+        )?;
+        self.execute(
+            "device_add",
+            serde_json::json!({"driver": "pc-dimm", "id": format!("hotdimm{n}"), "memdev": mem}),
+        )?;
+        Ok(format!("memory {size} B"))
+    }
+
+    fn perform(&mut self, request: &str, n: u32) -> anyhow::Result<String> {
+        let mut words = request.split_whitespace();
+        match (words.next(), words.next(), words.next()) {
+            (Some("cpu"), None, None) => self.hotplug_cpu(n),
+            (Some("memory"), Some(size), None) => self.hotplug_memory(n, parse_size(size)?),
+            _ => bail!("unknown request {request:?} (expected `cpu` or `memory <size>`)"),
+        }
+    }
+}
+
+/// `128M`, `1G`, `4096` → bytes.
+fn parse_size(s: &str) -> anyhow::Result<u64> {
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = num.parse().with_context(|| format!("bad size {s:?}"))?;
+    let shift = match unit {
+        "" => 0,
+        "K" | "k" => 10,
+        "M" | "m" => 20,
+        "G" | "g" => 30,
+        _ => bail!("bad size unit in {s:?} (K, M or G)"),
+    };
+    Ok(n << shift)
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Boots `kernel`, runs `suites`, serves hotplug requests; the results of every suite.
+#[expect(
+    clippy::too_many_lines,
+    reason = "one linear run: set up, boot, watch, collect"
+)]
+fn run_vm(
+    root: &Path,
+    kernel: &Kernel,
+    boot: &Boot,
+    suites: &[Suite],
+    binaries: &BTreeMap<String, PathBuf>,
+    tier_deadline: Instant,
+) -> anyhow::Result<Vec<SuiteResult>> {
+    let run = cache_dir().join(format!("run-{}-{}", kernel.name, std::process::id()));
+    let _ = std::fs::remove_dir_all(&run);
+    for d in ["logs", "hotplug"] {
+        std::fs::create_dir_all(run.join(d))?;
+    }
+    std::fs::write(run.join("results"), "")?;
+    std::fs::write(
+        run.join("guest.sh"),
+        guest_script(root, &run, suites, binaries),
+    )?;
+    // The guest's /tmp: a sparse ext4 image, removed with the run directory.
+    let disk = cache_dir().join(format!("disk-{}-{}.img", kernel.name, std::process::id()));
+    std::fs::File::create(&disk)?.set_len(8 << 30)?;
+    let status = Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-E", "lazy_itable_init=1,lazy_journal_init=1"])
+        .arg(&disk)
+        .status()
+        .context("mkfs.ext4 (e2fsprogs)")?;
+    if !status.success() {
+        bail!("mkfs.ext4 {} failed", disk.display());
+    }
+    let console = run.join("console.log");
+    let qmp_socket = run.join("qmp.sock");
+    let mut append = format!(
+        "console=ttyS0 loglevel=5 cgroup_no_v1=all panic=-1 memhp_default_state=online mitigations=off \
+         nri_resize_run={}",
+        run.display()
+    );
+    // The guest mounts its own disk on /tmp: a checkout below it is bound back over the disk.
+    if root.starts_with("/tmp") {
+        append.push_str(&format!(" nri_resize_keep={}", root.display()));
+    }
+    let mut cmd = Command::new("qemu-system-x86_64");
+    cmd.args([
+        "-accel",
+        "tcg",
+        "-cpu",
+        "max",
+        "-M",
+        "pc",
+        "-nodefaults",
+        "-display",
+        "none",
+    ])
+    // One spare CPU slot and two DIMM slots for the hotplug protocol.
+    .args([
+        "-smp",
+        &format!("{BOOT_CPUS},maxcpus={MAX_CPUS}"),
+        "-m",
+        "1536M,slots=2,maxmem=4G",
+    ])
+    .args(["-bios", "/usr/share/qemu/qboot.rom"])
+    .arg("-kernel")
+    .arg(&boot.vmlinux)
+    .arg("-initrd")
+    .arg(&boot.initramfs)
+    .args(["-append", &append, "-no-reboot"])
+    .arg("-serial")
+    .arg(format!("file:{}", console.display()))
+    .arg("-qmp")
+    .arg(format!("unix:{},server=on,wait=off", qmp_socket.display()))
+    .args([
+        "-virtfs",
+        "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
+    ])
+    .arg("-virtfs")
+    .arg(format!(
+        "local,path={},mount_tag=run,security_model=none",
+        run.display()
+    ))
+    .arg("-drive")
+    .arg(format!(
+        "file={},format=raw,if=virtio,cache=unsafe",
+        disk.display()
+    ))
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped());
+    eprintln!(
+        "\n==> kernel {} ({}): booting QEMU (TCG, cgroup v2 only) for {} suite(s)",
+        kernel.name,
+        kernel.package,
+        suites.len()
+    );
+    let budget = BOOT_BUDGET + Duration::from_secs(suites.iter().map(|s| s.timeout_s + 15).sum());
+    let started = Instant::now();
+    let deadline = (started + budget).min(tier_deadline);
+    kill_with_parent(&mut cmd);
+    let mut qemu = Qemu {
+        child: cmd
+            .spawn()
+            .context("start qemu-system-x86_64 (run `cargo xtask setup`)")?,
+    };
+    let mut qmp = Qmp::connect(&qmp_socket, Instant::now() + Duration::from_secs(20));
+    if let Err(e) = &qmp {
+        eprintln!("    QMP unavailable, hotplug requests will fail: {e:#}");
+    }
+
+    let mut reported = 0usize;
+    let mut results: Vec<SuiteResult> = Vec::new();
+    let mut hotplugs = 0u32;
+    let request = run.join("hotplug/request");
+    let done = run.join("hotplug/done");
+    let outcome: anyhow::Result<()> = loop {
+        // Hotplug requests from the guest.
+        if let Ok(text) = std::fs::read_to_string(&request) {
+            let text = text.trim().to_owned();
+            if !text.is_empty() {
+                hotplugs += 1;
+                let answer = match qmp.as_mut().map_err(|e| anyhow!("{e:#}")) {
+                    Ok(q) => q.perform(&text, hotplugs),
+                    Err(e) => Err(e),
+                };
+                let reply = match answer {
+                    Ok(what) => {
+                        eprintln!("    hotplug: {what} plugged (guest asked {text:?})");
+                        "ok".to_owned()
+                    }
+                    Err(e) => {
+                        eprintln!("    hotplug {text:?} failed: {e:#}");
+                        format!("error: {e:#}")
+                    }
+                };
+                let _ = std::fs::remove_file(&request);
+                std::fs::write(&done, format!("{reply}\n"))?;
+            }
+        }
+        // Finished suites: print their logs as they complete.
+        let lines: Vec<String> = std::fs::read_to_string(run.join("results"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.ends_with(']'))
+            .map(str::to_owned)
+            .collect();
+        for line in &lines[reported.min(lines.len())..] {
+            let mut parts = line.splitn(4, ' ');
+            let (name, rc, secs, header) = (
+                parts.next().unwrap_or_default().to_owned(),
+                parts.next().and_then(|s| s.parse().ok()),
+                parts.next().and_then(|s| s.parse().ok()).unwrap_or(0),
+                parts.next().unwrap_or_default().to_owned(),
+            );
+            let log = std::fs::read_to_string(run.join("logs").join(format!("{name}.log")))
+                .unwrap_or_default();
+            eprintln!("\n{log}");
+            let r = SuiteResult {
+                header: format!("{header} {name}"),
+                suite: name,
+                status: rc,
+                seconds: secs,
+            };
+            eprintln!("--- {}", r.line());
+            results.push(r);
+        }
+        reported = lines.len();
+        if let Some(status) = qemu.child.try_wait()? {
+            let console_text = std::fs::read_to_string(&console).unwrap_or_default();
+            let guest = console_text
+                .lines()
+                .find_map(|l| l.trim().strip_prefix(STATUS_MARK))
+                .and_then(|s| s.trim().parse::<i32>().ok());
+            match guest {
+                Some(0) => break Ok(()),
+                Some(s) => break Err(anyhow!("guest init reported status {s}")),
+                None => {
+                    let mut err = String::new();
+                    if let Some(mut e) = qemu.child.stderr.take() {
+                        let _ = e.read_to_string(&mut err);
+                    }
+                    break Err(anyhow!(
+                        "QEMU exited ({status}) without a status line from the guest{}",
+                        if err.is_empty() {
+                            String::new()
+                        } else {
+                            format!("; stderr: {}", err.trim())
+                        }
+                    ));
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            break Err(anyhow!(
+                "the VM ran past its budget of {} s (its suites' timeouts, capped by what is left of \
+                 the tier's budget) and was killed",
+                deadline.saturating_duration_since(started).as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    drop(qmp);
+    drop(qemu);
+    let _ = std::fs::remove_file(&disk);
+    eprintln!(
+        "    kernel {}: VM ran {} s",
+        kernel.name,
+        started.elapsed().as_secs()
+    );
+    for s in suites {
+        if !results.iter().any(|r| r.suite == s.test) {
+            results.push(SuiteResult {
+                suite: s.test.to_owned(),
+                header: format!("[kernel {}] {}", kernel.name, s.test),
+                status: None,
+                seconds: 0,
+            });
+        }
+    }
+    let failed = outcome.is_err() || results.iter().any(|r| !r.passed());
+    if failed {
+        eprintln!(
+            "\n==> kernel {}: guest console (last 60 lines of {}):\n{}",
+            kernel.name,
+            console.display(),
+            tail(&console, 60)
+        );
+        for r in results.iter().filter(|r| r.status.is_none()) {
+            let log = run.join("logs").join(format!("{}.log", r.suite));
+            if log.is_file() {
+                eprintln!(
+                    "\n==> {} (unfinished) log tail:\n{}",
+                    r.suite,
+                    tail(&log, 40)
+                );
+            }
+        }
+        eprintln!("    run directory kept: {}", run.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&run);
+    }
+    outcome.map(|()| results)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("128M").expect("size"), 128 << 20);
+        assert_eq!(parse_size("1G").expect("size"), 1 << 30);
+        assert_eq!(parse_size("4096").expect("size"), 4096);
+        assert!(parse_size("12X").is_err());
+        assert!(parse_size("M").is_err());
+    }
+
+    #[test]
+    fn depends_are_read_from_modinfo() {
+        let bytes = b"\x00license=GPL\x00depends=virtio_ring,virtio\x00vermagic=6.1\x00";
+        assert_eq!(module_depends(bytes), vec!["virtio_ring", "virtio"]);
+        assert!(module_depends(b"\x00depends=\x00").is_empty());
+    }
+
+    #[test]
+    fn cpio_entries_are_aligned_and_terminated() {
+        let mut c = Cpio::default();
+        c.file("init", 0o755, b"abc");
+        let data = c.finish();
+        assert!(data.len().is_multiple_of(4));
+        assert!(data.starts_with(b"070701"));
+        let text = String::from_utf8_lossy(&data);
+        assert!(text.contains("TRAILER!!!"));
+    }
+
+    #[test]
+    fn every_suite_is_named_once() {
+        let names: BTreeSet<_> = SUITES.iter().map(|s| s.test).collect();
+        assert_eq!(names.len(), SUITES.len());
+    }
+}
