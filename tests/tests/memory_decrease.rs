@@ -266,9 +266,20 @@ async fn naive(ctrd: &Containerd) -> Tally {
             eprintln!("naive {name}: update failed: {}", e.message());
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
-        t.oom_kills += oom_kills(ctrd, &id);
-        if !running(ctrd, &id).await {
+        if running(ctrd, &id).await {
+            t.oom_kills += oom_kills(ctrd, &id);
+        } else {
+            // The whole container died (e.g. `memory.oom.group`): its cgroup is gone, the
+            // runtime's exit reason tells an OOM kill.
             t.restarts += 1;
+            let st = ctrd.container_status(&id).await.expect("status");
+            eprintln!(
+                "naive {name}: the container exited: {} ({})",
+                st.reason, st.exit_code
+            );
+            if st.reason == "OOMKilled" {
+                t.oom_kills += 1;
+            }
         }
     }
     t
