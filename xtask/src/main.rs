@@ -8,6 +8,7 @@
 //! - `fuzz`       run one fuzz target (default: all, 60 s each)
 //! - `manifests`  render deploy/ with kustomize, validate offline (also a tier of `test`)
 //! - `image`      the daemon as an OCI image archive (`ctr images import`-able), no Docker engine
+//! - `soak`       the full soak: 200 pods x 3 containers, 10 resizes/s, 10 minutes (`--pods`, `--seconds`)
 //! - `vm-test`    the VM tier alone: cgroup v2 on Debian's 6.1 and 6.12 kernels under QEMU
 //!   (`--kernel 6.1|6.12|all`, `--suite <test>`); see `vm.rs`
 
@@ -252,6 +253,40 @@ fn test(fuzz_seconds: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The full soak (issue 9): `pods` × 3 containers, 10 resizes/s, for `seconds`, release build.
+fn soak(pods: u32, seconds: u64) -> anyhow::Result<()> {
+    setup(true)?;
+    build_ebpf()?;
+    run(
+        "build the plugin (release)",
+        cargo().args([
+            "build",
+            "--release",
+            "-p",
+            "nri-resize",
+            "--bin",
+            "nri-resize",
+        ]),
+    )?;
+    run(
+        &format!("soak: {pods} pods x 3 containers for {seconds} s"),
+        cargo()
+            .env("NRI_RESIZE_BIN", root().join("target/release/nri-resize"))
+            .env("NRI_RESIZE_SOAK_PODS", pods.to_string())
+            .env("NRI_RESIZE_SOAK_SECS", seconds.to_string())
+            .args([
+                "test",
+                "--release",
+                "-p",
+                "nri-resize-tests",
+                "--test",
+                "soak",
+                "--",
+                "--nocapture",
+            ]),
+    )
+}
+
 fn demo() -> anyhow::Result<()> {
     setup(false)?;
     run(
@@ -380,6 +415,10 @@ fn main() -> anyhow::Result<()> {
         Some("test") => test(arg("--fuzz-seconds").map_or(Ok(20), |s| s.parse()).context("--fuzz-seconds")?),
         Some("demo") => demo(),
         Some("bench") => bench(),
+        Some("soak") => soak(
+            arg("--pods").map_or(Ok(200), |s| s.parse()).context("--pods")?,
+            arg("--seconds").map_or(Ok(600), |s| s.parse()).context("--seconds")?,
+        ),
         Some("manifests") => {
             setup(false)?;
             manifests_tier()
@@ -398,6 +437,6 @@ fn main() -> anyhow::Result<()> {
                 None => fuzz(&FUZZ_TARGETS, seconds),
             }
         }
-        _ => bail!("usage: cargo xtask <setup|build-ebpf|test [--fuzz-seconds N]|demo|bench|fuzz [--target T] [--seconds N]|manifests|image [--debug] [--out PATH]|vm-test [--kernel 6.1|6.12|all] [--suite T] [--budget-seconds N]>"),
+        _ => bail!("usage: cargo xtask <setup|build-ebpf|test [--fuzz-seconds N]|demo|bench|fuzz [--target T] [--seconds N]|manifests|image [--debug] [--out PATH]|vm-test [--kernel 6.1|6.12|all] [--suite T] [--budget-seconds N]|soak [--pods N] [--seconds N]>"),
     }
 }
