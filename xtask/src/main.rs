@@ -299,8 +299,12 @@ fn demo() -> anyhow::Result<()> {
     )
 }
 
+/// Every benchmark, each side by side with its baseline in one run; then one table of all their
+/// results (each benchmark appends its rows to `target/bench-table.jsonl`, see
+/// `nri_resize::bench_table`). A failed benchmark is named and the others still run.
 fn bench() -> anyhow::Result<()> {
-    setup(false)?;
+    setup(true)?;
+    build_ebpf()?;
     run(
         "build the plugin (release)",
         cargo().args([
@@ -312,46 +316,81 @@ fn bench() -> anyhow::Result<()> {
             "nri-resize",
         ]),
     )?;
-    run(
-        "handler benchmarks",
-        cargo().args(["bench", "-p", "nri-resize", "--bench", "handler"]),
-    )?;
-    run(
-        "planner benchmarks",
-        cargo().args(["bench", "-p", "nri-resize", "--bench", "planner"]),
-    )?;
-    run(
-        "observer benchmarks (eBPF per-event cost, reader CPU)",
-        cargo().args(["bench", "-p", "nri-resize", "--bench", "observer"]),
-    )?;
-    run(
-        "capacity watcher: event-to-metric vs polling, idle CPU",
-        cargo().args(["bench", "-p", "nri-resize", "--bench", "capacity"]),
-    )?;
-    run(
-        "CRI latency with and without the plugin",
-        cargo()
-            .env("NRI_RESIZE_BIN", root().join("target/release/nri-resize"))
-            .args(["bench", "-p", "nri-resize-tests", "--bench", "cri_latency"]),
-    )?;
-    run(
-        "whole-pod resize through the API vs kubelet's own writes",
-        cargo()
-            .env("NRI_RESIZE_BIN", root().join("target/release/nri-resize"))
-            .args(["bench", "-p", "nri-resize-tests", "--bench", "resize_api"]),
-    )?;
-    run(
-        "safe memory decrease convergence vs one direct kernel write",
-        cargo()
-            .env("NRI_RESIZE_BIN", root().join("target/release/nri-resize"))
-            .args([
-                "bench",
-                "-p",
-                "nri-resize-tests",
-                "--bench",
-                "memory_decrease",
-            ]),
-    )
+    let table = root().join("target/bench-table.jsonl");
+    let _ = std::fs::remove_file(&table);
+    let bin = root().join("target/release/nri-resize");
+    let benches: [(&str, &str, &str); 8] = [
+        (
+            "nri-resize",
+            "handler",
+            "NRI handler time per event vs a no-op handler",
+        ),
+        ("nri-resize", "planner", "planner vs a naive plan"),
+        ("nri-resize", "observer", "eBPF per-event cost, reader CPU"),
+        (
+            "nri-resize",
+            "capacity",
+            "capacity watcher: event to metric vs polling, idle CPU",
+        ),
+        (
+            "nri-resize-tests",
+            "cri_latency",
+            "CRI latency with and without the plugin",
+        ),
+        (
+            "nri-resize-tests",
+            "resize_api",
+            "whole-pod resize through the API vs kubelet's own writes",
+        ),
+        (
+            "nri-resize-tests",
+            "memory_decrease",
+            "memory decrease vs one direct kernel write and the naive CRI update",
+        ),
+        (
+            "nri-resize-tests",
+            "footprint",
+            "daemon footprint with 500 containers vs none",
+        ),
+    ];
+    let mut failed = Vec::new();
+    for (package, name, what) in benches {
+        let mut cmd = cargo();
+        cmd.env("NRI_RESIZE_BIN", &bin)
+            .env("NRI_RESIZE_BENCH_TABLE", &table)
+            .args(["bench", "-p", package, "--bench", name]);
+        if let Err(e) = run(what, &mut cmd) {
+            eprintln!("!!! benchmark {name} FAILED: {e:#}");
+            failed.push(name);
+        }
+    }
+    let text = std::fs::read_to_string(&table).unwrap_or_default();
+    eprintln!(
+        "\n==> one table: every benchmark, ours next to its baseline measured in the same run\n"
+    );
+    eprintln!("| measure | baseline | ours | ratio | target |\n|---|---|---|---|---|");
+    for line in text.lines() {
+        let Ok(r) = serde_json::from_str::<serde_json::Value>(line) else {
+            eprintln!("(unreadable row: {line})");
+            continue;
+        };
+        let get = |k: &str| r.get(k).and_then(|v| v.as_str()).unwrap_or("").to_string();
+        let ratio = r
+            .get("ratio")
+            .and_then(serde_json::Value::as_f64)
+            .map_or_else(|| "—".to_string(), |x| format!("{x:.2}×"));
+        eprintln!(
+            "| {} | {} | {} | {ratio} | {} |",
+            get("measure"),
+            get("baseline"),
+            get("ours"),
+            get("target")
+        );
+    }
+    if !failed.is_empty() {
+        bail!("benchmarks failed: {}", failed.join(", "));
+    }
+    Ok(())
 }
 
 /// Renders and validates `deploy/`, then the structural checks of the manifests.
