@@ -165,5 +165,18 @@ async fn main() {
                 "OVER TARGET"
             }
         );
+        nri_resize::bench_table::row(
+            &format!(
+                "NRI handler, `{}`, {MODEL_CONTAINERS} containers in the model",
+                event.as_str()
+            ),
+            &format!("no-op handler: {} p99", us(b99)),
+            &format!("{} p50 / {} p99", us(o50), us(o99)),
+            Some(o99.as_secs_f64() / b99.as_secs_f64().max(1e-9)),
+            &format!(
+                "p99 < 1 ms: {}",
+                nri_resize::bench_table::verdict(o99 < Duration::from_millis(1))
+            ),
+        );
     }
 }

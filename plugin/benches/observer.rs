@@ -350,6 +350,19 @@ fn sched_switch(c: &mut Criterion) {
             "≤ 50 ns",
             described[i]
         );
+        nri_resize::bench_table::row(
+            &format!("eBPF cost per context switch: {}", probe.label()),
+            &format!(
+                "no program: {:.0} ns per switch",
+                per_event(base.as_nanos(), switches)
+            ),
+            &format!("+{delta:.1} ns (BPF run time: {run})"),
+            None,
+            &format!(
+                "≤ 50 ns: {}",
+                nri_resize::bench_table::verdict(delta <= 50.0)
+            ),
+        );
     }
 }
 
@@ -499,6 +512,19 @@ fn reader(c: &mut Criterion) {
             slowest[i],
             t.as_secs_f64() * 100.0,
             m.observer.open_files()
+        );
+        nri_resize::bench_table::row(
+            &format!(
+                "observer reader, {CGROUPS} cgroups, 1 s interval: {}",
+                m.label
+            ),
+            "0 % (no observer)",
+            &format!("{:.3} % of one core", t.as_secs_f64() * 100.0),
+            None,
+            &format!(
+                "< 0.5 %: {}",
+                nri_resize::bench_table::verdict(t.as_secs_f64() * 100.0 < 0.5)
+            ),
         );
     }
     drop(modes);

@@ -6,6 +6,8 @@
 //! [`daemon`] is the only module that knows them all.
 
 pub mod api;
+#[doc(hidden)]
+pub mod bench_table;
 pub mod capacity;
 pub mod cgroup;
 pub mod config;

@@ -78,6 +78,21 @@ fn row(name: &str, base: &mut [Duration], null: &mut [Duration], ours: &mut [Dur
             "OVER TARGET"
         }
     );
+    nri_resize::bench_table::row(
+        &format!("CRI latency: {name}"),
+        &format!(
+            "no plugin: {} p50 / {} p99; do-nothing plugin: {} p50",
+            ms(b50),
+            ms(b99),
+            ms(n50)
+        ),
+        &format!("{} p50 / {} p99 (+{} p99)", ms(o50), ms(o99), ms(added)),
+        Some(o99.as_secs_f64() / b99.as_secs_f64().max(1e-9)),
+        &format!(
+            "added < 2 ms at p99: {}",
+            nri_resize::bench_table::verdict(added < Duration::from_millis(2))
+        ),
+    );
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]

@@ -90,6 +90,17 @@ impl Instance {
         };
         let (code, body) = inst.http("/readyz");
         assert_eq!(code, 200, "{name}: /readyz on the metrics port: {body}");
+        // eBPF refused or turned off: still ready, and /readyz says which fallbacks run.
+        for f in &observer.fallbacks {
+            assert!(
+                body.contains("observer fallbacks") && body.contains(f.program.as_str()),
+                "{name}: /readyz names the fallback of {}: {body}",
+                f.program
+            );
+        }
+        if observer.fallbacks.is_empty() {
+            assert!(body.ends_with("ready"), "{name}: {body}");
+        }
         inst
     }
 

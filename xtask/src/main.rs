@@ -8,6 +8,7 @@
 //! - `fuzz`       run one fuzz target (default: all, 60 s each)
 //! - `manifests`  render deploy/ with kustomize, validate offline (also a tier of `test`)
 //! - `image`      the daemon as an OCI image archive (`ctr images import`-able), no Docker engine
+//! - `soak`       the full soak: 200 pods x 3 containers, 10 resizes/s, 10 minutes (`--pods`, `--seconds`)
 //! - `vm-test`    the VM tier alone: cgroup v2 on Debian's 6.1 and 6.12 kernels under QEMU
 //!   (`--kernel 6.1|6.12|all`, `--suite <test>`); see `vm.rs`
 
@@ -252,20 +253,10 @@ fn test(fuzz_seconds: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn demo() -> anyhow::Result<()> {
-    setup(false)?;
-    run(
-        "build the plugin",
-        cargo().args(["build", "-p", "nri-resize", "--bin", "nri-resize"]),
-    )?;
-    run(
-        "demo",
-        cargo().args(["run", "-q", "-p", "nri-resize-tests", "--bin", "demo"]),
-    )
-}
-
-fn bench() -> anyhow::Result<()> {
-    setup(false)?;
+/// The full soak (issue 9): `pods` × 3 containers, 10 resizes/s, for `seconds`, release build.
+fn soak(pods: u32, seconds: u64) -> anyhow::Result<()> {
+    setup(true)?;
+    build_ebpf()?;
     run(
         "build the plugin (release)",
         cargo().args([
@@ -278,45 +269,128 @@ fn bench() -> anyhow::Result<()> {
         ]),
     )?;
     run(
-        "handler benchmarks",
-        cargo().args(["bench", "-p", "nri-resize", "--bench", "handler"]),
-    )?;
-    run(
-        "planner benchmarks",
-        cargo().args(["bench", "-p", "nri-resize", "--bench", "planner"]),
-    )?;
-    run(
-        "observer benchmarks (eBPF per-event cost, reader CPU)",
-        cargo().args(["bench", "-p", "nri-resize", "--bench", "observer"]),
-    )?;
-    run(
-        "capacity watcher: event-to-metric vs polling, idle CPU",
-        cargo().args(["bench", "-p", "nri-resize", "--bench", "capacity"]),
-    )?;
-    run(
-        "CRI latency with and without the plugin",
+        &format!("soak: {pods} pods x 3 containers for {seconds} s"),
         cargo()
             .env("NRI_RESIZE_BIN", root().join("target/release/nri-resize"))
-            .args(["bench", "-p", "nri-resize-tests", "--bench", "cri_latency"]),
-    )?;
-    run(
-        "whole-pod resize through the API vs kubelet's own writes",
-        cargo()
-            .env("NRI_RESIZE_BIN", root().join("target/release/nri-resize"))
-            .args(["bench", "-p", "nri-resize-tests", "--bench", "resize_api"]),
-    )?;
-    run(
-        "safe memory decrease convergence vs one direct kernel write",
-        cargo()
-            .env("NRI_RESIZE_BIN", root().join("target/release/nri-resize"))
+            .env("NRI_RESIZE_SOAK_PODS", pods.to_string())
+            .env("NRI_RESIZE_SOAK_SECS", seconds.to_string())
             .args([
-                "bench",
+                "test",
+                "--release",
                 "-p",
                 "nri-resize-tests",
-                "--bench",
-                "memory_decrease",
+                "--test",
+                "soak",
+                "--",
+                "--nocapture",
             ]),
     )
+}
+
+fn demo() -> anyhow::Result<()> {
+    setup(false)?;
+    run(
+        "build the plugin",
+        cargo().args(["build", "-p", "nri-resize", "--bin", "nri-resize"]),
+    )?;
+    run(
+        "demo",
+        cargo().args(["run", "-q", "-p", "nri-resize-tests", "--bin", "demo"]),
+    )
+}
+
+/// Every benchmark, each side by side with its baseline in one run; then one table of all their
+/// results (each benchmark appends its rows to `target/bench-table.jsonl`, see
+/// `nri_resize::bench_table`). A failed benchmark is named and the others still run.
+fn bench() -> anyhow::Result<()> {
+    setup(true)?;
+    build_ebpf()?;
+    run(
+        "build the plugin (release)",
+        cargo().args([
+            "build",
+            "--release",
+            "-p",
+            "nri-resize",
+            "--bin",
+            "nri-resize",
+        ]),
+    )?;
+    let table = root().join("target/bench-table.jsonl");
+    let _ = std::fs::remove_file(&table);
+    let bin = root().join("target/release/nri-resize");
+    let benches: [(&str, &str, &str); 8] = [
+        (
+            "nri-resize",
+            "handler",
+            "NRI handler time per event vs a no-op handler",
+        ),
+        ("nri-resize", "planner", "planner vs a naive plan"),
+        ("nri-resize", "observer", "eBPF per-event cost, reader CPU"),
+        (
+            "nri-resize",
+            "capacity",
+            "capacity watcher: event to metric vs polling, idle CPU",
+        ),
+        (
+            "nri-resize-tests",
+            "cri_latency",
+            "CRI latency with and without the plugin",
+        ),
+        (
+            "nri-resize-tests",
+            "resize_api",
+            "whole-pod resize through the API vs kubelet's own writes",
+        ),
+        (
+            "nri-resize-tests",
+            "memory_decrease",
+            "memory decrease vs one direct kernel write and the naive CRI update",
+        ),
+        (
+            "nri-resize-tests",
+            "footprint",
+            "daemon footprint with 500 containers vs none",
+        ),
+    ];
+    let mut failed = Vec::new();
+    for (package, name, what) in benches {
+        let mut cmd = cargo();
+        cmd.env("NRI_RESIZE_BIN", &bin)
+            .env("NRI_RESIZE_BENCH_TABLE", &table)
+            .args(["bench", "-p", package, "--bench", name]);
+        if let Err(e) = run(what, &mut cmd) {
+            eprintln!("!!! benchmark {name} FAILED: {e:#}");
+            failed.push(name);
+        }
+    }
+    let text = std::fs::read_to_string(&table).unwrap_or_default();
+    eprintln!(
+        "\n==> one table: every benchmark, ours next to its baseline measured in the same run\n"
+    );
+    eprintln!("| measure | baseline | ours | ratio | target |\n|---|---|---|---|---|");
+    for line in text.lines() {
+        let Ok(r) = serde_json::from_str::<serde_json::Value>(line) else {
+            eprintln!("(unreadable row: {line})");
+            continue;
+        };
+        let get = |k: &str| r.get(k).and_then(|v| v.as_str()).unwrap_or("").to_string();
+        let ratio = r
+            .get("ratio")
+            .and_then(serde_json::Value::as_f64)
+            .map_or_else(|| "—".to_string(), |x| format!("{x:.2}×"));
+        eprintln!(
+            "| {} | {} | {} | {ratio} | {} |",
+            get("measure"),
+            get("baseline"),
+            get("ours"),
+            get("target")
+        );
+    }
+    if !failed.is_empty() {
+        bail!("benchmarks failed: {}", failed.join(", "));
+    }
+    Ok(())
 }
 
 /// Renders and validates `deploy/`, then the structural checks of the manifests.
@@ -380,6 +454,10 @@ fn main() -> anyhow::Result<()> {
         Some("test") => test(arg("--fuzz-seconds").map_or(Ok(20), |s| s.parse()).context("--fuzz-seconds")?),
         Some("demo") => demo(),
         Some("bench") => bench(),
+        Some("soak") => soak(
+            arg("--pods").map_or(Ok(200), |s| s.parse()).context("--pods")?,
+            arg("--seconds").map_or(Ok(600), |s| s.parse()).context("--seconds")?,
+        ),
         Some("manifests") => {
             setup(false)?;
             manifests_tier()
@@ -398,6 +476,6 @@ fn main() -> anyhow::Result<()> {
                 None => fuzz(&FUZZ_TARGETS, seconds),
             }
         }
-        _ => bail!("usage: cargo xtask <setup|build-ebpf|test [--fuzz-seconds N]|demo|bench|fuzz [--target T] [--seconds N]|manifests|image [--debug] [--out PATH]|vm-test [--kernel 6.1|6.12|all] [--suite T] [--budget-seconds N]>"),
+        _ => bail!("usage: cargo xtask <setup|build-ebpf|test [--fuzz-seconds N]|demo|bench|fuzz [--target T] [--seconds N]|manifests|image [--debug] [--out PATH]|vm-test [--kernel 6.1|6.12|all] [--suite T] [--budget-seconds N]|soak [--pods N] [--seconds N]>"),
     }
 }

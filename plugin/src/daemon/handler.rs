@@ -35,6 +35,8 @@ pub struct NodeState {
     pub observed: Mutex<Observed>,
     /// Set once the observer has started.
     pub observer_loaded: Arc<AtomicBool>,
+    /// The observer's fallbacks as `/readyz` says them (`program: reason`).
+    pub observer_fallbacks: Arc<RwLock<Vec<String>>>,
     pub observer_info: RwLock<Option<ObserverInfo>>,
     pub metrics: Arc<Metrics>,
     /// Where `/metrics` is served (port 0 resolved).
@@ -60,6 +62,7 @@ impl NodeState {
             cgroups,
             observed: Mutex::new(Observed::default()),
             observer_loaded: Arc::new(AtomicBool::new(false)),
+            observer_fallbacks: Arc::new(RwLock::new(Vec::new())),
             observer_info: RwLock::new(None),
             metrics: Arc::new(Metrics::new().expect("metric names are unique and valid")),
             metrics_addr: RwLock::new(None),

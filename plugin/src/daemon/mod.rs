@@ -142,6 +142,7 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
                 Readiness {
                     link: link.clone(),
                     observer_loaded: state.observer_loaded.clone(),
+                    observer_fallbacks: state.observer_fallbacks.clone(),
                 },
                 cancel.clone(),
             )

@@ -478,6 +478,14 @@ pub fn spawn(
                 // The receiver may be gone (capacity watcher disabled): the ring is dropped.
                 let _ = tx.send(observer.take_hotplug_ring());
             }
+            *state
+                .observer_fallbacks
+                .write()
+                .unwrap_or_else(PoisonError::into_inner) = observer
+                .fallbacks()
+                .iter()
+                .map(|f| format!("{}: {}", f.program, f.reason))
+                .collect();
             state.observer_loaded.store(true, Ordering::Release);
             let mut l = Loop {
                 state,

@@ -22,6 +22,8 @@ use crate::nri::RuntimeLink;
 pub struct Readiness {
     pub link: RuntimeLink,
     pub observer_loaded: Arc<AtomicBool>,
+    /// The observer's fallbacks (`program: reason`), said in the body of a ready answer.
+    pub observer_fallbacks: Arc<std::sync::RwLock<Vec<String>>>,
 }
 
 impl Readiness {
@@ -81,10 +83,26 @@ async fn metrics(State(ctx): State<Ctx>, headers: HeaderMap) -> impl IntoRespons
     }
 }
 
-async fn readyz(State(ctx): State<Ctx>) -> (StatusCode, &'static str) {
+async fn readyz(State(ctx): State<Ctx>) -> (StatusCode, String) {
     match ctx.readiness.check() {
-        Ok(()) => (StatusCode::OK, "ready"),
-        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+        Ok(()) => {
+            let fallbacks = ctx
+                .readiness
+                .observer_fallbacks
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .join("; ");
+            if fallbacks.is_empty() {
+                (StatusCode::OK, "ready".into())
+            } else {
+                // Ready: the fallbacks measure the same things, with less detail or later.
+                (
+                    StatusCode::OK,
+                    format!("ready (observer fallbacks: {fallbacks})"),
+                )
+            }
+        }
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why.into()),
     }
 }
 

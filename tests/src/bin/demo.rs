@@ -158,6 +158,68 @@ async fn main() {
     );
     tokio::time::sleep(Duration::from_millis(1200)).await; // one observer interval
 
+    println!("\n== safe memory decrease: pod default/demo-mem, container 'worker' at 512Mi holding 400 MiB of page cache + 50 MiB anonymous");
+    let mut spec = PodSpec::new("demo-mem");
+    spec.resources = Resources::limits(100_000, 1024 * MIB);
+    let mem_pod = Box::pin(ctrd.run_pod(spec)).await.expect("RunPodSandbox");
+    let mut c = ContainerSpec::new(
+        "worker",
+        &[
+            "sh",
+            "-c",
+            "dd if=/dev/zero of=/tmp/cache bs=1M count=400 2>/dev/null; sync; dd if=/dev/zero bs=50M count=1 2>/dev/null | sleep 3600",
+        ],
+    );
+    c.resources = Resources::limits(50_000, 512 * MIB);
+    let worker = Box::pin(ctrd.create_container(&mem_pod, c))
+        .await
+        .expect("CreateContainer");
+    ctrd.start_container(&worker).await.expect("StartContainer");
+    let usage = |ctrd: &Containerd| {
+        ctrd.read_container_cgroup(&worker, "memory.usage_in_bytes")
+            .parse::<i64>()
+            .unwrap_or(0)
+    };
+    for _ in 0..300 {
+        if usage(&ctrd) >= 440 * MIB {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    println!(
+        "   usage {} MiB; CRI update 512Mi -> 128Mi (without the plugin, v1 reclaims inside runc's write, v2 too; below anonymous usage v1 fails the update and v2 OOM-kills)",
+        usage(&ctrd) / MIB
+    );
+    ctrd.update_container_resources(&worker, &Resources::limits(50_000, 128 * MIB))
+        .await
+        .expect("UpdateContainerResources");
+    println!(
+        "   page cache reclaimed inside the update: memory.limit_in_bytes={} usage={} MiB",
+        ctrd.read_container_cgroup(&worker, "memory.limit_in_bytes"),
+        usage(&ctrd) / MIB
+    );
+    println!("   CRI update 128Mi -> 40Mi: below the 50 MiB the container holds anonymously");
+    ctrd.update_container_resources(&worker, &Resources::limits(50_000, 40 * MIB))
+        .await
+        .expect("accepted with a safe interim limit");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rec = api
+        .resizes()
+        .await
+        .expect("resizes")
+        .containers
+        .get(&worker)
+        .cloned()
+        .unwrap_or_default();
+    println!(
+        "   accepted, not OOM-killed: memory.limit_in_bytes={} (interim); state {:?}: {}",
+        ctrd.read_container_cgroup(&worker, "memory.limit_in_bytes"),
+        rec.state,
+        rec.reason
+    );
+    println!("   (it stays there and turns Deferred, with the reason, after [memory_decrease] timeout_ms)");
+
     println!("\n== `nri-resize status` as an operator sees it:");
     let out = std::process::Command::new(nri_resize_tests::plugin_binary())
         .args(["status", "--api-socket"])
@@ -171,6 +233,8 @@ async fn main() {
     ctrd.remove_container(&id).await.expect("RemoveContainer");
     ctrd.stop_pod(&pod).await.expect("StopPodSandbox");
     ctrd.remove_pod(&pod).await.expect("RemovePodSandbox");
+    ctrd.stop_pod(&mem_pod).await.expect("StopPodSandbox");
+    ctrd.remove_pod(&mem_pod).await.expect("RemovePodSandbox");
     tokio::time::sleep(Duration::from_millis(200)).await;
     show(&api, &mut since, "after teardown").await;
     plugin.stop();
