@@ -378,7 +378,16 @@ fn bench() -> anyhow::Result<()> {
         let ratio = r
             .get("ratio")
             .and_then(serde_json::Value::as_f64)
-            .map_or_else(|| "—".to_string(), |x| format!("{x:.2}×"));
+            .map_or_else(
+                || "—".to_string(),
+                |x| {
+                    if x > 0.0 && x < 0.01 {
+                        format!("{x:.1e}×")
+                    } else {
+                        format!("{x:.2}×")
+                    }
+                },
+            );
         eprintln!(
             "| {} | {} | {} | {ratio} | {} |",
             get("measure"),
