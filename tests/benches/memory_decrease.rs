@@ -165,17 +165,7 @@ impl Setup {
 
 /// `(sum, count)` of the plugin's reclaim-duration histogram.
 async fn reclaim_seconds(api: &ApiClient) -> (f64, u64) {
-    use std::io::{Read as _, Write as _};
-    let addr = api
-        .status()
-        .await
-        .expect("status")
-        .metrics_addr
-        .expect("metrics address");
-    let mut s = std::net::TcpStream::connect(&addr).expect("connect metrics");
-    write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").expect("request");
-    let mut body = String::new();
-    s.read_to_string(&mut body).expect("response");
+    let body = nri_resize_tests::scrape_metrics(api).await;
     let get = |name: &str| {
         body.lines()
             .find_map(|l| l.strip_prefix(name))

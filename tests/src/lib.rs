@@ -58,7 +58,7 @@ pub use images::{image_archives, ImageArchives, BUSYBOX_IMAGE, PAUSE_IMAGE};
 pub use k8s_cri::v1 as cri;
 pub use plugin::{plugin_binary, PluginProcess};
 pub use pod::{ContainerSpec, Pod, PodSpec, Resources};
-pub use util::{percentile, tail_lines};
+pub use util::{percentile, scrape_metrics, tail_lines};
 pub use version::ContainerdVersion;
 
 // Tests may share an instance across tasks.

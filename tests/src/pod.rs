@@ -422,6 +422,27 @@ impl Containerd {
         self.cgroups.find_dir(controller, id)
     }
 
+    /// The container's memory limit in bytes (`memory.limit_in_bytes` / `memory.max`; `-1`:
+    /// unlimited). Panics if the cgroup is gone.
+    pub fn container_memory_limit(&self, id: &str) -> i64 {
+        let file = if self.cgroups.mode() == CgroupMode::V1 {
+            "memory.limit_in_bytes"
+        } else {
+            "memory.max"
+        };
+        self.read_container_cgroup(id, file).parse().unwrap_or(-1)
+    }
+
+    /// The container's memory usage in bytes (`memory.usage_in_bytes` / `memory.current`).
+    pub fn container_memory_usage(&self, id: &str) -> i64 {
+        let file = if self.cgroups.mode() == CgroupMode::V1 {
+            "memory.usage_in_bytes"
+        } else {
+            "memory.current"
+        };
+        self.read_container_cgroup(id, file).parse().unwrap_or(0)
+    }
+
     /// Reads (trimmed) `file` of the container's cgroup, e.g. `cpu.cfs_quota_us`,
     /// `memory.limit_in_bytes` (v1) or `cpu.max`, `memory.max` (v2). On v1 the hierarchy is
     /// chosen by the file's prefix (`cgroup.*` files are read from the `memory` hierarchy).

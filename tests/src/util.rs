@@ -87,3 +87,19 @@ pub fn percentile(samples: &mut [Duration], p: f64) -> Duration {
     let i = ((samples.len() as f64 - 1.0) * p.clamp(0.0, 1.0)).round() as usize;
     samples[i]
 }
+
+/// `GET /metrics` (Prometheus text) of the plugin behind `api`, at the address its status reports.
+pub async fn scrape_metrics(api: &nri_resize::api::ApiClient) -> String {
+    use std::io::{Read as _, Write as _};
+    let addr = api
+        .status()
+        .await
+        .expect("status API")
+        .metrics_addr
+        .expect("the plugin serves metrics");
+    let mut s = std::net::TcpStream::connect(&addr).expect("connect to /metrics");
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").expect("request /metrics");
+    let mut body = String::new();
+    s.read_to_string(&mut body).expect("read /metrics");
+    body
+}

@@ -19,7 +19,7 @@ use nri_resize::api::ApiClient;
 use nri_resize::policy::ResizeState;
 use nri_resize_tests::cri::ContainerState;
 use nri_resize_tests::{
-    CgroupMode, ContainerSpec, Containerd, ContainerdOptions, ContainerdVersion, PluginProcess,
+    scrape_metrics, ContainerSpec, Containerd, ContainerdOptions, ContainerdVersion, PluginProcess,
     PodSpec, Resources,
 };
 
@@ -28,21 +28,11 @@ const READY: Duration = Duration::from_secs(15);
 const ANON_300: &str = "dd if=/dev/zero bs=300M count=1 2>/dev/null | sleep 3600";
 
 fn limit(ctrd: &Containerd, id: &str) -> i64 {
-    let file = if ctrd.cgroups().mode() == CgroupMode::V1 {
-        "memory.limit_in_bytes"
-    } else {
-        "memory.max"
-    };
-    ctrd.read_container_cgroup(id, file).parse().unwrap_or(-1)
+    ctrd.container_memory_limit(id)
 }
 
 fn usage(ctrd: &Containerd, id: &str) -> i64 {
-    let file = if ctrd.cgroups().mode() == CgroupMode::V1 {
-        "memory.usage_in_bytes"
-    } else {
-        "memory.current"
-    };
-    ctrd.read_container_cgroup(id, file).parse().unwrap_or(0)
+    ctrd.container_memory_usage(id)
 }
 
 fn config(ctrd: &Containerd, name: &str, text: &str) -> String {
@@ -285,21 +275,6 @@ fn metric(body: &str, name: &str) -> Option<f64> {
         .reduce(|a, b| a + b)
 }
 
-async fn scrape(api: &ApiClient) -> String {
-    use std::io::{Read as _, Write as _};
-    let addr = api
-        .status()
-        .await
-        .expect("status")
-        .metrics_addr
-        .expect("metrics address");
-    let mut s = std::net::TcpStream::connect(&addr).expect("connect");
-    write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").expect("request");
-    let mut body = String::new();
-    s.read_to_string(&mut body).expect("response");
-    body
-}
-
 /// containerd restarted under a running plugin: re-registered, model rebuilt, metrics continue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn containerd_restart_metrics_continue() {
@@ -308,7 +283,7 @@ async fn containerd_restart_metrics_continue() {
     plugin.wait_ready(READY).await;
     let api = plugin.api();
     let _id = container(&ctrd, "before", "sleep 3600", 0).await;
-    let before = scrape(&api).await;
+    let before = scrape_metrics(&api).await;
     let events_before = metric(&before, "nri_resize_nri_events_total").expect("events");
     ctrd.restart().await;
     plugin.wait_ready(Duration::from_secs(30)).await;
@@ -316,7 +291,7 @@ async fn containerd_restart_metrics_continue() {
     ctrd.update_container_resources(&id, &Resources::limits(50_000, 128 * MIB))
         .await
         .expect("update after the restart");
-    let after = scrape(&api).await;
+    let after = scrape_metrics(&api).await;
     assert_eq!(metric(&after, "nri_resize_nri_connected"), Some(1.0));
     let events_after = metric(&after, "nri_resize_nri_events_total").expect("events");
     assert!(

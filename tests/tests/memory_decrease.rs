@@ -18,8 +18,8 @@ use nri_resize::api::ApiClient;
 use nri_resize::policy::ResizeState;
 use nri_resize_tests::cri::ContainerState;
 use nri_resize_tests::{
-    CgroupMode, ContainerSpec, Containerd, ContainerdOptions, ContainerdVersion, PluginProcess,
-    Pod, PodSpec, Resources,
+    scrape_metrics, CgroupMode, ContainerSpec, Containerd, ContainerdOptions, ContainerdVersion,
+    PluginProcess, Pod, PodSpec, Resources,
 };
 
 const MIB: i64 = 1 << 20;
@@ -39,14 +39,11 @@ fn memory_file(ctrd: &Containerd, id: &str, v1_name: &str, v2_name: &str) -> Str
 }
 
 fn limit(ctrd: &Containerd, id: &str) -> i64 {
-    let t = memory_file(ctrd, id, "memory.limit_in_bytes", "memory.max");
-    t.parse().unwrap_or(-1)
+    ctrd.container_memory_limit(id)
 }
 
 fn usage(ctrd: &Containerd, id: &str) -> i64 {
-    memory_file(ctrd, id, "memory.usage_in_bytes", "memory.current")
-        .parse()
-        .unwrap_or(0)
+    ctrd.container_memory_usage(id)
 }
 
 fn oom_kills(ctrd: &Containerd, id: &str) -> u64 {
@@ -153,17 +150,7 @@ async fn settled(
 
 /// `nri_resize_memory_decrease_outcomes_total{outcome=...}` from `/metrics`.
 async fn outcome_count(api: &ApiClient, outcome: &str) -> f64 {
-    use std::io::{Read as _, Write as _};
-    let addr = api
-        .status()
-        .await
-        .expect("status")
-        .metrics_addr
-        .expect("metrics address");
-    let mut s = std::net::TcpStream::connect(&addr).expect("connect metrics");
-    write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").expect("request");
-    let mut body = String::new();
-    s.read_to_string(&mut body).expect("response");
+    let body = scrape_metrics(api).await;
     let needle = format!("nri_resize_memory_decrease_outcomes_total{{outcome=\"{outcome}\"}} ");
     body.lines()
         .find_map(|l| l.strip_prefix(&needle))

@@ -25,8 +25,8 @@ use nri_resize_tests::{
 
 const MIB: i64 = 1 << 20;
 
-/// Burstable: CPU and memory limits with a minimal CPU request (shares 2), so that hundreds of
-/// containers fit a small node's CPU requests.
+/// Burstable: CPU and memory limits with a minimal CPU request (shares 2), and small memory
+/// limits (memory requests follow them), so that 600 containers fit a small node's allocatable.
 fn res(cpu_quota: i64, memory: i64) -> Resources {
     Resources {
         cpu_shares: 2,
@@ -81,12 +81,12 @@ fn fds(pid: u32) -> BTreeMap<String, usize> {
 
 async fn new_pod(ctrd: &Containerd, name: &str) -> (Pod, Vec<String>) {
     let mut spec = PodSpec::new(name);
-    spec.resources = res(300_000, 768 * MIB);
+    spec.resources = res(300_000, 128 * MIB);
     let pod = Box::pin(ctrd.run_pod(spec)).await.expect("RunPodSandbox");
     let mut ids = Vec::new();
     for c in ["a", "b", "c"] {
         let mut s = ContainerSpec::new(c, &["sleep", "3600"]);
-        s.resources = res(50_000, 64 * MIB);
+        s.resources = res(50_000, 16 * MIB);
         let id = Box::pin(ctrd.create_container(&pod, s))
             .await
             .expect("CreateContainer");
@@ -170,17 +170,7 @@ async fn model_matches_runtime(ctrd: &Containerd, api: &ApiClient) -> Result<usi
 
 /// p99 upper bound per event from `nri_resize_nri_handler_duration_seconds` buckets.
 async fn handler_p99(api: &ApiClient) -> BTreeMap<String, f64> {
-    use std::io::{Read as _, Write as _};
-    let addr = api
-        .status()
-        .await
-        .expect("status")
-        .metrics_addr
-        .expect("metrics");
-    let mut s = std::net::TcpStream::connect(&addr).expect("connect");
-    write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").expect("request");
-    let mut body = String::new();
-    s.read_to_string(&mut body).expect("response");
+    let body = nri_resize_tests::scrape_metrics(api).await;
     let mut buckets: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
     for l in body.lines() {
         let Some(rest) = l.strip_prefix("nri_resize_nri_handler_duration_seconds_bucket{") else {
@@ -251,7 +241,7 @@ async fn soak_create_resize_churn_remove() {
     // Warm-up: a round of resizes so every per-container structure exists.
     for (_, ids) in &pods {
         for id in ids {
-            ctrd.update_container_resources(id, &res(60_000, 96 * MIB))
+            ctrd.update_container_resources(id, &res(60_000, 24 * MIB))
                 .await
                 .expect("warm-up resize");
         }
@@ -272,9 +262,9 @@ async fn soak_create_resize_churn_remove() {
         let (_, ids) = &pods[k % pods.len()];
         let id = &ids[k % 3];
         let (quota, mem) = if k % 2 == 0 {
-            (40_000, 80 * MIB)
+            (40_000, 20 * MIB)
         } else {
-            (70_000, 112 * MIB)
+            (70_000, 28 * MIB)
         };
         match ctrd.update_container_resources(id, &res(quota, mem)).await {
             Ok(()) => resizes += 1,
