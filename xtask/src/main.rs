@@ -253,8 +253,8 @@ fn test(fuzz_seconds: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The full soak (issue 9): `pods` × 3 containers, 10 resizes/s, for `seconds`, release build.
-fn soak(pods: u32, seconds: u64) -> anyhow::Result<()> {
+/// Setup, the eBPF object and the release daemon; returns the daemon's path.
+fn release_plugin() -> anyhow::Result<PathBuf> {
     setup(true)?;
     build_ebpf()?;
     run(
@@ -268,10 +268,16 @@ fn soak(pods: u32, seconds: u64) -> anyhow::Result<()> {
             "nri-resize",
         ]),
     )?;
+    Ok(root().join("target/release/nri-resize"))
+}
+
+/// The full soak (issue 9): `pods` × 3 containers, 10 resizes/s, for `seconds`, release build.
+fn soak(pods: u32, seconds: u64) -> anyhow::Result<()> {
+    let bin = release_plugin()?;
     run(
         &format!("soak: {pods} pods x 3 containers for {seconds} s"),
         cargo()
-            .env("NRI_RESIZE_BIN", root().join("target/release/nri-resize"))
+            .env("NRI_RESIZE_BIN", &bin)
             .env("NRI_RESIZE_SOAK_PODS", pods.to_string())
             .env("NRI_RESIZE_SOAK_SECS", seconds.to_string())
             .args([
@@ -303,22 +309,9 @@ fn demo() -> anyhow::Result<()> {
 /// results (each benchmark appends its rows to `target/bench-table.jsonl`, see
 /// `nri_resize::bench_table`). A failed benchmark is named and the others still run.
 fn bench() -> anyhow::Result<()> {
-    setup(true)?;
-    build_ebpf()?;
-    run(
-        "build the plugin (release)",
-        cargo().args([
-            "build",
-            "--release",
-            "-p",
-            "nri-resize",
-            "--bin",
-            "nri-resize",
-        ]),
-    )?;
+    let bin = release_plugin()?;
     let table = root().join("target/bench-table.jsonl");
     let _ = std::fs::remove_file(&table);
-    let bin = root().join("target/release/nri-resize");
     let benches: [(&str, &str, &str); 8] = [
         (
             "nri-resize",
