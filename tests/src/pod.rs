@@ -406,6 +406,48 @@ impl Containerd {
         Ok(())
     }
 
+    /// A pod (CPU 2, memory 1 GiB) with one container `app` (CPU 1, memory 512 MiB) running
+    /// `sh -c script`, returned once the container's memory usage reached `min_usage` bytes and
+    /// settled: what the memory-decrease and fault tests resize. `annotations` go on the pod.
+    ///
+    /// # Panics
+    /// If the pod or container cannot be created or started, or usage stays below `min_usage`
+    /// for 60 s (the message says how far it got).
+    pub async fn loaded_pod(
+        &self,
+        name: &str,
+        annotations: &[(&str, &str)],
+        script: &str,
+        min_usage: i64,
+    ) -> (Pod, String) {
+        const MIB: i64 = 1 << 20;
+        let mut spec = PodSpec::new(name);
+        for (k, v) in annotations {
+            spec.annotations.insert((*k).to_string(), (*v).to_string());
+        }
+        spec.resources = Resources::limits(200_000, 1024 * MIB);
+        let pod = Box::pin(self.run_pod(spec)).await.expect("RunPodSandbox");
+        let mut c = ContainerSpec::new("app", &["sh", "-c", script]);
+        c.resources = Resources::limits(100_000, 512 * MIB);
+        let id = Box::pin(self.create_container(&pod, c))
+            .await
+            .expect("CreateContainer");
+        self.start_container(&id).await.expect("StartContainer");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while self.container_memory_usage(&id) < min_usage {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{name}: usage stayed at {} MiB, below {} MiB",
+                self.container_memory_usage(&id) / MIB,
+                min_usage / MIB
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        // Let the writer finish and settle.
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        (pod, id)
+    }
+
     /// Reads the pod cgroup's limits.
     pub fn pod_cgroup_limits(&self, pod: &Pod) -> io::Result<CgroupLimits> {
         self.cgroups.limits(&pod.cgroup_parent)

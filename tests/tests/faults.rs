@@ -19,8 +19,7 @@ use nri_resize::api::ApiClient;
 use nri_resize::policy::ResizeState;
 use nri_resize_tests::cri::ContainerState;
 use nri_resize_tests::{
-    scrape_metrics, ContainerSpec, Containerd, ContainerdOptions, ContainerdVersion, PluginProcess,
-    PodSpec, Resources,
+    scrape_metrics, Containerd, ContainerdOptions, ContainerdVersion, PluginProcess, Resources,
 };
 
 const MIB: i64 = 1 << 20;
@@ -31,10 +30,6 @@ fn limit(ctrd: &Containerd, id: &str) -> i64 {
     ctrd.container_memory_limit(id)
 }
 
-fn usage(ctrd: &Containerd, id: &str) -> i64 {
-    ctrd.container_memory_usage(id)
-}
-
 fn config(ctrd: &Containerd, name: &str, text: &str) -> String {
     let p = ctrd.base_dir().join(format!("{name}.toml"));
     std::fs::write(&p, text).expect("write config");
@@ -43,22 +38,7 @@ fn config(ctrd: &Containerd, name: &str, text: &str) -> String {
 
 /// A pod with one container `app` (512 MiB) running `script`, once it uses `min_usage`.
 async fn container(ctrd: &Containerd, name: &str, script: &str, min_usage: i64) -> String {
-    let mut spec = PodSpec::new(name);
-    spec.resources = Resources::limits(200_000, 1024 * MIB);
-    let pod = Box::pin(ctrd.run_pod(spec)).await.expect("RunPodSandbox");
-    let mut c = ContainerSpec::new("app", &["sh", "-c", script]);
-    c.resources = Resources::limits(100_000, 512 * MIB);
-    let id = Box::pin(ctrd.create_container(&pod, c))
-        .await
-        .expect("CreateContainer");
-    ctrd.start_container(&id).await.expect("StartContainer");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while usage(ctrd, &id) < min_usage {
-        assert!(Instant::now() < deadline, "{name}: usage never reached");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    id
+    ctrd.loaded_pod(name, &[], script, min_usage).await.1
 }
 
 async fn state_of(api: &ApiClient, id: &str) -> Option<nri_resize::resize::ContainerResize> {

@@ -18,8 +18,8 @@ use nri_resize::api::ApiClient;
 use nri_resize::policy::ResizeState;
 use nri_resize_tests::cri::ContainerState;
 use nri_resize_tests::{
-    scrape_metrics, CgroupMode, ContainerSpec, Containerd, ContainerdOptions, ContainerdVersion,
-    PluginProcess, Pod, PodSpec, Resources,
+    scrape_metrics, CgroupMode, Containerd, ContainerdOptions, ContainerdVersion, PluginProcess,
+    Pod, Resources,
 };
 
 const MIB: i64 = 1 << 20;
@@ -69,43 +69,9 @@ async fn loaded_container(
     script: &str,
     min_usage: i64,
 ) -> String {
-    loaded_pod(ctrd, name, annotations, script, min_usage)
+    ctrd.loaded_pod(name, annotations, script, min_usage)
         .await
         .1
-}
-
-async fn loaded_pod(
-    ctrd: &Containerd,
-    name: &str,
-    annotations: &[(&str, &str)],
-    script: &str,
-    min_usage: i64,
-) -> (Pod, String) {
-    let mut spec = PodSpec::new(name);
-    for (k, v) in annotations {
-        spec.annotations.insert((*k).to_string(), (*v).to_string());
-    }
-    spec.resources = Resources::limits(200_000, 1024 * MIB);
-    let pod = Box::pin(ctrd.run_pod(spec)).await.expect("RunPodSandbox");
-    let mut c = ContainerSpec::new("app", &["sh", "-c", script]);
-    c.resources = Resources::limits(100_000, 512 * MIB);
-    let id = Box::pin(ctrd.create_container(&pod, c))
-        .await
-        .expect("CreateContainer");
-    ctrd.start_container(&id).await.expect("StartContainer");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while usage(ctrd, &id) < min_usage {
-        assert!(
-            Instant::now() < deadline,
-            "{name}: usage stayed at {} MiB, below {} MiB",
-            usage(ctrd, &id) / MIB,
-            min_usage / MIB
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    // Let the writer finish and settle.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    (pod, id)
 }
 
 async fn running(ctrd: &Containerd, id: &str) -> bool {
@@ -460,7 +426,9 @@ async fn whole_pod_decrease_lowers_the_pod_after_its_reclaimed_container() {
     };
 
     // Page cache: reclaimed, then the container at 128 MiB, then the pod (1024 → 640 MiB).
-    let (pod, id) = loaded_pod(&ctrd, "api-cache", &[], CACHE_AND_ANON, 440 * MIB).await;
+    let (pod, id) = ctrd
+        .loaded_pod("api-cache", &[], CACHE_AND_ANON, 440 * MIB)
+        .await;
     let r = api
         .resize_pod("default", "api-cache", &req(128 * MIB))
         .await
@@ -479,7 +447,7 @@ async fn whole_pod_decrease_lowers_the_pod_after_its_reclaimed_container() {
     assert_eq!(oom_kills(&ctrd, &id), 0);
 
     // Anonymous memory: Deferred, and the pod cgroup is not lowered.
-    let (pod, id) = loaded_pod(&ctrd, "api-anon", &[], ANON_300, 300 * MIB).await;
+    let (pod, id) = ctrd.loaded_pod("api-anon", &[], ANON_300, 300 * MIB).await;
     let err = api
         .resize_pod("default", "api-anon", &req(100 * MIB))
         .await

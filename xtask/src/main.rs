@@ -5,7 +5,7 @@
 //! - `test`       setup + every tier: format, lint, unit, kernel, containerd 1.7 and 2.x, fuzz, vm
 //! - `demo`       a private containerd + the plugin + a pod created and resized, narrated
 //! - `bench`      every benchmark, side by side with its baseline
-//! - `fuzz`       run one fuzz target (default: all, 60 s each)
+//! - `fuzz`       run one fuzz target (default: all, 60 s each; `--runs N` for N executions each)
 //! - `manifests`  render deploy/ with kustomize, validate offline (also a tier of `test`)
 //! - `image`      the daemon as an OCI image archive (`ctr images import`-able), no Docker engine
 //! - `soak`       the full soak: 200 pods x 3 containers, 10 resizes/s, 10 minutes (`--pods`, `--seconds`)
@@ -96,7 +96,15 @@ fn ensure_cargo_fuzz() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn fuzz(targets: &[&str], seconds: u64) -> anyhow::Result<()> {
+/// How long each fuzz target runs: for a time (CI) or to a number of executions (the long runs
+/// that back the "≥ 10 M executions without a crash" goal; libFuzzer ends with `Done N runs`).
+#[derive(Clone, Copy)]
+enum FuzzBudget {
+    Seconds(u64),
+    Runs(u64),
+}
+
+fn fuzz(targets: &[&str], budget: FuzzBudget) -> anyhow::Result<()> {
     ensure_cargo_fuzz()?;
     for t in targets {
         // `rustup run`: `$CARGO` is the toolchain's own cargo, which knows no `+nightly`.
@@ -113,9 +121,18 @@ fn fuzz(targets: &[&str], seconds: u64) -> anyhow::Result<()> {
                 t,
                 "--",
             ])
-            .arg(format!("-max_total_time={seconds}"))
-            .arg("-rss_limit_mb=4096");
-        run(&format!("fuzz {t} for {seconds} s"), &mut cmd)?;
+            .arg(match budget {
+                FuzzBudget::Seconds(s) => format!("-max_total_time={s}"),
+                FuzzBudget::Runs(n) => format!("-runs={n}"),
+            })
+            .arg("-rss_limit_mb=4096")
+            // Ends with `stat::number_of_executed_units` and `stat::peak_rss_mb`: the record.
+            .arg("-print_final_stats=1");
+        let what = match budget {
+            FuzzBudget::Seconds(s) => format!("fuzz {t} for {s} s"),
+            FuzzBudget::Runs(n) => format!("fuzz {t} for {n} executions"),
+        };
+        run(&what, &mut cmd)?;
     }
     Ok(())
 }
@@ -222,7 +239,9 @@ fn test(fuzz_seconds: u64) -> anyhow::Result<()> {
             ]),
         )
     });
-    tier(&mut results, "fuzz", || fuzz(&FUZZ_TARGETS, fuzz_seconds));
+    tier(&mut results, "fuzz", || {
+        fuzz(&FUZZ_TARGETS, FuzzBudget::Seconds(fuzz_seconds))
+    });
     tier(&mut results, "vm", || {
         vm::vm_test(
             &root(),
@@ -472,12 +491,17 @@ fn main() -> anyhow::Result<()> {
             vm::vm_test(&root(), &opts)
         }
         Some("fuzz") => {
-            let seconds = arg("--seconds").map_or(Ok(60), |s| s.parse()).context("--seconds")?;
+            let budget = match arg("--runs") {
+                Some(n) => FuzzBudget::Runs(n.parse().context("--runs")?),
+                None => FuzzBudget::Seconds(
+                    arg("--seconds").map_or(Ok(60), |s| s.parse()).context("--seconds")?,
+                ),
+            };
             match arg("--target") {
-                Some(t) => fuzz(&[t.as_str()], seconds),
-                None => fuzz(&FUZZ_TARGETS, seconds),
+                Some(t) => fuzz(&[t.as_str()], budget),
+                None => fuzz(&FUZZ_TARGETS, budget),
             }
         }
-        _ => bail!("usage: cargo xtask <setup|build-ebpf|test [--fuzz-seconds N]|demo|bench|fuzz [--target T] [--seconds N]|manifests|image [--debug] [--out PATH]|vm-test [--kernel 6.1|6.12|all] [--suite T] [--budget-seconds N]|soak [--pods N] [--seconds N]>"),
+        _ => bail!("usage: cargo xtask <setup|build-ebpf|test [--fuzz-seconds N]|demo|bench|fuzz [--target T] [--seconds N | --runs N]|manifests|image [--debug] [--out PATH]|vm-test [--kernel 6.1|6.12|all] [--suite T] [--budget-seconds N]|soak [--pods N] [--seconds N]>"),
     }
 }
