@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 
 use nri_resize::api::ApiClient;
 use nri_resize_tests::{
-    percentile, CgroupMode, ContainerSpec, Containerd, ContainerdOptions, ContainerdVersion,
-    PluginProcess, PodSpec, Resources,
+    percentile, CgroupMode, Containerd, ContainerdOptions, ContainerdVersion, PluginProcess,
+    Resources,
 };
 
 const MIB: i64 = 1 << 20;
@@ -48,16 +48,9 @@ impl Setup {
             }
             None => None,
         };
-        let mut spec = PodSpec::new("bench-decrease");
-        spec.resources = Resources::limits(200_000, 1024 * MIB);
-        let pod = Box::pin(ctrd.run_pod(spec)).await.expect("RunPodSandbox");
-        let mut c = ContainerSpec::new("app", &["sh", "-c", LOAD]);
-        c.resources = Resources::limits(100_000, 512 * MIB);
-        let id = Box::pin(ctrd.create_container(&pod, c))
-            .await
-            .expect("create");
-        ctrd.start_container(&id).await.expect("start");
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        let (_pod, id) = ctrd
+            .loaded_pod("bench-decrease", &[], LOAD, 440 * MIB)
+            .await;
         Setup { ctrd, id, plugin }
     }
 
@@ -81,16 +74,7 @@ impl Setup {
             .await
             .expect("refill the page cache");
         assert_eq!(r.exit_code, 0, "refill: {r:?}");
-        let file = if self.v1() {
-            "memory.usage_in_bytes"
-        } else {
-            "memory.current"
-        };
-        let usage: i64 = self
-            .ctrd
-            .read_container_cgroup(&self.id, file)
-            .parse()
-            .expect("usage");
+        let usage = self.ctrd.container_memory_usage(&self.id);
         assert!(
             usage >= 440 * MIB,
             "usage after refill: {} MiB",
