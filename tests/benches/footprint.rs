@@ -14,13 +14,6 @@ use nri_resize_tests::{
 
 const MIB: i64 = 1 << 20;
 
-fn res(cpu_quota: i64, memory: i64) -> Resources {
-    Resources {
-        cpu_shares: 2,
-        ..Resources::limits(cpu_quota, memory)
-    }
-}
-
 /// (RSS KiB, CPU seconds user+system, open fds) of `pid`.
 fn footprint(pid: u32) -> (u64, f64, usize) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -62,11 +55,11 @@ async fn main() {
 
     for p in 0..pods {
         let mut spec = PodSpec::new(&format!("fp-{p}"));
-        spec.resources = res(200_000, 1024 * MIB);
+        spec.resources = Resources::burstable(200_000, 1024 * MIB);
         let pod = Box::pin(ctrd.run_pod(spec)).await.expect("RunPodSandbox");
         for c in 0..5 {
             let mut s = ContainerSpec::new(&format!("c{c}"), &["sleep", "3600"]);
-            s.resources = res(20_000, 32 * MIB);
+            s.resources = Resources::burstable(20_000, 32 * MIB);
             let id = Box::pin(ctrd.create_container(&pod, s))
                 .await
                 .expect("CreateContainer");

@@ -39,12 +39,7 @@ impl Setup {
         let ctrd = Containerd::start(ContainerdVersion::V1_7, ContainerdOptions::default()).await;
         let plugin = match config {
             Some(text) => {
-                let cfg = ctrd.base_dir().join("bench.toml");
-                std::fs::write(&cfg, text).expect("config");
-                let cfg = cfg.to_string_lossy().into_owned();
-                let mut p = PluginProcess::start(&ctrd, "nri-resize-bench", &["--config", &cfg]);
-                p.wait_ready(Duration::from_secs(15)).await;
-                Some(p)
+                Some(PluginProcess::start_ready(&ctrd, "nri-resize-bench", Some(text)).await)
             }
             None => None,
         };

@@ -66,6 +66,24 @@ impl PluginProcess {
         p
     }
 
+    /// Starts the plugin against `ctrd` with `config` (TOML, written to `<base>/<name>.toml`;
+    /// `None`: the built-in defaults) and waits up to 15 s for it to be ready (panics with its
+    /// log otherwise).
+    pub async fn start_ready(ctrd: &Containerd, name: &str, config: Option<&str>) -> PluginProcess {
+        let mut args = Vec::new();
+        if let Some(text) = config {
+            let path = ctrd.base_dir().join(format!("{name}.toml"));
+            std::fs::write(&path, text)
+                .unwrap_or_else(|e| panic!("write plugin config {}: {e}", path.display()));
+            args.push("--config".to_string());
+            args.push(path.to_string_lossy().into_owned());
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut plugin = PluginProcess::start(ctrd, name, &args);
+        plugin.wait_ready(Duration::from_secs(15)).await;
+        plugin
+    }
+
     fn spawn(&mut self) {
         let log = File::options()
             .create(true)

@@ -46,6 +46,15 @@ impl Resources {
         }
     }
 
+    /// Burstable: limits as [`Resources::limits`] with the minimal CPU request (shares 2), so
+    /// that many containers fit a small node's allocatable.
+    pub fn burstable(cpu_quota: i64, memory_limit: i64) -> Self {
+        Self {
+            cpu_shares: 2,
+            ..Self::limits(cpu_quota, memory_limit)
+        }
+    }
+
     /// As CRI `LinuxContainerResources`.
     pub fn to_cri(&self) -> LinuxContainerResources {
         LinuxContainerResources {

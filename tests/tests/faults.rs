@@ -30,12 +30,6 @@ fn limit(ctrd: &Containerd, id: &str) -> i64 {
     ctrd.container_memory_limit(id)
 }
 
-fn config(ctrd: &Containerd, name: &str, text: &str) -> String {
-    let p = ctrd.base_dir().join(format!("{name}.toml"));
-    std::fs::write(&p, text).expect("write config");
-    p.to_string_lossy().into_owned()
-}
-
 /// A pod with one container `app` (512 MiB) running `script`, once it uses `min_usage`.
 async fn container(ctrd: &Containerd, name: &str, script: &str, min_usage: i64) -> String {
     ctrd.loaded_pod(name, &[], script, min_usage).await.1
@@ -54,9 +48,12 @@ fn count(log: &str, needle: &str) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn plugin_killed_mid_memory_decrease_resumes_from_its_checkpoint() {
     let ctrd = Containerd::start(ContainerdVersion::V2, ContainerdOptions::default()).await;
-    let cfg = config(&ctrd, "kill", "[memory_decrease]\ntimeout_ms = 120000\n");
-    let mut plugin = PluginProcess::start(&ctrd, "nri-resize", &["--config", &cfg]);
-    plugin.wait_ready(READY).await;
+    let mut plugin = PluginProcess::start_ready(
+        &ctrd,
+        "nri-resize",
+        Some("[memory_decrease]\ntimeout_ms = 120000\n"),
+    )
+    .await;
     let api = plugin.api();
     let id = container(&ctrd, "killed", ANON_300, 300 * MIB).await;
     ctrd.update_container_resources(&id, &Resources::limits(100_000, 100 * MIB))
@@ -140,9 +137,12 @@ async fn plugin_killed_mid_memory_decrease_resumes_from_its_checkpoint() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn container_removed_during_a_reclaim_is_one_clear_line_not_a_retry_storm() {
     let ctrd = Containerd::start(ContainerdVersion::V1_7, ContainerdOptions::default()).await;
-    let cfg = config(&ctrd, "gone", "[memory_decrease]\ntimeout_ms = 60000\n");
-    let mut plugin = PluginProcess::start(&ctrd, "nri-resize", &["--config", &cfg]);
-    plugin.wait_ready(READY).await;
+    let plugin = PluginProcess::start_ready(
+        &ctrd,
+        "nri-resize",
+        Some("[memory_decrease]\ntimeout_ms = 60000\n"),
+    )
+    .await;
     let api = plugin.api();
     let id = container(&ctrd, "gone", ANON_300, 300 * MIB).await;
     ctrd.update_container_resources(&id, &Resources::limits(100_000, 100 * MIB))

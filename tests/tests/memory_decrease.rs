@@ -23,7 +23,6 @@ use nri_resize_tests::{
 };
 
 const MIB: i64 = 1 << 20;
-const READY: Duration = Duration::from_secs(15);
 /// 400 MiB of clean page cache (written, then synced) and 50 MiB held anonymous by a `dd` whose
 /// buffer stays allocated while it blocks writing into a pipe nobody reads.
 const CACHE_AND_ANON: &str =
@@ -49,15 +48,6 @@ fn usage(ctrd: &Containerd, id: &str) -> i64 {
 fn oom_kills(ctrd: &Containerd, id: &str) -> u64 {
     let text = memory_file(ctrd, id, "memory.oom_control", "memory.events");
     nri_resize::observer::parse::oom_kill_count(&text).unwrap_or(0)
-}
-
-async fn start_plugin(ctrd: &Containerd, config: &str) -> PluginProcess {
-    let cfg = ctrd.base_dir().join("nri-resize.toml");
-    std::fs::write(&cfg, config).expect("write plugin config");
-    let cfg = cfg.to_string_lossy().into_owned();
-    let mut plugin = PluginProcess::start(ctrd, "nri-resize", &["--config", &cfg]);
-    plugin.wait_ready(READY).await;
-    plugin
 }
 
 /// A pod with one container `app` limited to 512 MiB running `script`, once its usage reached
@@ -134,9 +124,10 @@ struct Tally {
 /// (a) and (b) through the plugin; returns what happened.
 async fn with_plugin(ctrd: &Containerd) -> Tally {
     // `inline_max = 0`: the staged path, even where one reclaim inside the update would do.
-    let plugin = start_plugin(
+    let plugin = PluginProcess::start_ready(
         ctrd,
-        "[memory_decrease]\ntimeout_ms = 5000\ninline_max = 0\n",
+        "nri-resize",
+        Some("[memory_decrease]\ntimeout_ms = 5000\ninline_max = 0\n"),
     )
     .await;
     let api = plugin.api();
@@ -282,7 +273,7 @@ async fn memory_decrease_side_by_side_containerd_2() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn memory_decrease_strategies_reject_and_restart() {
     let ctrd = Containerd::start(ContainerdVersion::V2, ContainerdOptions::default()).await;
-    let plugin = start_plugin(&ctrd, "").await;
+    let plugin = PluginProcess::start_ready(&ctrd, "nri-resize", None).await;
     let api = plugin.api();
 
     let id = loaded_container(&ctrd, "inline", &[], CACHE_AND_ANON, 440 * MIB).await;
@@ -348,7 +339,12 @@ async fn memory_decrease_strategies_reject_and_restart() {
 
     // A looser annotation than the node default is ignored and reported.
     drop(plugin);
-    let plugin = start_plugin(&ctrd, "[memory_decrease]\nstrategy = \"reject\"\n").await;
+    let plugin = PluginProcess::start_ready(
+        &ctrd,
+        "nri-resize",
+        Some("[memory_decrease]\nstrategy = \"reject\"\n"),
+    )
+    .await;
     let id = loaded_container(
         &ctrd,
         "looser",
@@ -369,7 +365,12 @@ async fn memory_decrease_strategies_reject_and_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_second_update_during_a_reclaim_wins() {
     let ctrd = Containerd::start(ContainerdVersion::V1_7, ContainerdOptions::default()).await;
-    let plugin = start_plugin(&ctrd, "[memory_decrease]\ntimeout_ms = 30000\n").await;
+    let plugin = PluginProcess::start_ready(
+        &ctrd,
+        "nri-resize",
+        Some("[memory_decrease]\ntimeout_ms = 30000\n"),
+    )
+    .await;
     let api = plugin.api();
     let id = loaded_container(&ctrd, "supersede", &[], ANON_300, 300 * MIB).await;
     ctrd.update_container_resources(&id, &Resources::limits(100_000, 100 * MIB))
@@ -407,7 +408,12 @@ async fn a_second_update_during_a_reclaim_wins() {
 async fn whole_pod_decrease_lowers_the_pod_after_its_reclaimed_container() {
     use nri_resize::resize::{ContainerTarget, PodResizeRequest};
     let ctrd = Containerd::start(ContainerdVersion::V1_7, ContainerdOptions::default()).await;
-    let plugin = start_plugin(&ctrd, "[memory_decrease]\ntimeout_ms = 3000\n").await;
+    let plugin = PluginProcess::start_ready(
+        &ctrd,
+        "nri-resize",
+        Some("[memory_decrease]\ntimeout_ms = 3000\n"),
+    )
+    .await;
     let api = plugin.api();
     let req = |mem: i64| PodResizeRequest {
         containers: [(

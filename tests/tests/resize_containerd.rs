@@ -38,29 +38,6 @@ fn cpu_quota(ctrd: &Containerd, id: &str) -> i64 {
     }
 }
 
-fn memory_limit(ctrd: &Containerd, id: &str) -> i64 {
-    let file = if v1(ctrd) {
-        "memory.limit_in_bytes"
-    } else {
-        "memory.max"
-    };
-    ctrd.read_container_cgroup(id, file).parse().unwrap_or(-1)
-}
-
-async fn start_plugin(ctrd: &Containerd, name: &str, config: Option<&str>) -> PluginProcess {
-    let mut args = Vec::new();
-    let cfg_path = ctrd.base_dir().join(format!("{name}.toml"));
-    if let Some(text) = config {
-        std::fs::write(&cfg_path, text).expect("write plugin config");
-        args.push("--config".to_string());
-        args.push(cfg_path.to_string_lossy().into_owned());
-    }
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut plugin = PluginProcess::start(ctrd, name, &args);
-    plugin.wait_ready(READY).await;
-    plugin
-}
-
 async fn pod_with(
     ctrd: &Containerd,
     name: &str,
@@ -121,7 +98,7 @@ async fn container_record(api: &ApiClient, id: &str) -> nri_resize::resize::Cont
 )]
 async fn resize_policy_and_actions() {
     let ctrd = Containerd::start(ContainerdVersion::V1_7, ContainerdOptions::default()).await;
-    let plugin = start_plugin(&ctrd, "nri-resize", None).await;
+    let plugin = PluginProcess::start_ready(&ctrd, "nri-resize", None).await;
     let api = plugin.api();
     let pod_limits = Resources::limits(400_000, 1024 * MIB);
     let small = Resources::limits(10_000, 64 * MIB);
@@ -132,7 +109,10 @@ async fn resize_policy_and_actions() {
         .await
         .expect("in-place update");
     assert_eq!(
-        (cpu_quota(&ctrd, &ids[0]), memory_limit(&ctrd, &ids[0])),
+        (
+            cpu_quota(&ctrd, &ids[0]),
+            ctrd.container_memory_limit(&ids[0])
+        ),
         (20_000, 128 * MIB)
     );
 
@@ -192,7 +172,7 @@ async fn resize_policy_and_actions() {
     ctrd.update_container_resources(&ids[0], &Resources::limits(10_000, 96 * MIB))
         .await
         .expect("increase in place");
-    assert_eq!(memory_limit(&ctrd, &ids[0]), 96 * MIB);
+    assert_eq!(ctrd.container_memory_limit(&ids[0]), 96 * MIB);
     ctrd.update_container_resources(&ids[0], &Resources::limits(10_000, 80 * MIB))
         .await
         .ok();
@@ -212,7 +192,11 @@ async fn resize_policy_and_actions() {
         .await
         .expect_err("LiveResize that needs a restart fails");
     assert!(err.message().contains("refused"), "{err:?}");
-    assert_eq!(memory_limit(&ctrd, &ids[0]), 64 * MIB, "nothing applied");
+    assert_eq!(
+        ctrd.container_memory_limit(&ids[0]),
+        64 * MIB,
+        "nothing applied"
+    );
     let st = ctrd.container_status(&ids[0]).await.expect("status");
     assert_eq!(st.state, ContainerState::ContainerRunning as i32);
     assert_eq!(
@@ -257,7 +241,7 @@ async fn admission_enforce_and_observe() {
         ("observe", Some("[resize]\nmode = \"observe\"\n")),
     ] {
         let ctrd = Containerd::start(ContainerdVersion::V1_7, ContainerdOptions::default()).await;
-        let plugin = start_plugin(&ctrd, "nri-resize", config).await;
+        let plugin = PluginProcess::start_ready(&ctrd, "nri-resize", config).await;
         let (_, ids) = pod_with(
             &ctrd,
             "admission",
@@ -276,10 +260,10 @@ async fn admission_enforce_and_observe() {
         if mode == "enforce" {
             let err = r.expect_err("enforce fails an infeasible resize");
             assert!(err.message().contains("Infeasible"), "{err:?}");
-            assert_eq!(memory_limit(&ctrd, &ids[0]), 64 * MIB);
+            assert_eq!(ctrd.container_memory_limit(&ids[0]), 64 * MIB);
         } else {
             r.expect("observe lets the update through");
-            assert_eq!(memory_limit(&ctrd, &ids[0]), 1 << 40);
+            assert_eq!(ctrd.container_memory_limit(&ids[0]), 1 << 40);
         }
         eprintln!("admission ({mode}): {rec:?}");
     }
@@ -289,7 +273,7 @@ async fn admission_enforce_and_observe() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn admission_defers_what_does_not_fit_next_to_other_pods() {
     let ctrd = Containerd::start(ContainerdVersion::V1_7, ContainerdOptions::default()).await;
-    let plugin = start_plugin(&ctrd, "nri-resize", None).await;
+    let plugin = PluginProcess::start_ready(&ctrd, "nri-resize", None).await;
     let online = std::fs::read_to_string("/sys/devices/system/cpu/online").expect("online CPUs");
     let cpus = nri_resize::policy::CpuSet::parse(online.trim())
         .expect("cpu list")
@@ -355,7 +339,7 @@ async fn kubelet_style_update_that_fails_on_v1_without_ordering_succeeds() {
     assert_eq!(cpu_quota(&ctrd, &ids[0]), 50_000);
 
     // With the plugin: the pod cgroup is raised first and the same update succeeds.
-    let _plugin = start_plugin(&ctrd, "nri-resize", None).await;
+    let _plugin = PluginProcess::start_ready(&ctrd, "nri-resize", None).await;
     ctrd.update_container_resources(&ids[0], &Resources::limits(150_000, 64 * MIB))
         .await
         .expect("ordered update succeeds");
@@ -452,7 +436,7 @@ async fn assert_cgroups(
         let id = &ids[*name];
         let quota = i64::try_from(*cpu * 100).expect("fits");
         assert_eq!(
-            (cpu_quota(ctrd, id), memory_limit(ctrd, id)),
+            (cpu_quota(ctrd, id), ctrd.container_memory_limit(id)),
             (quota, *mem),
             "{label}: cgroupfs of {name}"
         );
@@ -485,7 +469,7 @@ async fn assert_cgroups(
 async fn three_container_pod_resizes(version: ContainerdVersion) {
     let ctrd = Containerd::start(version, ContainerdOptions::default()).await;
     eprintln!("=== whole-pod resizes on {version} ({})", ctrd.version());
-    let plugin = start_plugin(&ctrd, "nri-resize", None).await;
+    let plugin = PluginProcess::start_ready(&ctrd, "nri-resize", None).await;
     let api = plugin.api();
     let (pod, ids) = three_guaranteed_containers(&ctrd, "guaranteed").await;
 
@@ -590,7 +574,7 @@ async fn whole_pod_resize_of_three_guaranteed_containers_containerd_2() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn plugin_killed_mid_resize_resumes_from_its_checkpoint() {
     let ctrd = Containerd::start(ContainerdVersion::V1_7, ContainerdOptions::default()).await;
-    let mut plugin = start_plugin(
+    let mut plugin = PluginProcess::start_ready(
         &ctrd,
         "nri-resize",
         Some("[resize]\nstep_pause_ms = 1500\n"),
@@ -683,7 +667,9 @@ async fn plugin_killed_mid_resize_resumes_from_its_checkpoint() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_newer_request_mid_resize_wins() {
     let ctrd = Containerd::start(ContainerdVersion::V1_7, ContainerdOptions::default()).await;
-    let plugin = start_plugin(&ctrd, "nri-resize", Some("[resize]\nstep_pause_ms = 700\n")).await;
+    let plugin =
+        PluginProcess::start_ready(&ctrd, "nri-resize", Some("[resize]\nstep_pause_ms = 700\n"))
+            .await;
     let api = plugin.api();
     let (pod, ids) = three_guaranteed_containers(&ctrd, "latest-wins").await;
     let first = targets(&[

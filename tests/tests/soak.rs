@@ -25,15 +25,6 @@ use nri_resize_tests::{
 
 const MIB: i64 = 1 << 20;
 
-/// Burstable: CPU and memory limits with a minimal CPU request (shares 2), and small memory
-/// limits (memory requests follow them), so that 600 containers fit a small node's allocatable.
-fn res(cpu_quota: i64, memory: i64) -> Resources {
-    Resources {
-        cpu_shares: 2,
-        ..Resources::limits(cpu_quota, memory)
-    }
-}
-
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()
@@ -81,12 +72,12 @@ fn fds(pid: u32) -> BTreeMap<String, usize> {
 
 async fn new_pod(ctrd: &Containerd, name: &str) -> (Pod, Vec<String>) {
     let mut spec = PodSpec::new(name);
-    spec.resources = res(300_000, 128 * MIB);
+    spec.resources = Resources::burstable(300_000, 128 * MIB);
     let pod = Box::pin(ctrd.run_pod(spec)).await.expect("RunPodSandbox");
     let mut ids = Vec::new();
     for c in ["a", "b", "c"] {
         let mut s = ContainerSpec::new(c, &["sleep", "3600"]);
-        s.resources = res(50_000, 16 * MIB);
+        s.resources = Resources::burstable(50_000, 16 * MIB);
         let id = Box::pin(ctrd.create_container(&pod, s))
             .await
             .expect("CreateContainer");
@@ -220,11 +211,7 @@ async fn soak_create_resize_churn_remove() {
     let rate = env("NRI_RESIZE_SOAK_RATE", 10).max(1);
     let ctrd = Containerd::start(ContainerdVersion::V2, ContainerdOptions::default()).await;
     // A small journal: full during the warm-up, so it does not count as drift.
-    let cfg = ctrd.base_dir().join("soak.toml");
-    std::fs::write(&cfg, "journal_size = 64\n").expect("config");
-    let cfg = cfg.to_string_lossy().into_owned();
-    let mut plugin = PluginProcess::start(&ctrd, "nri-resize", &["--config", &cfg]);
-    plugin.wait_ready(Duration::from_secs(15)).await;
+    let plugin = PluginProcess::start_ready(&ctrd, "nri-resize", Some("journal_size = 64\n")).await;
     let api = plugin.api();
     let pid = plugin.pid().expect("pid");
     let fds_start = fds(pid);
@@ -241,7 +228,7 @@ async fn soak_create_resize_churn_remove() {
     // Warm-up: a round of resizes so every per-container structure exists.
     for (_, ids) in &pods {
         for id in ids {
-            ctrd.update_container_resources(id, &res(60_000, 24 * MIB))
+            ctrd.update_container_resources(id, &Resources::burstable(60_000, 24 * MIB))
                 .await
                 .expect("warm-up resize");
         }
@@ -266,7 +253,10 @@ async fn soak_create_resize_churn_remove() {
         } else {
             (70_000, 28 * MIB)
         };
-        match ctrd.update_container_resources(id, &res(quota, mem)).await {
+        match ctrd
+            .update_container_resources(id, &Resources::burstable(quota, mem))
+            .await
+        {
             Ok(()) => resizes += 1,
             Err(e) => {
                 failed += 1;
