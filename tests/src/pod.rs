@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::path::PathBuf;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use k8s_cri::v1::{
     ContainerConfig, ContainerMetadata, ContainerStatus, ContainerStatusRequest,
@@ -442,18 +442,18 @@ impl Containerd {
             .await
             .expect("CreateContainer");
         self.start_container(&id).await.expect("StartContainer");
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let deadline = Instant::now() + Duration::from_secs(60);
         while self.container_memory_usage(&id) < min_usage {
             assert!(
-                std::time::Instant::now() < deadline,
+                Instant::now() < deadline,
                 "{name}: usage stayed at {} MiB, below {} MiB",
                 self.container_memory_usage(&id) / MIB,
                 min_usage / MIB
             );
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         // Let the writer finish and settle.
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
         (pod, id)
     }
 
