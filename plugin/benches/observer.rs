@@ -35,6 +35,8 @@ use nri_resize::observer::{
 use nri_resize_ebpf_common::names;
 
 const CGROUPS: usize = 500;
+/// The fair baseline of the reader row: polling with its files kept open.
+const POLLING_KEPT: &str = "polling, fds kept";
 const ROUND_TRIPS: u64 = 100_000;
 const ROUNDS: usize = 7;
 
@@ -464,7 +466,7 @@ fn reader(c: &mut Criterion) {
             "eBPF, as before (oom file opened every read)",
             ebpf(1, Some(0)),
         ),
-        ("polling, fds kept", polling(None)),
+        (POLLING_KEPT, polling(None)),
         (
             "polling, as before (files opened every read)",
             polling(Some(0)),
@@ -525,19 +527,27 @@ fn reader(c: &mut Criterion) {
         );
         shares.push((m.label, t.as_secs_f64() * 100.0));
     }
-    // The table: the daemon's default (first mode) against plain polling (last mode).
-    if let (Some(&(ours_label, ours)), Some(&(base_label, base))) = (shares.first(), shares.last())
-    {
+    report_reader(&shares);
+    drop(modes);
+    drop(tree);
+}
+
+/// The reader row of the table: the daemon's default (first mode) against the strongest polling
+/// mode (fds kept open), not the weakest (files reopened on every read).
+fn report_reader(shares: &[(&str, f64)]) {
+    let baseline = shares.iter().find(|(label, _)| *label == POLLING_KEPT);
+    if let (Some(&(ours_label, ours)), Some(&(base_label, base))) = (shares.first(), baseline) {
+        let weakest = shares.last().map_or_else(String::new, |(l, v)| {
+            format!(" (for reference, {l}: {v:.3} %)")
+        });
         nri_resize::bench_table::row(
             &format!("observer reader CPU, {CGROUPS} cgroups, 1 s interval"),
             &format!("{base_label}: {base:.3} % of one core"),
-            &format!("{ours_label}: {ours:.3} % of one core"),
+            &format!("{ours_label}: {ours:.3} % of one core{weakest}"),
             Some(ours / base.max(1e-9)),
             &format!("< 0.5 %: {}", nri_resize::bench_table::verdict(ours < 0.5)),
         );
     }
-    drop(modes);
-    drop(tree);
 }
 
 criterion_group!(benches, sched_switch, reader);

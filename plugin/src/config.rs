@@ -167,6 +167,18 @@ impl Default for CapacityConfig {
     }
 }
 
+/// Merges `overlay` into `base` key by key: tables merge recursively, anything else replaces.
+fn merge(base: &mut toml::Table, overlay: toml::Table) {
+    for (k, v) in overlay {
+        match (base.get_mut(&k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
+            (_, v) => {
+                base.insert(k, v);
+            }
+        }
+    }
+}
+
 impl Config {
     /// Parses TOML text; `origin` names where it came from, for the error message.
     pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
@@ -190,14 +202,40 @@ impl Config {
         };
         let overlay: toml::Table = toml::from_str(text).map_err(|e| parse_err(&e))?;
         let mut base = toml::Table::try_from(self).map_err(|e| parse_err(&e))?;
-        for (k, v) in overlay {
-            base.insert(k, v);
-        }
+        merge(&mut base, overlay);
         let cfg: Config = base
             .try_into()
             .map_err(|e: toml::de::Error| parse_err(&e))?;
         cfg.validate(origin)?;
         Ok(cfg)
+    }
+
+    /// The runtime's configuration (NRI `Configure`) on top of this one, key by key. Keys that
+    /// cannot change once the daemon runs (`[capacity]`: the watcher starts with the daemon) are
+    /// left as they are and returned, to be reported as ignored.
+    pub fn runtime_overlay(
+        &self,
+        text: &str,
+        origin: &str,
+    ) -> Result<(Config, Vec<String>), ConfigError> {
+        let mut overlay: toml::Table = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            origin: origin.to_string(),
+            message: e.to_string().trim().to_string(),
+        })?;
+        let mut ignored = Vec::new();
+        if let Some(v) = overlay.remove("capacity") {
+            match v {
+                toml::Value::Table(t) => {
+                    ignored.extend(t.keys().map(|k| format!("capacity.{k}")));
+                }
+                _ => ignored.push("capacity".to_string()),
+            }
+        }
+        let text = toml::to_string(&overlay).map_err(|e| ConfigError::Parse {
+            origin: origin.to_string(),
+            message: e.to_string(),
+        })?;
+        Ok((self.overlay(&text, origin)?, ignored))
     }
 
     fn validate(&self, origin: &str) -> Result<(), ConfigError> {
@@ -286,6 +324,52 @@ mod tests {
     #[test]
     fn empty_text_gives_defaults() {
         assert_eq!(Config::parse("", "test").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn written_back_it_parses_to_the_same_configuration() {
+        for text in [
+            "",
+            "journal_size = 7\n[resize]\nmode = \"observe\"\nreserved_memory = 1073741824\n[memory_decrease]\nstrategy = \"reject\"\ntimeout_ms = 5000\n[capacity]\nresync_interval = \"5m\"\n",
+        ] {
+            let cfg = Config::parse(text, "test").unwrap();
+            let written = toml::to_string(&cfg).unwrap();
+            assert_eq!(Config::parse(&written, "again").unwrap(), cfg, "{written}");
+        }
+    }
+
+    #[test]
+    fn overlay_merges_tables_key_by_key() {
+        let file = Config::parse(
+            "[resize]\nreserved_memory = 1073741824\nmax_attempts = 7\n",
+            "file",
+        )
+        .unwrap();
+        let (cfg, ignored) = file
+            .runtime_overlay("[resize]\nmode = \"observe\"\n", "runtime")
+            .unwrap();
+        assert_eq!(cfg.resize.mode, Mode::Observe);
+        assert_eq!(
+            (cfg.resize.reserved_memory, cfg.resize.max_attempts),
+            (1 << 30, 7),
+            "the file's other [resize] keys stay"
+        );
+        assert!(ignored.is_empty());
+    }
+
+    #[test]
+    fn runtime_keys_that_cannot_take_effect_are_reported() {
+        let file = Config::default();
+        let (cfg, ignored) = file
+            .runtime_overlay(
+                "journal_size = 9\n[capacity]\nenabled = false\nresync_interval = \"5s\"\n",
+                "runtime",
+            )
+            .unwrap();
+        assert_eq!(cfg.journal_size, 9);
+        assert_eq!(cfg.capacity, file.capacity, "capacity stays as started");
+        assert_eq!(ignored, ["capacity.enabled", "capacity.resync_interval"]);
+        assert!(file.runtime_overlay("jurnal = 1", "runtime").is_err());
     }
 
     #[test]

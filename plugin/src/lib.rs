@@ -6,10 +6,12 @@
 //! [`daemon`] is the only module that knows them all.
 
 pub mod api;
+pub mod backoff;
 #[doc(hidden)]
 pub mod bench_table;
 pub mod capacity;
 pub mod cgroup;
+pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod metrics;
@@ -18,3 +20,4 @@ pub mod nri;
 pub mod observer;
 pub mod policy;
 pub mod resize;
+pub mod sync;

@@ -323,12 +323,19 @@ async fn watch_status(api: &ApiArgs, json: bool, every: Duration) -> anyhow::Res
     const CLEAR: &str = "\x1b[2J\x1b[H";
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // One listener for the whole watch: a Ctrl-C while a frame is fetched or drawn is kept, not
+    // lost between two listeners.
+    let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     loop {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => return Ok(()),
+            _ = interrupt.recv() => return Ok(()),
             _ = tick.tick() => {}
         }
-        let body = match status_once(api, json, true).await {
+        let fetched = tokio::select! {
+            _ = interrupt.recv() => return Ok(()),
+            r = status_once(api, json, true) => r,
+        };
+        let body = match fetched {
             Ok(text) => text,
             Err(e) if json => {
                 eprintln!("nri-resize: {e:#}");

@@ -71,6 +71,29 @@ fn update_without_anything_to_change_is_refused() {
     assert!(text.contains("nothing to update"), "{text}");
 }
 
+/// `nri-resize run` with everything under `dir` (its NRI socket named `nri_socket`, an empty
+/// cgroup root, metrics on an ephemeral port, no eBPF).
+fn daemon_command(dir: &std::path::Path, nri_socket: &str) -> Command {
+    let p = |name: &str| dir.join(name).to_str().expect("utf8").to_string();
+    std::fs::create_dir_all(dir.join("cgroup")).expect("cgroup dir");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_nri-resize"));
+    cmd.args([
+        "run",
+        "--nri-socket",
+        &p(nri_socket),
+        "--api-socket",
+        &p("api/api.sock"),
+        "--state-dir",
+        &p("state"),
+        "--cgroup-root",
+        &p("cgroup"),
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--no-ebpf",
+    ]);
+    cmd
+}
+
 /// A daemon with no runtime to talk to: it keeps retrying, and its status API and metrics
 /// server answer meanwhile. Stopped (SIGTERM, by pid) when dropped.
 struct Daemon {
@@ -81,23 +104,7 @@ struct Daemon {
 impl Daemon {
     fn start() -> Daemon {
         let dir = tempfile::tempdir().expect("tempdir");
-        let p = |name: &str| dir.path().join(name).to_str().expect("utf8").to_string();
-        std::fs::create_dir_all(dir.path().join("cgroup")).expect("cgroup dir");
-        let child = Command::new(env!("CARGO_BIN_EXE_nri-resize"))
-            .args([
-                "run",
-                "--nri-socket",
-                &p("no-runtime.sock"),
-                "--api-socket",
-                &p("api/api.sock"),
-                "--state-dir",
-                &p("state"),
-                "--cgroup-root",
-                &p("cgroup"),
-                "--metrics-addr",
-                "127.0.0.1:0",
-                "--no-ebpf",
-            ])
+        let child = daemon_command(dir.path(), "no-runtime.sock")
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -138,7 +145,32 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).expect("pid"));
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let _ = self.child.wait();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while matches!(self.child.try_wait(), Ok(None)) {
+            if std::time::Instant::now() > deadline {
+                eprintln!("the daemon ignored SIGTERM for 10 s; killing it");
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
+/// The child's output once it exits; killed (by pid) and the test failed if it takes longer
+/// than `within`.
+fn output_within(child: std::process::Child, within: std::time::Duration) -> std::process::Output {
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    if let Ok(out) = rx.recv_timeout(within) {
+        out.expect("wait")
+    } else {
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        panic!("the child did not exit within {within:?}");
     }
 }
 
@@ -217,7 +249,7 @@ fn status_watch_redraws_until_interrupted() {
     std::thread::sleep(std::time::Duration::from_millis(1500));
     let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).expect("SIGINT");
-    let out = child.wait_with_output().expect("wait");
+    let out = output_within(child, std::time::Duration::from_secs(10));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -256,7 +288,7 @@ fn status_watch_json_prints_one_document_per_line() {
     std::thread::sleep(std::time::Duration::from_secs(1));
     let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).expect("SIGINT");
-    let out = child.wait_with_output().expect("wait");
+    let out = output_within(child, std::time::Duration::from_secs(10));
     let stdout = String::from_utf8_lossy(&out.stdout);
     let docs: Vec<serde_json::Value> = stdout
         .lines()
@@ -264,4 +296,59 @@ fn status_watch_json_prints_one_document_per_line() {
         .collect();
     assert!(docs.len() >= 2, "{stdout}");
     assert!(docs.iter().all(|d| d["runtime"]["connected"] == false));
+}
+
+/// `--exit-on-disconnect` exits on any lost session, a broken one included: a "runtime" that
+/// accepts the connection and then sends a frame no NRI runtime sends (a mux error) makes the
+/// daemon exit with status 3, where it used to keep reconnecting.
+#[test]
+fn exit_on_disconnect_exits_on_a_broken_session_too() {
+    use std::io::Write as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let listener =
+        std::os::unix::net::UnixListener::bind(dir.path().join("nri.sock")).expect("bind");
+    let mut child = daemon_command(dir.path(), "nri.sock")
+        .arg("--exit-on-disconnect")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start nri-resize run");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let connect_by = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut conn = loop {
+        match listener.accept() {
+            Ok((c, _)) => break c,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if std::time::Instant::now() > connect_by {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!("the daemon never connected to the NRI socket");
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => panic!("accept: {e}"),
+        }
+    };
+    conn.set_nonblocking(false).expect("blocking conn");
+    // conn 1, 4 GiB announced: far above the mux's maximum payload.
+    conn.write_all(&[0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff])
+        .expect("write a bad frame");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("try_wait") {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the daemon kept running after its session broke");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+    }
+    assert_eq!(status.code(), Some(3), "{status:?}\n{err}");
+    assert!(err.contains("--exit-on-disconnect"), "{err}");
 }

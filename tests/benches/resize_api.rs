@@ -1,7 +1,9 @@
 //! A whole-pod three-container resize through the nri-resize API (planner + executor, pod cgroup
 //! through cgroupfs, containers through NRI `UpdateContainers`), end to end, side by side with
 //! the baseline of kubelet doing the same writes itself (pod cgroup, then three CRI
-//! `UpdateContainerResources`) in one run. Target: < 50 ms.
+//! `UpdateContainerResources`) in one run. The baseline runs with no plugin connected: the bench
+//! stops the plugin before each baseline block and starts it again (waiting until it is
+//! registered and synchronized) before each block of ours. Target: < 50 ms.
 //!
 //! Run: `cargo bench -p nri-resize-tests --bench resize_api` (part of `cargo xtask bench`).
 
@@ -56,48 +58,70 @@ async fn main() {
     plugin.wait_ready(Duration::from_secs(15)).await;
     let api = plugin.api();
 
+    // Blocks of baseline and ours, alternating: the baseline runs with the plugin detached (its
+    // process stopped, so no update passes through nri-resize), ours after reattaching it
+    // (started again and waited for until registered and synchronized). Each block is an even
+    // number of resizes, up then down, so both directions are in both samples.
+    let block = 10;
+    let blocks = iters.div_ceil(block).max(1);
     let (mut base, mut ours) = (Vec::new(), Vec::new());
-    for i in 0..iters {
-        let (millis, mem): (i64, i64) = if i % 2 == 0 {
-            (600, 192 * MIB)
-        } else {
-            (500, 128 * MIB)
-        };
-        // Baseline: kubelet's own writes (pod cgroup first on a net increase, last on a decrease).
-        let quota = millis * 100;
-        let pod_limits = CgroupLimits {
-            cpu_quota: Some(quota * 3),
-            cpu_period: 100_000,
-            cpu_shares: 2,
-            memory_limit: Some(u64::try_from(mem * 3).expect("positive")),
-        };
-        let t = Instant::now();
-        if i % 2 == 0 {
-            ctrd.set_pod_cgroup_limits(&pod, &pod_limits)
-                .expect("pod cgroup");
+    let mut reattach = Vec::new();
+    for _ in 0..blocks {
+        plugin.stop();
+        for i in 0..block {
+            let (millis, mem): (i64, i64) = if i % 2 == 0 {
+                (600, 192 * MIB)
+            } else {
+                (500, 128 * MIB)
+            };
+            // Baseline: kubelet's own writes (pod cgroup first on a net increase, last on a
+            // decrease), no plugin attached.
+            let quota = millis * 100;
+            let pod_limits = CgroupLimits {
+                cpu_quota: Some(quota * 3),
+                cpu_period: 100_000,
+                cpu_shares: 2,
+                memory_limit: Some(u64::try_from(mem * 3).expect("positive")),
+            };
+            let t = Instant::now();
+            if i % 2 == 0 {
+                ctrd.set_pod_cgroup_limits(&pod, &pod_limits)
+                    .expect("pod cgroup");
+            }
+            for id in &ids {
+                ctrd.update_container_resources(id, &Resources::limits(quota, mem))
+                    .await
+                    .expect("CRI update");
+            }
+            if i % 2 == 1 {
+                ctrd.set_pod_cgroup_limits(&pod, &pod_limits)
+                    .expect("pod cgroup");
+            }
+            base.push(t.elapsed());
         }
-        for id in &ids {
-            ctrd.update_container_resources(id, &Resources::limits(quota, mem))
+        let t = Instant::now();
+        plugin.restart();
+        plugin.wait_ready(Duration::from_secs(15)).await;
+        reattach.push(t.elapsed());
+        for i in 0..block {
+            // Ours: the same resizes through the API, the plugin attached.
+            let (m2, mem2) = if i % 2 == 0 {
+                (600, 192 * MIB)
+            } else {
+                (500, 128 * MIB)
+            };
+            let t = Instant::now();
+            api.resize_pod(&pod.namespace, &pod.name, &request(m2, mem2))
                 .await
-                .expect("CRI update");
+                .expect("API resize");
+            ours.push(t.elapsed());
         }
-        if i % 2 == 1 {
-            ctrd.set_pod_cgroup_limits(&pod, &pod_limits)
-                .expect("pod cgroup");
-        }
-        base.push(t.elapsed());
-        // Ours: back and forth through the API (the opposite direction of the baseline's write).
-        let (m2, mem2) = if i % 2 == 0 {
-            (500, 128 * MIB)
-        } else {
-            (600, 192 * MIB)
-        };
-        let t = Instant::now();
-        api.resize_pod(&pod.namespace, &pod.name, &request(m2, mem2))
-            .await
-            .expect("API resize");
-        ours.push(t.elapsed());
     }
+    println!(
+        "plugin detached and reattached {blocks} times (reattach until ready: {:.0} ms p50)",
+        percentile(&mut reattach, 0.5).as_secs_f64() * 1e3
+    );
+    let iters = base.len();
     plugin.stop();
     report(ctrd.version(), iters, &mut base, &mut ours);
 }
@@ -132,7 +156,7 @@ fn report(version: &str, iters: usize, base: &mut [Duration], ours: &mut [Durati
     nri_resize::bench_table::row(
         &format!("whole-pod 3-container resize through the API, end to end (containerd {version})"),
         &format!(
-            "kubelet's own writes (pod cgroup + 3× CRI update): {} p50",
+            "kubelet's own writes (pod cgroup + 3× CRI update), plugin detached: {} p50",
             ms(b50)
         ),
         &format!("{} p50 / {} p99", ms(o50), ms(o99)),

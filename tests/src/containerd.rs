@@ -77,8 +77,19 @@ impl Containerd {
     ///
     /// Panics (with the tail of containerd's log) if it does not come up, and with an install
     /// hint if not root or a binary is missing.
+    /// `$NRI_RESIZE_CONTAINERD` (see [`ContainerdVersion::forced`]) replaces `version`, loudly.
     pub async fn start(version: ContainerdVersion, opts: ContainerdOptions) -> Self {
         static SWEEP: Once = Once::new();
+        let version = match ContainerdVersion::forced() {
+            Some(forced) if forced != version => {
+                eprintln!(
+                    "harness: NRI_RESIZE_CONTAINERD={}: running {forced} where the test names {version}",
+                    forced.label()
+                );
+                forced
+            }
+            _ => version,
+        };
         require_root();
         require_binary(
             &version.containerd_bin(),

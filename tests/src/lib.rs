@@ -40,6 +40,7 @@
 mod cgroups;
 mod cleanup;
 mod containerd;
+pub mod cri_pod;
 mod image;
 mod images;
 mod plugin;

@@ -484,6 +484,22 @@ impl Containerd {
         self.read_container_cgroup(id, file).parse().unwrap_or(-1)
     }
 
+    /// The container's CPU quota in µs per period (`cpu.cfs_quota_us` / the first field of
+    /// `cpu.max`; `-1`: unlimited). Panics if the cgroup is gone.
+    pub fn container_cpu_quota(&self, id: &str) -> i64 {
+        if self.cgroups.mode() == CgroupMode::V1 {
+            self.read_container_cgroup(id, "cpu.cfs_quota_us")
+                .parse()
+                .unwrap_or(-1)
+        } else {
+            self.read_container_cgroup(id, "cpu.max")
+                .split_whitespace()
+                .next()
+                .and_then(|q| q.parse().ok())
+                .unwrap_or(-1)
+        }
+    }
+
     /// The container's memory usage in bytes (`memory.usage_in_bytes` / `memory.current`).
     pub fn container_memory_usage(&self, id: &str) -> i64 {
         let file = if self.cgroups.mode() == CgroupMode::V1 {

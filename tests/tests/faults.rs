@@ -39,8 +39,68 @@ async fn state_of(api: &ApiClient, id: &str) -> Option<nri_resize::resize::Conta
     api.resizes().await.ok()?.containers.get(id).cloned()
 }
 
+/// Waits (event-driven: polls the status API, no fixed sleep) until the staged decrease of `id`
+/// The staged-decrease checkpoints in the plugin's state directory.
+fn reclaim_checkpoints(plugin: &PluginProcess) -> Vec<String> {
+    std::fs::read_dir(&plugin.state_dir)
+        .expect("state dir")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("reclaim-"))
+        .collect()
+}
+
+/// is `InProgress`; returns its record. Panics with the plugin's log after `within`.
+async fn reclaiming(
+    plugin: &PluginProcess,
+    id: &str,
+    within: Duration,
+) -> nri_resize::resize::ContainerResize {
+    let deadline = Instant::now() + within;
+    loop {
+        let rec = state_of(&plugin.api(), id).await;
+        if let Some(r) = rec
+            .as_ref()
+            .filter(|r| r.state == Some(ResizeState::InProgress))
+        {
+            return r.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no staged decrease in progress after {within:?}: {rec:?}\n{}",
+            plugin.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn count(log: &str, needle: &str) -> usize {
     log.lines().filter(|l| l.contains(needle)).count()
+}
+
+/// Kills the container's `dd` (found in the container's own cgroup, by host pid) and waits until
+/// it is gone: the workload frees its memory. (Not `kill $(pidof dd)` through exec: in the VM
+/// tier's guest the exec'd `pidof` listed host pids that `kill` in the container's pid namespace
+/// could not reach.)
+async fn kill_dd(ctrd: &Containerd, id: &str) {
+    let dd = |ctrd: &Containerd| -> Vec<i32> {
+        ctrd.read_container_cgroup(id, "cgroup.procs")
+            .lines()
+            .filter_map(|l| l.trim().parse::<i32>().ok())
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "dd")
+            })
+            .collect()
+    };
+    let pids = dd(ctrd);
+    assert_eq!(pids.len(), 1, "the workload's one dd: {pids:?}");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pids[0]), Signal::SIGKILL)
+        .expect("kill the container's dd");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !dd(ctrd).is_empty() {
+        assert!(Instant::now() < deadline, "the container's dd did not go");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// SIGKILL during a staged memory decrease; the memory is freed while the plugin is down; the
@@ -59,16 +119,10 @@ async fn plugin_killed_mid_memory_decrease_resumes_from_its_checkpoint() {
     ctrd.update_container_resources(&id, &Resources::limits(100_000, 100 * MIB))
         .await
         .expect("accepted with an interim limit");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let rec = state_of(&api, &id).await.expect("record");
-    assert_eq!(rec.state, Some(ResizeState::InProgress), "{rec:?}");
-    let checkpoints: Vec<_> = std::fs::read_dir(&plugin.state_dir)
-        .expect("state dir")
-        .filter_map(Result::ok)
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
+    reclaiming(&plugin, &id, Duration::from_secs(30)).await;
+    let checkpoints = reclaim_checkpoints(&plugin);
     assert!(
-        checkpoints.iter().any(|n| n.starts_with("reclaim-")),
+        !checkpoints.is_empty(),
         "a checkpoint of the staged decrease: {checkpoints:?}"
     );
 
@@ -78,11 +132,7 @@ async fn plugin_killed_mid_memory_decrease_resumes_from_its_checkpoint() {
         "killed"
     );
     // While the plugin is down the workload frees its memory.
-    let r = ctrd
-        .exec_sync(&id, &["sh", "-c", "kill $(pidof dd)"], 10)
-        .await
-        .expect("exec");
-    assert_eq!(r.exit_code, 0, "{r:?}");
+    kill_dd(&ctrd, &id).await;
     let interim = limit(&ctrd, &id);
     assert!(interim > 300 * MIB, "the interim limit stayed: {interim}");
 
@@ -124,12 +174,7 @@ async fn plugin_killed_mid_memory_decrease_resumes_from_its_checkpoint() {
         1,
         "applied exactly once:\n{log}"
     );
-    let left: Vec<_> = std::fs::read_dir(&plugin.state_dir)
-        .expect("state dir")
-        .filter_map(Result::ok)
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("reclaim-"))
-        .collect();
+    let left = reclaim_checkpoints(&plugin);
     assert!(left.is_empty(), "checkpoint removed when done: {left:?}");
 }
 
@@ -148,7 +193,7 @@ async fn container_removed_during_a_reclaim_is_one_clear_line_not_a_retry_storm(
     ctrd.update_container_resources(&id, &Resources::limits(100_000, 100 * MIB))
         .await
         .expect("accepted");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    reclaiming(&plugin, &id, Duration::from_secs(30)).await;
     ctrd.stop_container(&id, 0).await.expect("stop");
     ctrd.remove_container(&id).await.expect("remove");
     let lines = |plugin: &PluginProcess| {
@@ -283,4 +328,140 @@ async fn containerd_restart_metrics_continue() {
         st.pods.iter().any(|p| p.pod.name == "after"),
         "the model has the new pod"
     );
+}
+
+/// SIGTERM during a staged memory decrease: the daemon's token cancels the reclaim, so the
+/// plugin exits at once (not after `timeout_ms`) with status 0 and leaves the checkpoint; the next
+/// start resumes the decrease, which then converges once the workload frees its memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_during_a_staged_decrease_exits_at_once_and_resumes() {
+    let ctrd = Containerd::start(ContainerdVersion::V2, ContainerdOptions::default()).await;
+    let mut plugin = PluginProcess::start_ready(
+        &ctrd,
+        "nri-resize",
+        Some("[memory_decrease]\ntimeout_ms = 120000\n"),
+    )
+    .await;
+    let api = plugin.api();
+    let id = container(&ctrd, "sigterm", ANON_300, 300 * MIB).await;
+    ctrd.update_container_resources(&id, &Resources::limits(100_000, 100 * MIB))
+        .await
+        .expect("accepted with an interim limit");
+    reclaiming(&plugin, &id, Duration::from_secs(30)).await;
+    let started = Instant::now();
+    let code = plugin.stop_with(Signal::SIGTERM, Duration::from_secs(30));
+    let took = started.elapsed();
+    eprintln!(
+        "SIGTERM during a staged decrease: exited {code:?} in {} ms",
+        took.as_millis()
+    );
+    assert_eq!(
+        code,
+        Some(0),
+        "exits cleanly within 30 s (the reclaim's own timeout is 120 s):\n{}",
+        plugin.log_tail(30)
+    );
+    let log = std::fs::read_to_string(&plugin.log_path).expect("plugin log");
+    assert!(
+        log.contains("stays checkpointed"),
+        "the reclaim stopped for the shutdown, not superseded:\n{log}"
+    );
+    let checkpoints = reclaim_checkpoints(&plugin);
+    assert_eq!(
+        checkpoints.len(),
+        1,
+        "the checkpoint stays: {checkpoints:?}"
+    );
+
+    plugin.restart();
+    plugin.wait_ready(READY).await;
+    kill_dd(&ctrd, &id).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let rec = state_of(&api, &id).await;
+        if rec.as_ref().is_some_and(|r| r.state.is_none()) && limit(&ctrd, &id) == 100 * MIB {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not resumed: {rec:?}\n{}",
+            plugin.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = std::fs::read_to_string(&plugin.log_path).expect("plugin log");
+    assert_eq!(
+        count(&log, "resuming a checkpointed memory decrease"),
+        1,
+        "{log}"
+    );
+}
+
+/// `mode = "observe"` never writes a cgroup, checkpoints included: a staged decrease
+/// checkpointed under `enforce` is not resumed by a plugin restarted in observe mode (its record
+/// says so, the cgroup keeps the interim limit, the checkpoint stays); back in `enforce`, it is
+/// resumed and converges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn observe_mode_does_not_resume_checkpoints() {
+    let ctrd = Containerd::start(ContainerdVersion::V2, ContainerdOptions::default()).await;
+    let enforce = "[memory_decrease]\ntimeout_ms = 120000\n";
+    let mut plugin = PluginProcess::start_ready(&ctrd, "nri-resize", Some(enforce)).await;
+    let config = ctrd.base_dir().join("nri-resize.toml");
+    let api = plugin.api();
+    let id = container(&ctrd, "observe-resume", ANON_300, 300 * MIB).await;
+    ctrd.update_container_resources(&id, &Resources::limits(100_000, 100 * MIB))
+        .await
+        .expect("accepted with an interim limit");
+    reclaiming(&plugin, &id, Duration::from_secs(30)).await;
+    assert_eq!(
+        plugin.stop_with(Signal::SIGKILL, Duration::from_secs(5)),
+        None
+    );
+    // The workload frees its memory: a resumed decrease would converge at once.
+    kill_dd(&ctrd, &id).await;
+    let interim = limit(&ctrd, &id);
+
+    std::fs::write(&config, format!("{enforce}[resize]\nmode = \"observe\"\n")).expect("config");
+    plugin.restart();
+    plugin.wait_ready(READY).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let rec = state_of(&api, &id).await;
+        if rec.as_ref().and_then(|r| r.state) == Some(ResizeState::Proposed) {
+            assert!(rec.is_some_and(|r| r.reason.contains("not resumed")));
+            break;
+        }
+        assert!(Instant::now() < deadline, "no observe-mode record: {rec:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Two reclaim passes' worth of time: nothing may be written meanwhile.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(limit(&ctrd, &id), interim, "observe mode wrote the cgroup");
+    assert!(
+        !reclaim_checkpoints(&plugin).is_empty(),
+        "the checkpoint stays for enforce mode"
+    );
+    let log = std::fs::read_to_string(&plugin.log_path).expect("plugin log");
+    assert_eq!(
+        count(&log, "resuming a checkpointed memory decrease"),
+        0,
+        "{log}"
+    );
+
+    std::fs::write(&config, enforce).expect("config");
+    assert_eq!(
+        plugin.stop_with(Signal::SIGTERM, Duration::from_secs(10)),
+        Some(0)
+    );
+    plugin.restart();
+    plugin.wait_ready(READY).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while limit(&ctrd, &id) != 100 * MIB {
+        assert!(
+            Instant::now() < deadline,
+            "not resumed in enforce mode:\n{}",
+            plugin.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

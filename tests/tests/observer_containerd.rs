@@ -5,7 +5,7 @@
 //! fallback by the `--observer-force-*` flags) and `noebpf` (`--no-ebpf`). For each version:
 //!
 //! - (a) a busy loop limited to 0.1 CPU shows throttling in `/metrics` and `/v1/status` within
-//!   2 s, its count agrees with `cpu.stat` `nr_throttled` within 5 %; after CRI raises the limit
+//!   2 s (30 s in the VM tier's TCG guests: every deadline is ×15 there), its count agrees with `cpu.stat` `nr_throttled` within 5 %; after CRI raises the limit
 //!   to 2 CPUs the count stops growing and the status shows desired == actual (200000/100000);
 //! - (c) an anonymous allocation over the limit shows exactly one OOM kill, in the right
 //!   container and not in its sibling;
@@ -31,6 +31,32 @@ const READY: Duration = Duration::from_secs(15);
 
 /// The scenarios load the CPU and memory of a 2-core machine: one version at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A deadline of `native` here; ×15 in the VM tier's guests (`NRI_RESIZE_IN_VM`: TCG runs
+/// everything 10–50× slower), as in `observer_kernel`. Deadlines only: the waits poll and end
+/// as soon as what they wait for is there.
+fn bound(native: Duration) -> Duration {
+    if std::env::var_os("NRI_RESIZE_IN_VM").is_some() {
+        native * 15
+    } else {
+        native
+    }
+}
+
+/// The throttle strategy the eBPF instance must pick on this kernel: `tp_btf_sched_switch` where
+/// the kernel marks a throttled task before switching it out (6.18, these machines), else what
+/// the VM tier names in `NRI_RESIZE_EXPECT_THROTTLE` (`fentry` on Debian's 6.1 and 6.12).
+fn expected_throttle() -> String {
+    std::env::var("NRI_RESIZE_EXPECT_THROTTLE").unwrap_or_else(|_| "tp_btf_sched_switch".into())
+}
+
+/// Whether the kernel has the `memcg/count_memcg_events` tracepoint (6.18 has it; Debian's 6.1
+/// and 6.12 do not, see FACTS): with it the eBPF instance counts reclaim per cgroup
+/// (`memcg_tracepoints`), without it reclaim falls back to `memory.stat` polling, which knows
+/// pages but not direct-reclaim passes or their time.
+fn has_memcg_tracepoint() -> bool {
+    std::path::Path::new("/sys/kernel/tracing/events/memcg/count_memcg_events").exists()
+}
 
 fn within(a: u64, b: u64, percent: u64) -> bool {
     let tolerance = (a.max(b) * percent).div_ceil(100).max(1);
@@ -58,7 +84,7 @@ impl Instance {
         let mut plugin = PluginProcess::start(ctrd, name, &args);
         plugin.wait_ready(READY).await;
         let api = plugin.api();
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + bound(Duration::from_secs(10));
         let status = loop {
             let s = api.status().await.expect("status API");
             if s.observer.is_some() && s.metrics_addr.is_some() {
@@ -179,9 +205,14 @@ impl Plugins {
         )
         .await;
         let s = ebpf.status().await.observer.expect("observer").strategies;
+        let reclaim = if has_memcg_tracepoint() {
+            "memcg_tracepoints"
+        } else {
+            "memory_stat_polling"
+        };
         assert_eq!(
             (s.throttle.as_str(), s.reclaim.as_str(), s.oom.as_str()),
-            ("tp_btf_sched_switch", "memcg_tracepoints", "mark_victim"),
+            (expected_throttle().as_str(), reclaim, "mark_victim"),
             "the eBPF strategies did not load; log:\n{}",
             ebpf.plugin.log_tail(40)
         );
@@ -277,8 +308,9 @@ async fn throttling(ctrd: &Containerd, plugins: &Plugins) {
             break;
         }
         assert!(
-            started.elapsed() < Duration::from_secs(2),
-            "no throttling in status ({status}) and /metrics ({metric}) within 2 s; log:\n{}",
+            started.elapsed() < bound(Duration::from_secs(2)),
+            "no throttling in status ({status}) and /metrics ({metric}) within {:?}; log:\n{}",
+            bound(Duration::from_secs(2)),
             ebpf.plugin.log_tail(30)
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -302,7 +334,7 @@ async fn throttling(ctrd: &Containerd, plugins: &Plugins) {
     tokio::time::sleep(Duration::from_millis(1500)).await; // a tick of every instance
     let counts = wait_all(
         plugins,
-        Duration::from_secs(5),
+        bound(Duration::from_secs(5)),
         "throttle count",
         async |p| {
             p.observed(&id)
@@ -315,7 +347,7 @@ async fn throttling(ctrd: &Containerd, plugins: &Plugins) {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let later = wait_all(
         plugins,
-        Duration::from_secs(5),
+        bound(Duration::from_secs(5)),
         "throttle count",
         async |p| {
             p.observed(&id)
@@ -336,10 +368,18 @@ async fn throttling(ctrd: &Containerd, plugins: &Plugins) {
         counts, later,
         "throttling kept growing after the raise to 2 CPUs"
     );
+    // As in `observer_kernel`: `nr_throttled` counts throttled periods, the programs count
+    // throttle events; under software emulation (VM tier) the period timer overruns often, so
+    // there the events may fall short of the periods by up to a quarter.
+    let tolerance = if std::env::var_os("NRI_RESIZE_IN_VM").is_some() {
+        25
+    } else {
+        5
+    };
     for (p, n) in plugins.all.iter().zip(&counts) {
         assert!(
-            within(*n, kernel, 5),
-            "{}: {n} throttles vs cpu.stat nr_throttled {kernel}: more than 5 % apart",
+            within(*n, kernel, tolerance),
+            "{}: {n} throttles vs cpu.stat nr_throttled {kernel}: more than {tolerance} % apart",
             p.name
         );
     }
@@ -350,7 +390,7 @@ async fn throttling(ctrd: &Containerd, plugins: &Plugins) {
     )]
     let metric = metric as u64;
     assert!(
-        within(metric, kernel, 5),
+        within(metric, kernel, tolerance),
         "/metrics {metric} vs cpu.stat {kernel}"
     );
 
@@ -387,7 +427,7 @@ async fn throttling(ctrd: &Containerd, plugins: &Plugins) {
     ctrd.remove_container(&id).await.expect("RemoveContainer");
     wait_all(
         plugins,
-        Duration::from_secs(5),
+        bound(Duration::from_secs(5)),
         "series removal",
         async |p| {
             p.metric("container_throttled_periods_total", &pod.name, "busy")
@@ -436,7 +476,7 @@ async fn oom(ctrd: &Containerd, plugins: &Plugins) {
         .expect("CreateContainer");
     ctrd.start_container(&id).await.expect("StartContainer");
 
-    let deadline = Instant::now() + Duration::from_secs(15);
+    let deadline = Instant::now() + bound(Duration::from_secs(15));
     while kernel_oom_kills(ctrd, &id) == 0 {
         assert!(
             Instant::now() < deadline,
@@ -444,13 +484,18 @@ async fn oom(ctrd: &Containerd, plugins: &Plugins) {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let kills = wait_all(plugins, Duration::from_secs(5), "an OOM kill", async |p| {
-        p.observed(&id)
-            .await
-            .and_then(|o| o.oom)
-            .filter(|o| o.kills > 0)
-            .map(|o| o.kills)
-    })
+    let kills = wait_all(
+        plugins,
+        bound(Duration::from_secs(5)),
+        "an OOM kill",
+        async |p| {
+            p.observed(&id)
+                .await
+                .and_then(|o| o.oom)
+                .filter(|o| o.kills > 0)
+                .map(|o| o.kills)
+        },
+    )
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let kernel = kernel_oom_kills(ctrd, &id);
@@ -513,7 +558,7 @@ async fn reclaim(ctrd: &Containerd, plugins: &Plugins) {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let before = wait_all(
         plugins,
-        Duration::from_secs(5),
+        bound(Duration::from_secs(5)),
         "a first reading",
         async |p| p.observed(&id).await.and_then(|o| o.reclaim),
     )
@@ -556,9 +601,12 @@ async fn reclaim(ctrd: &Containerd, plugins: &Plugins) {
         (written - cache.min(written)) / PAGE
     };
     let kernel_pgpgout = d(stat.pgpgout, stat_before.pgpgout);
-    let after = wait_all(plugins, Duration::from_secs(5), "reclaim", async |p| {
-        p.observed(&id).await.and_then(|o| o.reclaim)
-    })
+    let after = wait_all(
+        plugins,
+        bound(Duration::from_secs(5)),
+        "reclaim",
+        async |p| p.observed(&id).await.and_then(|o| o.reclaim),
+    )
     .await;
     for ((p, b), a) in plugins.all.iter().zip(&before).zip(&after) {
         eprintln!(
@@ -581,14 +629,23 @@ async fn reclaim(ctrd: &Containerd, plugins: &Plugins) {
         within(pages, kernel_reclaimed, 5),
         "eBPF {pages} pages reclaimed vs kernel {kernel_reclaimed}"
     );
-    assert!(
-        ea.direct_reclaim_events.unwrap_or(0) > 0,
-        "no direct reclaim pass seen"
-    );
-    assert!(
-        ea.direct_reclaim_seconds.unwrap_or(0.0) > 0.0,
-        "no direct reclaim time"
-    );
+    if has_memcg_tracepoint() {
+        assert!(
+            ea.direct_reclaim_events.unwrap_or(0) > 0,
+            "no direct reclaim pass seen"
+        );
+        assert!(
+            ea.direct_reclaim_seconds.unwrap_or(0.0) > 0.0,
+            "no direct reclaim time"
+        );
+    } else {
+        // No tracepoint (Debian 6.1 / 6.12): `memory.stat` has the pages (asserted above), not
+        // the passes.
+        eprintln!(
+            "no memcg tracepoint: direct reclaim passes {:?} / {:?} s (not asserted)",
+            ea.direct_reclaim_events, ea.direct_reclaim_seconds
+        );
+    }
     let bytes = plugins
         .ebpf()
         .metric("container_reclaimed_bytes_total", &pod.name, "writer")

@@ -25,17 +25,7 @@ fn v1(ctrd: &Containerd) -> bool {
 }
 
 fn cpu_quota(ctrd: &Containerd, id: &str) -> i64 {
-    if v1(ctrd) {
-        ctrd.read_container_cgroup(id, "cpu.cfs_quota_us")
-            .parse()
-            .expect("quota")
-    } else {
-        let max = ctrd.read_container_cgroup(id, "cpu.max");
-        max.split_whitespace()
-            .next()
-            .and_then(|q| q.parse().ok())
-            .unwrap_or(-1)
-    }
+    ctrd.container_cpu_quota(id)
 }
 
 async fn pod_with(
@@ -232,6 +222,100 @@ async fn resize_policy_and_actions() {
     );
 }
 
+/// The value of one sample in `/metrics` text (`name{labels}` exactly), 0 when absent.
+fn sample(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// A restart the policy demands happens on every runtime, and is confirmed: containerd through
+/// 2.3 drops a plugin's NRI evictions, so the plugin stops the container itself (SIGKILL through
+/// a pidfd, only while the pid is in the container's cgroup) and waits for the runtime's
+/// `StopContainer`. `UpdateContainerResources` succeeds with the old resources kept.
+async fn restart_happens_and_is_confirmed(version: ContainerdVersion) {
+    let ctrd = Containerd::start(version, ContainerdOptions::default()).await;
+    let plugin = PluginProcess::start_ready(&ctrd, "nri-resize", None).await;
+    let api = plugin.api();
+    let restart = [(
+        "resize-policy.nri-resize.io/container.app",
+        "memory=RestartContainer",
+    )];
+    let (_, ids) = pod_with(
+        &ctrd,
+        "restart-confirmed",
+        &restart,
+        Resources::limits(400_000, 1024 * MIB),
+        &[("app", Resources::limits(10_000, 64 * MIB))],
+    )
+    .await;
+    ctrd.update_container_resources(&ids[0], &Resources::limits(10_000, 128 * MIB))
+        .await
+        .expect("the update is answered OK (old resources kept)");
+    wait_exited(&ctrd, &ids[0]).await;
+    let kept = ctrd
+        .container_resources(&ids[0])
+        .await
+        .expect("ContainerStatus")
+        .expect("resources reported");
+    assert_eq!(
+        kept.memory_limit_in_bytes,
+        64 * MIB,
+        "old limit kept until the restart"
+    );
+    // Confirmed once the runtime reported the stop.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let rec = loop {
+        let rec = container_record(&api, &ids[0]).await;
+        if rec.reason.contains("restarted") || Instant::now() > deadline {
+            break rec;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        rec.reason.contains("restart required")
+            && rec.reason.contains("runtime confirmed the stop"),
+        "{version} ({}): {rec:?}\n{}",
+        ctrd.version(),
+        plugin.log_tail(30)
+    );
+    assert_eq!(rec.state, None, "{rec:?}");
+    let metrics = nri_resize_tests::scrape_metrics(&api).await;
+    assert_eq!(
+        (
+            sample(
+                &metrics,
+                r#"nri_resize_restarts_total{outcome="confirmed"}"#
+            ),
+            sample(&metrics, r#"nri_resize_restarts_total{outcome="failed"}"#),
+            sample(&metrics, "nri_resize_restarts_pending"),
+        ),
+        (1.0, 0.0, 0.0),
+        "restart metrics"
+    );
+    assert!(
+        plugin
+            .log_tail(100)
+            .contains("container stopped for its restart"),
+        "logged"
+    );
+    eprintln!(
+        "=== {version} ({}): restart carried out and confirmed",
+        ctrd.version()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn restart_happens_and_is_confirmed_containerd_1_7() {
+    Box::pin(restart_happens_and_is_confirmed(ContainerdVersion::V1_7)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn restart_happens_and_is_confirmed_containerd_2() {
+    Box::pin(restart_happens_and_is_confirmed(ContainerdVersion::V2)).await;
+}
+
 /// Admission: a resize that can never fit is Infeasible; enforce fails it, observe reports it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn admission_enforce_and_observe() {
@@ -310,13 +394,14 @@ async fn admission_defers_what_does_not_fit_next_to_other_pods() {
 
 /// kubelet updates one container at a time; on cgroup v1 a container quota above its pod's
 /// fails with EINVAL (kubernetes/kubernetes#127356). With the plugin the pod cgroup is raised first.
+///
+/// cgroup v2 differs, and the test states both: v2 accepts a child `cpu.max` above its parent's,
+/// so the update without the plugin "succeeds" while the pod cgroup (untouched by the runtime)
+/// still caps the container at 1 CPU. With the plugin the pod is raised before a container
+/// grows past it, on both versions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kubelet_style_update_that_fails_on_v1_without_ordering_succeeds() {
     let ctrd = Containerd::start(ContainerdVersion::V1_7, ContainerdOptions::default()).await;
-    assert!(
-        v1(&ctrd),
-        "this machine runs cgroup v1 (the VM tier covers v2)"
-    );
     let (pod, ids) = pod_with(
         &ctrd,
         "einval",
@@ -325,30 +410,45 @@ async fn kubelet_style_update_that_fails_on_v1_without_ordering_succeeds() {
         &[("app", Resources::limits(50_000, 64 * MIB))],
     )
     .await;
+    let pod_quota = || ctrd.pod_cgroup_limits(&pod).expect("pod cgroup").cpu_quota;
 
-    // Without the plugin: the runtime's write fails.
-    let err = ctrd
+    // Without the plugin: v1 refuses the write; v2 takes it and the pod still caps it.
+    let naive = ctrd
         .update_container_resources(&ids[0], &Resources::limits(150_000, 64 * MIB))
-        .await
-        .expect_err("EINVAL without ordering");
-    eprintln!("without the plugin: {}", err.message());
-    assert!(
-        err.message().to_lowercase().contains("invalid argument"),
-        "{err:?}"
-    );
-    assert_eq!(cpu_quota(&ctrd, &ids[0]), 50_000);
+        .await;
+    if v1(&ctrd) {
+        let err = naive.expect_err("v1: EINVAL without ordering");
+        eprintln!("v1 without the plugin: {}", err.message());
+        assert!(
+            err.message().to_lowercase().contains("invalid argument"),
+            "{err:?}"
+        );
+        assert_eq!(cpu_quota(&ctrd, &ids[0]), 50_000);
+    } else {
+        naive.expect("v2 accepts a child cpu.max above its parent's");
+        assert_eq!(cpu_quota(&ctrd, &ids[0]), 150_000);
+        assert_eq!(
+            pod_quota(),
+            Some(100_000),
+            "v2: the runtime never raises the pod, so the pod caps the container at 1 CPU"
+        );
+        eprintln!("v2 without the plugin: accepted, capped by the pod at 100000");
+    }
 
-    // With the plugin: the pod cgroup is raised first and the same update succeeds.
+    // With the plugin: the pod cgroup is raised first and the update succeeds. On v1 the same
+    // update as above (50 → 150 ms: the pod grows by that, keeping its headroom); on v2 the
+    // container already holds 150 ms, so it grows on to 200 ms, and the pod is raised to at least
+    // the new sum.
     let _plugin = PluginProcess::start_ready(&ctrd, "nri-resize", None).await;
-    ctrd.update_container_resources(&ids[0], &Resources::limits(150_000, 64 * MIB))
+    let want = if v1(&ctrd) { 150_000 } else { 200_000 };
+    ctrd.update_container_resources(&ids[0], &Resources::limits(want, 64 * MIB))
         .await
         .expect("ordered update succeeds");
-    assert_eq!(cpu_quota(&ctrd, &ids[0]), 150_000);
-    let pod_quota = ctrd.pod_cgroup_limits(&pod).expect("pod cgroup").cpu_quota;
+    assert_eq!(cpu_quota(&ctrd, &ids[0]), want);
     assert_eq!(
-        pod_quota,
+        pod_quota(),
         Some(200_000),
-        "the pod grew by the container's growth, keeping its headroom"
+        "the pod grew by the container's growth (keeping its headroom), at least to the new sum"
     );
 }
 

@@ -65,27 +65,43 @@ if [[ ${#need_pkgs[@]} -gt 0 ]]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
 fi
 
-# 2. containerd 2.x from sid, unpacked beside the system (never installed).
-C2_DIR="$CACHE/containerd-2"
-if [[ ! -x "$C2_DIR/usr/bin/containerd" ]]; then
-  log "fetching containerd 2.x from Debian sid (unpacked into $C2_DIR, not installed)"
+# 2. Packages from sid, unpacked beside the system (never installed), through a private sources
+#    list: sid_unpack <package> <dir> downloads the .deb and extracts it into <dir>.
+sid_unpack() {
+  local pkg=$1 dest=$2 tmp deb
   tmp=$(mktemp -d)
   mkdir -p "$tmp/etc/apt/sources.list.d" "$tmp/etc/apt/preferences.d" "$tmp/state/lists/partial" "$tmp/cache/archives/partial"
   cat >"$tmp/etc/apt/sources.list" <<'SRC'
 deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian sid main
 SRC
-  opts=(-o Dir::Etc::SourceList="$tmp/etc/apt/sources.list" -o Dir::Etc::SourceParts="$tmp/etc/apt/sources.list.d"
+  local opts=(-o Dir::Etc::SourceList="$tmp/etc/apt/sources.list" -o Dir::Etc::SourceParts="$tmp/etc/apt/sources.list.d"
         -o Dir::Etc::Preferences="$tmp/etc/apt/preferences" -o Dir::Etc::PreferencesParts="$tmp/etc/apt/preferences.d"
         -o Dir::State::Lists="$tmp/state/lists" -o Dir::Cache="$tmp/cache" -o Acquire::Retries=3)
   apt-get "${opts[@]}" update -qq >/dev/null
-  (cd "$tmp" && apt-get "${opts[@]}" download containerd >/dev/null)
-  deb=$(ls "$tmp"/containerd_*.deb | head -1)
-  [[ -n "$deb" ]] || die "could not download containerd from sid"
-  rm -rf "$C2_DIR.tmp" && mkdir -p "$C2_DIR.tmp"
-  dpkg-deb -x "$deb" "$C2_DIR.tmp"
-  rm -rf "$C2_DIR" && mv "$C2_DIR.tmp" "$C2_DIR"
-  basename "$deb" >"$C2_DIR/.deb"
+  (cd "$tmp" && apt-get "${opts[@]}" download "$pkg" >/dev/null)
+  deb=$(ls "$tmp"/"$pkg"_*.deb 2>/dev/null | head -1)
+  [[ -n "$deb" ]] || die "could not download $pkg from sid"
+  rm -rf "$dest.tmp" && mkdir -p "$dest.tmp"
+  dpkg-deb -x "$deb" "$dest.tmp"
+  rm -rf "$dest" && mv "$dest.tmp" "$dest"
+  basename "$deb" >"$dest/.deb"
   rm -rf "$tmp"
+}
+
+C2_DIR="$CACHE/containerd-2"
+if [[ ! -x "$C2_DIR/usr/bin/containerd" ]]; then
+  log "fetching containerd 2.x from Debian sid (unpacked into $C2_DIR, not installed)"
+  sid_unpack containerd "$C2_DIR"
+fi
+
+# The CRI api.proto with UpdatePodSandboxResources (cri-api >= 0.34; k8s-cri 0.11 predates it):
+# tests/build.rs generates a CRI client from it for the pod-level resize test.
+CRI_DIR="$CACHE/cri-api"
+CRI_PROTO="$CRI_DIR/usr/share/gocode/src/k8s.io/cri-api/pkg/apis/runtime/v1/api.proto"
+if ! grep -qs UpdatePodSandboxResources "$CRI_PROTO"; then
+  log "fetching the CRI api.proto from Debian sid's golang-k8s-cri-api-dev (unpacked into $CRI_DIR)"
+  sid_unpack golang-k8s-cri-api-dev "$CRI_DIR"
+  grep -qs UpdatePodSandboxResources "$CRI_PROTO" || die "no CRI api.proto with UpdatePodSandboxResources at $CRI_PROTO"
 fi
 
 # 3. eBPF toolchain (Debian's rustc-web with precompiled core for bpfel, bpf-linker on LLVM 22).
@@ -127,4 +143,5 @@ fi
 
 log "containerd 1.7: $(containerd --version 2>/dev/null | awk '{print $3}')"
 log "containerd 2.x: $("$C2_DIR/usr/bin/containerd" --version 2>/dev/null | awk '{print $3}')"
+log "CRI api.proto: $(cat "$CRI_DIR/.deb" 2>/dev/null)"
 log "runc: $(runc --version 2>/dev/null | head -1 | awk '{print $3}')"

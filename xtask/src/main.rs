@@ -242,6 +242,7 @@ fn test(fuzz_seconds: u64) -> anyhow::Result<()> {
     tier(&mut results, "fuzz", || {
         fuzz(&FUZZ_TARGETS, FuzzBudget::Seconds(fuzz_seconds))
     });
+    let mut vm_summary = Vec::new();
     tier(&mut results, "vm", || {
         vm::vm_test(
             &root(),
@@ -250,6 +251,7 @@ fn test(fuzz_seconds: u64) -> anyhow::Result<()> {
                 only: Vec::new(),
                 budget: vm::TIER_BUDGET,
             },
+            &mut vm_summary,
         )
     });
 
@@ -260,6 +262,12 @@ fn test(fuzz_seconds: u64) -> anyhow::Result<()> {
             Err(e) => format!("FAILED: {e}"),
         };
         eprintln!("    {:<12} {:>5} s  {verdict}", t.name, t.took.as_secs());
+    }
+    if !vm_summary.is_empty() {
+        eprintln!("    vm, per kernel and suite (seconds in the guest):");
+        for line in &vm_summary {
+            eprintln!("      {line}");
+        }
     }
     let failed: Vec<_> = results
         .iter()
@@ -324,14 +332,18 @@ fn demo() -> anyhow::Result<()> {
     )
 }
 
-/// Every benchmark, each side by side with its baseline in one run; then one table of all their
-/// results (each benchmark appends its rows to `target/bench-table.jsonl`, see
-/// `nri_resize::bench_table`). A failed benchmark is named and the others still run.
+/// Every benchmark, each side by side with its baseline in one run. Each benchmark appends its
+/// rows to `target/bench-table.jsonl` (see `nri_resize::bench_table`); a benchmark that fails, or
+/// that writes no row, is named and fails the run, and the others still run. The rows, each named
+/// with its benchmark, go with the run's date, commit, kernel, runtime versions and load into the
+/// committed `docs/bench-results.json`, and the README's table is rewritten from it (by the unit
+/// test that keeps the two in step, run with `NRI_RESIZE_BLESS=1`).
 fn bench() -> anyhow::Result<()> {
     let bin = release_plugin()?;
     let table = root().join("target/bench-table.jsonl");
     let _ = std::fs::remove_file(&table);
-    let benches: [(&str, &str, &str); 8] = [
+    let load_before = loadavg();
+    let benches: [(&str, &str, &str); 9] = [
         (
             "nri-resize",
             "handler",
@@ -364,54 +376,138 @@ fn bench() -> anyhow::Result<()> {
             "footprint",
             "daemon footprint with 500 containers vs none",
         ),
+        (
+            "nri-resize-tests",
+            "confirm_latency",
+            "resize confirmation: CRI update returned to the plugin showing actual = desired",
+        ),
     ];
     let mut failed = Vec::new();
+    let mut rows: Vec<serde_json::Value> = Vec::new();
     for (package, name, what) in benches {
+        let before = std::fs::read_to_string(&table).map_or(0, |t| t.lines().count());
         let mut cmd = cargo();
         cmd.env("NRI_RESIZE_BIN", &bin)
             .env("NRI_RESIZE_BENCH_TABLE", &table)
             .args(["bench", "-p", package, "--bench", name]);
         if let Err(e) = run(what, &mut cmd) {
             eprintln!("!!! benchmark {name} FAILED: {e:#}");
-            failed.push(name);
+            failed.push(name.to_string());
+        }
+        let text = std::fs::read_to_string(&table).unwrap_or_default();
+        let mut wrote = 0;
+        for line in text.lines().skip(before) {
+            match serde_json::from_str::<serde_json::Value>(line) {
+                Ok(mut r) => {
+                    r["bench"] = serde_json::Value::from(name);
+                    rows.push(r);
+                    wrote += 1;
+                }
+                Err(e) => eprintln!("!!! benchmark {name}: unreadable row ({e}): {line}"),
+            }
+        }
+        if wrote == 0 {
+            eprintln!("!!! benchmark {name} wrote no row to the table");
+            if !failed.iter().any(|f| f == name) {
+                failed.push(format!("{name} (no row)"));
+            }
         }
     }
-    let text = std::fs::read_to_string(&table).unwrap_or_default();
+    let results = serde_json::json!({
+        "date": command_line("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
+        "commit": commit(),
+        "kernel": command_line("uname", &["-r"]),
+        "runtimes": runtimes(),
+        "machine": format!(
+            "{} CPUs, load average {load_before} at the start and {} at the end (shared machine: p99s are noisy)",
+            std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
+            loadavg()
+        ),
+        "rows": rows,
+    });
+    let path = root().join("docs/bench-results.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&results)? + "\n")
+        .with_context(|| format!("write {}", path.display()))?;
+    eprintln!("\n==> results: {}", path.display());
+    run(
+        "README's benchmark table from the results file",
+        cargo().env("NRI_RESIZE_BLESS", "1").args([
+            "test",
+            "-q",
+            "-p",
+            "nri-resize",
+            "--lib",
+            "bench_table::tests::the_readme_carries_the_bench_results",
+        ]),
+    )?;
+    let readme = std::fs::read_to_string(root().join("README.md"))?;
+    let begin = readme.find("<!-- bench-results").unwrap_or(0);
+    let end = readme
+        .find("<!-- /bench-results -->")
+        .unwrap_or(readme.len());
     eprintln!(
-        "\n==> one table: every benchmark, ours next to its baseline measured in the same run\n"
+        "\n==> one table: every benchmark, ours next to its baseline measured in the same run\n\n{}",
+        &readme[begin..end]
     );
-    eprintln!("| measure | baseline | ours | ratio | target |\n|---|---|---|---|---|");
-    for line in text.lines() {
-        let Ok(r) = serde_json::from_str::<serde_json::Value>(line) else {
-            eprintln!("(unreadable row: {line})");
-            continue;
-        };
-        let get = |k: &str| r.get(k).and_then(|v| v.as_str()).unwrap_or("").to_string();
-        let ratio = r
-            .get("ratio")
-            .and_then(serde_json::Value::as_f64)
-            .map_or_else(
-                || "—".to_string(),
-                |x| {
-                    if x > 0.0 && x < 0.01 {
-                        format!("{x:.1e}×")
-                    } else {
-                        format!("{x:.2}×")
-                    }
-                },
-            );
-        eprintln!(
-            "| {} | {} | {} | {ratio} | {} |",
-            get("measure"),
-            get("baseline"),
-            get("ours"),
-            get("target")
-        );
-    }
     if !failed.is_empty() {
         bail!("benchmarks failed: {}", failed.join(", "));
     }
     Ok(())
+}
+
+/// The first line a command prints, or `unknown`.
+fn command_line(program: &str, args: &[&str]) -> String {
+    Command::new(program)
+        .args(args)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .map(|l| l.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// The commit measured, `-dirty` when the work tree had changes.
+fn commit() -> String {
+    let head = command_line("git", &["rev-parse", "--short=12", "HEAD"]);
+    let dirty = Command::new("git")
+        .args(["status", "--porcelain", "--untracked-files=no"])
+        .output()
+        .is_ok_and(|o| !o.stdout.is_empty());
+    if dirty {
+        format!("{head}-dirty")
+    } else {
+        head
+    }
+}
+
+/// `/proc/loadavg`'s 1-minute figure.
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// The containerd versions the harness runs (`containerd --version`, the version field).
+fn runtimes() -> Vec<String> {
+    let cache = std::env::var_os("NRI_RESIZE_CACHE")
+        .map_or_else(|| PathBuf::from("/var/cache/nri-resize"), PathBuf::from);
+    let v2 = std::env::var_os("NRI_RESIZE_CONTAINERD_BIN")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| cache.join("containerd-2/usr/bin"), PathBuf::from);
+    [PathBuf::from("/usr/bin"), v2]
+        .iter()
+        .map(|dir| {
+            let line = command_line(&dir.join("containerd").to_string_lossy(), &["--version"]);
+            let version = line.split_whitespace().nth(2).unwrap_or(&line).to_string();
+            format!("containerd {version}")
+        })
+        .collect()
 }
 
 /// Renders and validates `deploy/`, then the structural checks of the manifests.
@@ -488,7 +584,7 @@ fn main() -> anyhow::Result<()> {
             let opts = vm::Options::parse(&args[1..])?;
             setup(true)?;
             build_ebpf()?;
-            vm::vm_test(&root(), &opts)
+            vm::vm_test(&root(), &opts, &mut Vec::new())
         }
         Some("fuzz") => {
             let budget = match arg("--runs") {

@@ -28,31 +28,123 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _};
 
-/// One test binary the guest runs. Adding a suite is one line in [`SUITES`].
+/// One run of a test binary in the guest. Adding a suite is one line in [`SUITES`].
 #[derive(Clone, Copy, Debug)]
 pub struct Suite {
+    /// Name of the run in the output and the summary (`--suite` takes it or `test`).
+    pub name: &'static str,
     /// Cargo package of the test target.
     pub package: &'static str,
-    /// Integration test target (`--test <name>`); also the suite's name in the output.
+    /// Integration test target (`--test <name>`).
     pub test: &'static str,
     /// Test-name filter passed to the binary (`""`: all tests of the target).
     pub filter: &'static str,
+    /// Tests left out of this run (`--skip`, substring), each because it runs in another run
+    /// of the same binary: a `..._containerd_1_7` test is the twin of its `..._containerd_2`.
+    pub skip: &'static [&'static str],
     /// Extra environment for the binary (the runner always sets `NRI_RESIZE_IN_VM=1` and
     /// `NRI_RESIZE_HOTPLUG_DIR`). `{root}` in a value is the workspace root.
     pub env: &'static [(&'static str, &'static str)],
+    /// The kernels (`Kernel::name`) that run it.
+    pub kernels: &'static [&'static str],
     /// Longest the suite may take in the guest (everything runs 10–50× slower than native).
     pub timeout_s: u64,
 }
 
-/// What the guest runs, in order, on every kernel. To add a suite, add one line here.
+impl Suite {
+    fn runs_on(&self, kernel: &Kernel) -> bool {
+        self.kernels.contains(&kernel.name)
+    }
+
+    fn needs_plugin(&self) -> bool {
+        self.package == "nri-resize-tests"
+    }
+}
+
+/// Every kernel of the tier.
+const ALL: &[&str] = &["6.1", "6.12"];
+/// The kernel the real-runtime suites run on (trixie's, what current nodes boot).
+const NEWEST: &[&str] = &["6.12"];
+/// Every harness containerd of the run is 2.1.9 (`NRI_RESIZE_CONTAINERD`), and the plugin is
+/// the binary built on the host.
+const ON_2: &[(&str, &str)] = &[
+    ("NRI_RESIZE_CONTAINERD", "2"),
+    // Debian's 6.1 and 6.12 throttle through `fentry` (`observer_containerd` asserts it).
+    ("NRI_RESIZE_EXPECT_THROTTLE", "fentry"),
+    ("NRI_RESIZE_BIN", "{root}/target/debug/nri-resize"),
+    (
+        "NRI_RESIZE_IMAGE_ARCHIVE",
+        "{root}/target/image/nri-resize.oci.tar",
+    ),
+];
+/// The same with containerd 1.7.24.
+const ON_1_7: &[(&str, &str)] = &[
+    ("NRI_RESIZE_CONTAINERD", "1.7"),
+    // Debian's 6.1 and 6.12 throttle through `fentry` (`observer_containerd` asserts it).
+    ("NRI_RESIZE_EXPECT_THROTTLE", "fentry"),
+    ("NRI_RESIZE_BIN", "{root}/target/debug/nri-resize"),
+    (
+        "NRI_RESIZE_IMAGE_ARCHIVE",
+        "{root}/target/image/nri-resize.oci.tar",
+    ),
+];
+/// Twins named for 1.7, left out where every containerd is 2.1.9 (their `_2` twin runs).
+const TWINS_1_7: &[&str] = &[
+    "smoke_containerd_1_7",
+    "plugin_lifecycle_containerd_1_7",
+    "whole_pod_resize_of_three_guaranteed_containers_containerd_1_7",
+    "memory_decrease_side_by_side_containerd_1_7",
+    "observer_through_containerd_1_7",
+    "daemon_image_in_containerd_1_7",
+    "every_event_of_a_pods_life_containerd_1_7",
+    "restart_happens_and_is_confirmed_containerd_1_7",
+    "kubelet_sees_progress_and_reason_containerd_1_7",
+];
+/// Twins named for 2, left out where every containerd is 1.7.24 (their `_1_7` twin runs).
+const TWINS_2: &[&str] = &[
+    "smoke_containerd_2",
+    "plugin_lifecycle_containerd_2",
+    "whole_pod_resize_of_three_guaranteed_containers_containerd_2",
+    "memory_decrease_side_by_side_containerd_2",
+    "observer_through_containerd_2",
+    "daemon_image_in_containerd_2",
+    "every_event_of_a_pods_life_containerd_2",
+    "restart_happens_and_is_confirmed_containerd_2",
+    "kubelet_sees_progress_and_reason_containerd_2",
+];
+
+/// Real-runtime suites that do not run in the guest yet, each with why (the README says so too).
+/// Both exec into a container, and processes exec'd into a container in this guest (containerd
+/// runs in a chroot of the overlay root) do not enter its mount and pid namespaces:
+/// - `observer_containerd`'s reclaim scenario writes through CRI `ExecSync` ("dd: can't open
+///   '/tmp/f'"); its throttling and OOM scenarios passed on 6.12;
+/// - `image_containerd` runs `nri-resize status` inside the daemon's container (`ctr exec`:
+///   "stat /usr/bin/nri-resize: no such file or directory"); the daemon from the image registered
+///   and reported the pod on 6.12 before that step.
+///
+/// Both run natively (cgroup v1) in the `containerd` tier.
+pub const NOT_IN_GUEST: &[&str] = &["observer_containerd", "image_containerd"];
+
+/// What the guest runs, in order. To add a suite, add one line here. The soak runs natively only.
 #[rustfmt::skip]
 pub const SUITES: &[Suite] = &[
-    Suite { package: "nri-resize", test: "vm_hotplug",      filter: "", env: &[],                                        timeout_s: 120 },
-    Suite { package: "nri-resize", test: "cgroup_kernel",   filter: "", env: &[],                                        timeout_s: 180 },
-    Suite { package: "nri-resize", test: "observer_kernel", filter: "", env: &[("NRI_RESIZE_EXPECT_THROTTLE", "fentry")], timeout_s: 420 },
-    Suite { package: "nri-resize", test: "capacity_kernel", filter: "", env: &[], timeout_s: 300 },
-    Suite { package: "nri-resize-tests", test: "resize_containerd", filter: "whole_pod_resize_of_three_guaranteed_containers_containerd_2", env: &[("NRI_RESIZE_BIN", "{root}/target/debug/nri-resize")], timeout_s: 600 },
-    Suite { package: "nri-resize-tests", test: "memory_decrease", filter: "memory_decrease_side_by_side_containerd_2", env: &[("NRI_RESIZE_BIN", "{root}/target/debug/nri-resize")], timeout_s: 600 },
+    // Kernel-facing suites: every kernel.
+    Suite { name: "vm_hotplug",      package: "nri-resize", test: "vm_hotplug",      filter: "", skip: &[], env: &[], kernels: ALL, timeout_s: 120 },
+    Suite { name: "cgroup_kernel",   package: "nri-resize", test: "cgroup_kernel",   filter: "", skip: &[], env: &[], kernels: ALL, timeout_s: 180 },
+    Suite { name: "observer_kernel", package: "nri-resize", test: "observer_kernel", filter: "", skip: &[], env: &[("NRI_RESIZE_EXPECT_THROTTLE", "fentry")], kernels: ALL, timeout_s: 420 },
+    Suite { name: "capacity_kernel", package: "nri-resize", test: "capacity_kernel", filter: "", skip: &[], env: &[], kernels: ALL, timeout_s: 300 },
+    // Memory decrease is kernel-facing too (reclaim, OOM inside the write): every kernel.
+    Suite { name: "memory_decrease@2.1",    package: "nri-resize-tests", test: "memory_decrease",    filter: "", skip: TWINS_1_7, env: ON_2,   kernels: ALL,    timeout_s: 900 },
+    // The smoke test of a containerd suite on 6.1; every real-runtime suite on 6.12.
+    Suite { name: "nri_containerd@2.1-smoke", package: "nri-resize-tests", test: "nri_containerd", filter: "plugin_lifecycle_containerd_2", skip: &[], env: ON_2, kernels: &["6.1"], timeout_s: 300 },
+    Suite { name: "harness_smoke@2.1",      package: "nri-resize-tests", test: "harness_smoke",      filter: "", skip: TWINS_1_7, env: ON_2,   kernels: NEWEST, timeout_s: 300 },
+    Suite { name: "nri_containerd@2.1",     package: "nri-resize-tests", test: "nri_containerd",     filter: "", skip: TWINS_1_7, env: ON_2,   kernels: NEWEST, timeout_s: 600 },
+    Suite { name: "resize_containerd@2.1",  package: "nri-resize-tests", test: "resize_containerd",  filter: "", skip: TWINS_1_7, env: ON_2,   kernels: NEWEST, timeout_s: 900 },
+    Suite { name: "faults@2.1",             package: "nri-resize-tests", test: "faults",             filter: "", skip: &[],       env: ON_2,   kernels: NEWEST, timeout_s: 600 },
+    // Not here yet: see `NOT_IN_GUEST`.
+    Suite { name: "nri_containerd@1.7",     package: "nri-resize-tests", test: "nri_containerd",     filter: "", skip: TWINS_2,   env: ON_1_7, kernels: NEWEST, timeout_s: 600 },
+    Suite { name: "resize_containerd@1.7",  package: "nri-resize-tests", test: "resize_containerd",  filter: "", skip: TWINS_2,   env: ON_1_7, kernels: NEWEST, timeout_s: 900 },
+    Suite { name: "memory_decrease@1.7",    package: "nri-resize-tests", test: "memory_decrease",    filter: "", skip: TWINS_2,   env: ON_1_7, kernels: NEWEST, timeout_s: 900 },
 ];
 
 /// A Debian kernel the tier boots.
@@ -107,12 +199,25 @@ const PACKAGE_PATTERNS: &[&str] = &[
 ];
 
 const INIT_SCRIPT: &str = include_str!("../scripts/vm/init.sh");
+/// Guest shell function run after a failed suite: the tails of the containerd and plugin logs
+/// its harness left behind (a suite killed by its timeout never reaches the harness's `Drop`,
+/// which prints them when a test panics) and of the kernel's log.
+const GUEST_LOGS: &str = r#"guest_logs() {
+  for f in /tmp/nrt-*/*.log; do
+    [ -f "$f" ] || continue
+    echo "==> guest: $f (left by the suite), last 40 lines"
+    tail -n 40 "$f"
+  done
+  echo "==> guest: kernel log, last 20 lines"
+  dmesg 2>/dev/null | tail -n 20
+}
+"#;
 const STATUS_MARK: &str = "NRI_RESIZE_VM_STATUS ";
 /// Guest boot and set-up, on top of the suites' own time.
 const BOOT_BUDGET: Duration = Duration::from_secs(90);
 /// Default time budget of the whole tier (every kernel, boots and suites): a VM still running
 /// when it is spent is killed and its unfinished suites fail.
-pub const TIER_BUDGET: Duration = Duration::from_secs(15 * 60);
+pub const TIER_BUDGET: Duration = Duration::from_secs(40 * 60);
 
 fn cache_dir() -> PathBuf {
     std::env::var_os("NRI_RESIZE_CACHE")
@@ -124,7 +229,7 @@ fn cache_dir() -> PathBuf {
 #[derive(Debug)]
 pub struct Options {
     pub kernels: Vec<Kernel>,
-    /// Only the suites whose test target is in this list (empty: all).
+    /// Only the suites whose name or test target is in this list (empty: all).
     pub only: Vec<String>,
     /// Time budget of the whole run.
     pub budget: Duration,
@@ -165,7 +270,7 @@ impl Options {
             }
         }
         for s in &only {
-            if !SUITES.iter().any(|x| x.test == s) {
+            if !SUITES.iter().any(|x| x.test == s || x.name == s) {
                 bail!("unknown suite {s:?}");
             }
         }
@@ -178,27 +283,69 @@ impl Options {
 }
 
 /// Builds the suites, then boots each kernel and runs them. Fails if any suite fails.
-pub fn vm_test(root: &Path, opts: &Options) -> anyhow::Result<()> {
+/// `summary` gets one line per kernel and suite (verdict and time in the guest).
+pub fn vm_test(root: &Path, opts: &Options, summary: &mut Vec<String>) -> anyhow::Result<()> {
+    let tier_started = Instant::now();
     let suites: Vec<Suite> = SUITES
         .iter()
-        .filter(|s| opts.only.is_empty() || opts.only.iter().any(|o| o == s.test))
+        .filter(|s| opts.only.is_empty() || opts.only.iter().any(|o| o == s.test || o == s.name))
+        .filter(|s| opts.kernels.iter().any(|k| s.runs_on(k)))
         .copied()
         .collect();
-    let binaries = build_suites(&suites)?;
+    for test in NOT_IN_GUEST {
+        eprintln!(
+            "!!! NOT RUN IN THE GUEST: {test} (see `NOT_IN_GUEST` in xtask/src/vm.rs for why)"
+        );
+        summary.push(format!("vm: {test} not run in the guest (NOT_IN_GUEST)"));
+    }
+    let binaries = build_suites(root, &suites)?;
     let mut failures = Vec::new();
-    let mut summary = Vec::new();
     let tier_deadline = Instant::now() + opts.budget;
     for kernel in &opts.kernels {
         let started = Instant::now();
+        let on_kernel: Vec<Suite> = suites
+            .iter()
+            .filter(|s| s.runs_on(kernel))
+            .copied()
+            .collect();
+        if on_kernel.is_empty() {
+            continue;
+        }
         let boot = prepare_kernel(kernel)?;
-        match run_vm(root, kernel, &boot, &suites, &binaries, tier_deadline) {
-            Ok(results) => {
+        let mut outcome = run_vm(root, kernel, &boot, &on_kernel, &binaries, tier_deadline);
+        // A guest that died before its first suite (a kernel oops while booting under TCG, seen
+        // once on 6.12: int3 in `sched_clock_idle_wakeup_event`) is booted once more, loudly;
+        // a failure once suites ran is never retried.
+        if let Ok((results, Some(e))) = &outcome {
+            if results.iter().all(|r| r.status.is_none()) {
+                eprintln!(
+                    "!!! kernel {}: the guest died before its first suite ({e}); booting it once more",
+                    kernel.name
+                );
+                summary.push(format!(
+                    "[kernel {}] guest died while booting ({e}); booted once more",
+                    kernel.name
+                ));
+                outcome = run_vm(root, kernel, &boot, &on_kernel, &binaries, tier_deadline);
+            }
+        }
+        match outcome {
+            Ok((results, vm_error)) => {
+                if let Some(e) = vm_error {
+                    failures.push(format!("kernel {}: {e}", kernel.name));
+                    summary.push(format!("[kernel {}] VM FAILED: {e}", kernel.name));
+                }
                 for r in results {
                     if !r.passed() {
                         failures.push(format!("{} on {}", r.suite, kernel.name));
                     }
                     summary.push(r.line());
                 }
+                summary.push(format!(
+                    "[kernel {}] whole VM (boot, suites, power-off) {:>4} s",
+                    kernel.name,
+                    started.elapsed().as_secs()
+                ));
             }
             Err(e) => {
                 failures.push(format!("kernel {}: {e:#}", kernel.name));
@@ -211,8 +358,11 @@ pub fn vm_test(root: &Path, opts: &Options) -> anyhow::Result<()> {
             started.elapsed().as_secs()
         );
     }
-    eprintln!("\n==> vm-test summary");
-    for line in &summary {
+    eprintln!(
+        "\n==> vm-test summary (per suite, seconds in the guest; {} s in all, builds included)",
+        tier_started.elapsed().as_secs()
+    );
+    for line in summary.iter() {
         eprintln!("    {line}");
     }
     if !failures.is_empty() {
@@ -222,16 +372,28 @@ pub fn vm_test(root: &Path, opts: &Options) -> anyhow::Result<()> {
 }
 
 /// `cargo test --no-run --message-format=json` per package; the executable of each suite.
-fn build_suites(suites: &[Suite]) -> anyhow::Result<BTreeMap<String, PathBuf>> {
+/// Each binary is built once, whatever the number of runs and kernels it has.
+fn build_suites(root: &Path, suites: &[Suite]) -> anyhow::Result<BTreeMap<String, PathBuf>> {
     let mut by_package: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for s in suites {
-        by_package.entry(s.package).or_default().push(s.test);
+        let tests = by_package.entry(s.package).or_default();
+        if !tests.contains(&s.test) {
+            tests.push(s.test);
+        }
     }
-    if by_package.contains_key("nri-resize-tests") {
+    if suites.iter().any(Suite::needs_plugin) {
         // The real-runtime suites start the plugin binary (`NRI_RESIZE_BIN`).
         crate::run(
             "build the plugin binary for the VM suites",
             crate::cargo().args(["build", "-p", "nri-resize", "--bin", "nri-resize"]),
+        )?;
+    }
+    if suites.iter().any(|s| s.test == "image_containerd") {
+        // The daemon's image from that binary (`NRI_RESIZE_IMAGE_ARCHIVE`).
+        crate::image::build_archive(
+            &root.join("target/debug/nri-resize"),
+            &crate::image::default_archive(root),
+            &crate::image::image_name(),
         )?;
     }
     let mut binaries = BTreeMap::new();
@@ -716,11 +878,13 @@ fn guest_script(
          run_suite() {{\n  name=$1 dir=$2 limit=$3; shift 3\n  log=$RUN/logs/$name.log\n  \
          echo \"[kernel $kernel cgroup $cg] $name\" >\"$log\"\n  start=$(date +%s)\n  \
          (cd \"$dir\" && timeout -k 10 \"$limit\" env \"$@\") >>\"$log\" 2>&1\n  rc=$?\n  \
+         if [ $rc -ne 0 ]; then guest_logs >>\"$log\" 2>&1; fi\n  \
          echo \"$name $rc $(( $(date +%s) - start )) [kernel $kernel cgroup $cg]\" >>$RUN/results\n}}",
         hp = quote(&run.join("hotplug").to_string_lossy()),
         run = quote(&run.to_string_lossy()),
         tt = quote(&target_tmp.to_string_lossy()),
     );
+    s.push_str(GUEST_LOGS);
     for suite in suites {
         let bin = &binaries[suite.test];
         let dir = root.join(match suite.package {
@@ -730,7 +894,7 @@ fn guest_script(
         });
         let mut line = format!(
             "run_suite {} {} {}",
-            quote(suite.test),
+            quote(suite.name),
             quote(&dir.to_string_lossy()),
             suite.timeout_s
         );
@@ -745,6 +909,9 @@ fn guest_script(
         );
         if !suite.filter.is_empty() {
             let _ = write!(line, " {}", quote(suite.filter));
+        }
+        for skip in suite.skip {
+            let _ = write!(line, " --skip {}", quote(skip));
         }
         s.push_str(&line);
         s.push('\n');
@@ -893,13 +1060,35 @@ fn parse_size(s: &str) -> anyhow::Result<u64> {
     Ok(n << shift)
 }
 
+/// What CI shows of a suite's log: all of it when the suite failed (the failing test's output,
+/// with the containerd and plugin log tails the harness prints when a test panics, and what the
+/// guest adds after a failure), else its header and libtest's verdict lines.
+fn suite_report(log: &str, passed: bool) -> String {
+    if !passed {
+        return log.to_owned();
+    }
+    log.lines()
+        .enumerate()
+        .filter(|(i, l)| {
+            *i == 0
+                || l.starts_with("running ")
+                || l.starts_with("test ")
+                || l.starts_with("harness: NRI_RESIZE_CONTAINERD")
+        })
+        // With `--nocapture` a test's first output line follows its `test name ... `.
+        .map(|(_, l)| l.get(..120).unwrap_or(l))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-/// Boots `kernel`, runs `suites`, serves hotplug requests; the results of every suite.
+/// Boots `kernel`, runs `suites`, serves hotplug requests; the results of every suite (those
+/// the VM did not finish are `NOT RUN`), and what went wrong with the VM itself, if anything.
 #[expect(
     clippy::too_many_lines,
     reason = "one linear run: set up, boot, watch, collect"
@@ -911,7 +1100,7 @@ fn run_vm(
     suites: &[Suite],
     binaries: &BTreeMap<String, PathBuf>,
     tier_deadline: Instant,
-) -> anyhow::Result<Vec<SuiteResult>> {
+) -> anyhow::Result<(Vec<SuiteResult>, Option<String>)> {
     let run = cache_dir().join(format!("run-{}-{}", kernel.name, std::process::id()));
     let _ = std::fs::remove_dir_all(&run);
     for d in ["logs", "hotplug"] {
@@ -1056,13 +1245,13 @@ fn run_vm(
             );
             let log = std::fs::read_to_string(run.join("logs").join(format!("{name}.log")))
                 .unwrap_or_default();
-            eprintln!("\n{log}");
             let r = SuiteResult {
                 header: format!("{header} {name}"),
                 suite: name,
                 status: rc,
                 seconds: secs,
             };
+            eprintln!("\n{}", suite_report(&log, r.passed()));
             eprintln!("--- {}", r.line());
             results.push(r);
         }
@@ -1110,10 +1299,10 @@ fn run_vm(
         started.elapsed().as_secs()
     );
     for s in suites {
-        if !results.iter().any(|r| r.suite == s.test) {
+        if !results.iter().any(|r| r.suite == s.name) {
             results.push(SuiteResult {
-                suite: s.test.to_owned(),
-                header: format!("[kernel {}] {}", kernel.name, s.test),
+                suite: s.name.to_owned(),
+                header: format!("[kernel {}] {}", kernel.name, s.name),
                 status: None,
                 seconds: 0,
             });
@@ -1141,12 +1330,22 @@ fn run_vm(
     } else {
         let _ = std::fs::remove_dir_all(&run);
     }
-    outcome.map(|()| results)
+    Ok((results, outcome.err().map(|e| format!("{e:#}"))))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_passed_suite_shows_its_verdicts_and_a_failed_one_everything() {
+        let log = "[kernel 6.12 cgroup v2] faults@2.1\nrunning 2 tests\nharness: noise\n\
+                   test a ... ok\ntest b ... FAILED\ntest result: FAILED. 1 passed; 1 failed";
+        let short = suite_report(log, true);
+        assert!(short.contains("test a ... ok") && short.contains("test result:"));
+        assert!(!short.contains("noise"));
+        assert_eq!(suite_report(log, false), log);
+    }
 
     #[test]
     fn sizes_parse() {
@@ -1177,7 +1376,62 @@ mod tests {
 
     #[test]
     fn every_suite_is_named_once() {
-        let names: BTreeSet<_> = SUITES.iter().map(|s| s.test).collect();
+        let names: BTreeSet<_> = SUITES.iter().map(|s| s.name).collect();
         assert_eq!(names.len(), SUITES.len());
+        for s in SUITES {
+            assert!(
+                s.name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_@.-".contains(c)),
+                "{}: a suite's name is a file name in the guest",
+                s.name
+            );
+            assert!(!s.kernels.is_empty(), "{} runs on no kernel", s.name);
+            for k in s.kernels {
+                assert!(
+                    KERNELS.iter().any(|x| x.name == *k),
+                    "{}: unknown kernel {k}",
+                    s.name
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn twins_are_skipped_only_where_the_other_twin_runs() {
+        for (skip, other) in [(TWINS_1_7, TWINS_2), (TWINS_2, TWINS_1_7)] {
+            assert_eq!(skip.len(), other.len());
+            for (a, b) in skip.iter().zip(other) {
+                assert_eq!(
+                    a.trim_end_matches("_1_7").trim_end_matches("_2"),
+                    b.trim_end_matches("_1_7").trim_end_matches("_2"),
+                );
+            }
+        }
+        // Every real-runtime suite but the soak and those `NOT_IN_GUEST` (each with its reason)
+        // runs against containerd 2.1.9 on 6.12; those are really left out.
+        for test in NOT_IN_GUEST {
+            assert!(!SUITES.iter().any(|s| s.test == *test), "{test}");
+        }
+        for test in [
+            "harness_smoke",
+            "nri_containerd",
+            "resize_containerd",
+            "memory_decrease",
+            "faults",
+            "observer_containerd",
+            "image_containerd",
+        ]
+        .into_iter()
+        .filter(|t| !NOT_IN_GUEST.contains(t))
+        {
+            assert!(
+                SUITES.iter().any(|s| s.test == test
+                    && s.filter.is_empty()
+                    && s.kernels.contains(&"6.12")
+                    && s.env.contains(&("NRI_RESIZE_CONTAINERD", "2"))),
+                "{test} does not run in full on 6.12 against containerd 2"
+            );
+        }
     }
 }

@@ -1,13 +1,13 @@
 //! Pod annotations (untrusted: written by pod owners) through every nri-resize parser: resize
 //! policy, resize action, memory-decrease strategy, the effective-policy resolution and the
-//! whole-pod validation. Invariants: never a panic; annotations only tighten the node default.
+//! whole-pod validation, the pod-level mode. Invariants: never a panic; annotations only tighten the node default.
 #![no_main]
 
 use std::collections::BTreeMap;
 
 use libfuzzer_sys::fuzz_target;
 use nri_resize::policy::{
-    effective_decrease_strategy, parse_effective_policy, validate_annotations, Direction,
+    effective_decrease_strategy, effective_enforce, parse_effective_policy, validate_annotations, Direction,
     DirectionalPolicy, MemoryDecreaseStrategy, PolicyDefaults, ResizeAction, Resource,
     RestartPolicy,
 };
@@ -15,12 +15,13 @@ use nri_resize::policy::{
 fuzz_target!(|input: (Vec<(String, String)>, String, u8)| {
     let (pairs, container, node) = input;
     // Keys are steered towards the real ones so the parsers see their values often.
-    const KEYS: [&str; 5] = [
+    const KEYS: [&str; 6] = [
         "resize-policy.nri-resize.io/container.",
         "resize-policy.nri-resize.io/pod",
         "resize-action.nri-resize.io/pod",
         "memory-decrease.nri-resize.io/container.",
         "memory-decrease.nri-resize.io/pod",
+        "resize-mode.nri-resize.io/pod",
     ];
     let annotations: BTreeMap<String, String> = pairs
         .into_iter()
@@ -58,4 +59,8 @@ fuzz_target!(|input: (Vec<(String, String)>, String, u8)| {
     };
     let (s, _) = effective_decrease_strategy(&annotations, &container, node_default, defaults.allow_annotations);
     assert!(s >= node_default, "{s:?} looser than {node_default:?}");
+    // The pod-level mode: an enforcing node is never loosened to observe.
+    let node_enforces = node & 0x40 != 0;
+    let (enforce, _) = effective_enforce(node_enforces, &annotations);
+    assert!(enforce || !node_enforces, "observe on an enforcing node");
 });

@@ -5,7 +5,7 @@
 use libfuzzer_sys::fuzz_target;
 use protobuf::Message;
 
-const METHODS: [&str; 6] = ["Configure", "Synchronize", "CreateContainer", "UpdateContainer", "StateChange", "UpdateContainers"];
+use nri_resize::nri::DECODED_METHODS as METHODS;
 
 fuzz_target!(|data: &[u8]| {
     if data.len() >= 10 {
@@ -16,5 +16,9 @@ fuzz_target!(|data: &[u8]| {
         let _ = nri_resize::nri::decode_plugin_request(&req.method, &req.payload);
     }
     let method = METHODS[usize::from(data.first().copied().unwrap_or(0)) % METHODS.len()];
-    let _ = nri_resize::nri::decode_plugin_request(method, data.get(1..).unwrap_or_default());
+    let decoded = nri_resize::nri::decode_plugin_request(method, data.get(1..).unwrap_or_default());
+    assert!(
+        !matches!(&decoded, Err(e) if e.starts_with("unknown method")),
+        "{method} is served but not decoded"
+    );
 });

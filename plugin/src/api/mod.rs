@@ -11,12 +11,13 @@
 //! | GET | `/readyz` | 200 once registered with the runtime and synchronized, else 503 |
 
 mod client;
+mod pod_row;
 mod table;
 
 use std::ops::Deref;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 
 use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::StatusCode;
@@ -32,11 +33,12 @@ pub use client::{ApiClient, ClientError};
 pub use table::render_status;
 
 use crate::cgroup::ActualResources;
-use crate::daemon::{Confirmation, ContainerObservation, NodeState, ObserverInfo};
+use crate::daemon::{Confirmation, ContainerObservation, NodeState, ObserverInfo, PodLevelStatus};
 use crate::model::{Container, EventRecord, LinuxResources, Pod, PodView};
 use crate::nri::{ContainerUpdate, LinkError, LinkStatus, RuntimeLink};
 use crate::observer::Strategies;
 use crate::resize::{ContainerResize, Engine, PodResize, PodResizeRequest, ResizeError};
+use crate::sync::{Locked as _, ReadWriteLocked as _};
 
 /// `GET /v1/status`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -64,6 +66,9 @@ pub struct PodStatus {
     #[serde(flatten)]
     pub pod: Pod,
     pub containers: Vec<ContainerStatus>,
+    /// Pod-level resources (KEP-5419), once an `UpdatePodSandbox` asked for some.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_level: Option<PodLevelStatus>,
 }
 
 /// A container as in the model plus, once known, what the plugin observed of it. Derefs to
@@ -95,6 +100,9 @@ pub struct ContainerObserved {
     pub actual: Option<ActualResources>,
     /// Whether every limit asked for is in effect.
     pub matches: Option<bool>,
+    /// What differs, field by field with both values (`memory limit: desired 40Mi, actual 66.6Mi`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub differences: Vec<String>,
     pub confirmed_at_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confirm_error: Option<String>,
@@ -206,6 +214,7 @@ fn observed_view(
         v.desired.clone_from(&c.desired);
         v.actual = c.actual;
         v.matches = c.matches;
+        v.differences.clone_from(&c.differences);
         v.confirmed_at_ms = Some(c.at_ms);
         v.confirm_error.clone_from(&c.error);
     }
@@ -241,15 +250,13 @@ fn observed_view(
 
 fn status_of(state: &NodeState, link: &RuntimeLink) -> Status {
     let pods = state.read_model(crate::model::Model::snapshot);
-    let info = state
-        .observer_info
-        .read()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone();
+    let info = state.observer_info.read_locked().clone();
     let strategies = info.as_ref().map(|i| i.strategies);
+    let mut pod_levels = state.pod_levels();
     let pods = state.observed(|o| {
         pods.into_iter()
             .map(|PodView { pod, containers }| PodStatus {
+                pod_level: pod_levels.remove(&pod.id),
                 pod,
                 containers: containers
                     .into_iter()
@@ -269,22 +276,14 @@ fn status_of(state: &NodeState, link: &RuntimeLink) -> Status {
         runtime: link.status().into(),
         pods,
         observer: info.as_ref().map(Into::into),
-        metrics_addr: state
-            .metrics_addr
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .map(|a| a.to_string()),
-        state_dir: state
-            .state_dir
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone(),
-        node: state
-            .capacity
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone(),
+        metrics_addr: state.metrics_addr.read_locked().map(|a| a.to_string()),
+        state_dir: state.state_dir.locked().clone(),
+        node: state.capacity.read_locked().clone(),
     }
+}
+
+fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Runtime connection as the API shows it.
@@ -294,6 +293,15 @@ pub struct LinkStatusView {
     pub synchronized: bool,
     pub name: Option<String>,
     pub version: Option<String>,
+    /// The runtime's NRI version, when it announces one (NRI v0.12 / containerd 2.3 do).
+    #[serde(default)]
+    pub nri_version: Option<String>,
+    /// The runtime's per-request deadline (announced since NRI v0.8, else NRI's default 2 s).
+    #[serde(default)]
+    pub request_timeout_ms: Option<u64>,
+    /// How long the plugin's handlers may take before answering fail-open (3/4 of the deadline).
+    #[serde(default)]
+    pub handler_budget_ms: Option<u64>,
     pub connects: u64,
     pub connected_since: Option<u64>,
 }
@@ -305,6 +313,13 @@ impl From<LinkStatus> for LinkStatusView {
             synchronized: s.synchronized,
             name: s.runtime.as_ref().map(|r| r.name.clone()),
             version: s.runtime.as_ref().map(|r| r.version.clone()),
+            nri_version: s
+                .runtime
+                .as_ref()
+                .map(|r| r.nri_version.clone())
+                .filter(|v| !v.is_empty()),
+            request_timeout_ms: s.runtime.as_ref().map(|r| millis(r.request_timeout())),
+            handler_budget_ms: s.runtime.as_ref().map(|r| millis(r.handler_budget())),
             connects: s.connects,
             connected_since: s.connected_since,
         }
@@ -460,10 +475,12 @@ async fn update_resources(
                 });
                 info!(container = %id, "plugin-initiated update applied");
                 if let Some(engine) = &ctx.engine {
+                    // Records it and reads the cgroup back against it.
                     engine.note_applied_update(&id, &resources);
+                } else {
+                    // Confirmation: the merged resources asked for vs the cgroup now.
+                    ctx.state.confirm(&id, desired.or(Some(resources)));
                 }
-                // Confirmation: the merged resources asked for vs the cgroup now.
-                ctx.state.confirm(&id, desired.or(Some(resources)));
             } else {
                 warn!(container = %id, "runtime reported the update as failed");
             }
@@ -474,6 +491,23 @@ async fn update_resources(
         }
         Err(e) => Err(api_err(StatusCode::BAD_GATEWAY, e.to_string())),
     }
+}
+
+/// Makes the socket's directory 0700, creating it if needed and tightening it when it exists
+/// (the `DaemonSet`'s `DirectoryOrCreate` creates it 0755 first). A shared directory (sticky bit,
+/// like `/tmp`) is never changed: there the socket's own 0600 is what protects it.
+fn secure_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let mode = std::fs::metadata(dir)?.permissions().mode();
+    if mode & 0o1000 != 0 {
+        warn!(dir = %dir.display(), "status API socket in a shared (sticky) directory: left as it is; use a directory of its own");
+        return Ok(());
+    }
+    if mode & 0o777 != 0o700 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        info!(dir = %dir.display(), from = format!("{:o}", mode & 0o777), "status API directory made 0700");
+    }
+    Ok(())
 }
 
 /// Binds the socket (root-only, mode 0600, its directory 0700) and serves until `cancel`.
@@ -494,12 +528,8 @@ pub async fn serve(
             format!("status API socket {}: {e}", socket.display()),
         )
     };
-    if let Some(dir) = socket.parent() {
-        if !dir.exists() {
-            std::fs::create_dir_all(dir).map_err(with_path)?;
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-                .map_err(with_path)?;
-        }
+    if let Some(dir) = socket.parent().filter(|d| !d.as_os_str().is_empty()) {
+        secure_dir(dir).map_err(with_path)?;
     }
     if socket.exists() {
         // A live daemon answers on it; a stale file from a crash does not.
@@ -523,4 +553,37 @@ pub async fn serve(
         let _ = std::fs::remove_file(&path);
         r
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::secure_dir;
+
+    fn mode(p: &std::path::Path) -> u32 {
+        std::fs::metadata(p).expect("stat").permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn the_socket_directory_is_0700_whether_new_or_existing() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let new = tmp.path().join("new/api");
+        secure_dir(&new).expect("create");
+        assert_eq!(mode(&new), 0o700);
+        let existing = tmp.path().join("existing");
+        std::fs::create_dir(&existing).expect("mkdir");
+        std::fs::set_permissions(&existing, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        secure_dir(&existing).expect("tighten");
+        assert_eq!(mode(&existing), 0o700, "tightened although it existed");
+        let shared = tmp.path().join("shared");
+        std::fs::create_dir(&shared).expect("mkdir");
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+        secure_dir(&shared).expect("left");
+        assert_eq!(
+            mode(&shared),
+            0o1777,
+            "a shared sticky directory is never changed"
+        );
+    }
 }

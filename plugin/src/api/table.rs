@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 
 use super::{ContainerStatus, Resizes, Status};
 use crate::model::LinuxResources;
+use crate::policy::{bytes_text, UNLIMITED_BYTES};
 
 /// `500m/128Mi`; `-` when unknown, `max` for unlimited.
 fn compact(cpu_millis: Option<u64>, cpu_limited: bool, memory: Option<i64>) -> String {
@@ -14,7 +15,7 @@ fn compact(cpu_millis: Option<u64>, cpu_limited: bool, memory: Option<i64>) -> S
         (None, true) => "-".to_string(),
     };
     let mem = match memory {
-        Some(m) if m > 0 && m < (1 << 62) => mebibytes(m.unsigned_abs()),
+        Some(m) if m > 0 && m.unsigned_abs() < UNLIMITED_BYTES => bytes_text(m.unsigned_abs()),
         Some(_) => "max".to_string(),
         None => "-".to_string(),
     };
@@ -129,7 +130,11 @@ fn rows(s: &Status, resizes: &Resizes, page_size: u64) -> Vec<[String; 9]> {
                     let mut reason = reason;
                     if let Some(o) = &c.observed {
                         if o.matches == Some(false) && reason.is_empty() {
-                            reason = "actual differs from desired".into();
+                            reason = if o.differences.is_empty() {
+                                "actual differs from desired".into()
+                            } else {
+                                format!("actual differs from desired: {}", o.differences.join("; "))
+                            };
                         }
                     }
                     [
@@ -191,7 +196,7 @@ pub fn render_status(s: &Status, resizes: &Resizes, page_size: u64, now_ms: u64)
             s.state_dir.problems.last().map_or("", String::as_str)
         );
     }
-    let rows = rows(s, resizes, page_size);
+    let rows = super::pod_row::with_pod_rows(s, rows(s, resizes, page_size));
     let header = [
         "POD",
         "CONTAINER",
@@ -286,6 +291,9 @@ mod tests {
                 synchronized: true,
                 name: Some("containerd".into()),
                 version: Some("1.7.24".into()),
+                nri_version: None,
+                request_timeout_ms: Some(2000),
+                handler_budget_ms: Some(1500),
                 connects: 1,
                 connected_since: None,
             },
@@ -322,6 +330,7 @@ mod tests {
                         observed: None,
                     },
                 ],
+                pod_level: None,
             }],
             observer: None,
             metrics_addr: Some("127.0.0.1:9464".into()),
@@ -343,6 +352,7 @@ mod tests {
                 state: Some(ResizeState::Deferred),
                 reason: "node has 1 CPU free".into(),
                 updated_ms: 0,
+                deferred_target: None,
             },
         );
         let text = render_status(&status(), &resizes, 4096, 0);
@@ -432,5 +442,21 @@ mod tests {
         let row = text.lines().nth(2).expect("row");
         assert!(row.contains("max/max"), "{text}");
         assert!(row.ends_with("actual differs from desired"), "{text}");
+    }
+
+    #[test]
+    fn a_mismatch_names_each_field_with_both_values() {
+        let mut s = status();
+        let c = &mut s.pods[0].containers[0];
+        if let Some(o) = c.observed.as_mut() {
+            o.matches = Some(false);
+            o.differences = vec!["cpu.shares: desired 819, actual 1024".into()];
+        }
+        let text = render_status(&s, &Resizes::default(), 4096, 0);
+        let row = text.lines().nth(2).expect("row");
+        assert!(
+            row.ends_with("actual differs from desired: cpu.shares: desired 819, actual 1024"),
+            "{text}"
+        );
     }
 }

@@ -28,7 +28,7 @@ pub mod uevent;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -45,6 +45,7 @@ use crate::metrics::MetricsError;
 use crate::observer::{CpuHotplugEvent, HotplugRing};
 use crate::policy::CpuSet;
 use crate::resize::Engine;
+use crate::sync::ReadWriteLocked as _;
 
 /// Why the watcher could not start.
 #[derive(Debug, thiserror::Error)]
@@ -253,11 +254,7 @@ impl Watcher {
     }
 
     fn reserves(&self) -> (u64, u64) {
-        let cfg = self
-            .state
-            .config
-            .read()
-            .unwrap_or_else(PoisonError::into_inner);
+        let cfg = self.state.config.read_locked();
         (
             cfg.resize.reserved_cpu_millicores,
             cfg.resize.reserved_memory,
@@ -283,11 +280,7 @@ impl Watcher {
 
     fn publish(&mut self) {
         self.status.updated_ms = crate::daemon::now_ms();
-        *self
-            .state
-            .capacity
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = Some(self.status.clone());
+        *self.state.capacity.write_locked() = Some(self.status.clone());
     }
 
     /// Re-reads what `trigger` concerns; on a difference updates metrics, logs each change and

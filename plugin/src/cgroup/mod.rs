@@ -27,10 +27,7 @@ use serde::{Deserialize, Serialize};
 pub use path::{container_path, pod_path, resolve, ContainerCgroups};
 
 use crate::observer::CgroupLayout;
-use crate::policy::MemoryUse;
-
-/// Limits at or above this are "unlimited" (v1 reports `PAGE_COUNTER_MAX` pages in bytes).
-const UNLIMITED_BYTES: u64 = 1 << 62;
+use crate::policy::{MemoryUse, UNLIMITED_BYTES};
 
 /// Errors of cgroup resolution, reads and writes.
 #[derive(Debug, thiserror::Error)]
@@ -166,6 +163,18 @@ pub trait CgroupIo: Send + Sync + fmt::Debug {
     fn reclaim(&self, cgroup: &Path, bytes: u64) -> Result<(), CgroupError>;
     /// Sets the v2 `memory.high` throttling threshold (`None`: `max`); v1 has none.
     fn set_memory_high(&self, cgroup: &Path, high: Option<u64>) -> Result<(), CgroupError>;
+    /// The pids in `cgroup` (its `cgroup.procs`, as the reader's pid namespace numbers them).
+    fn procs(&self, cgroup: &Path) -> Result<Vec<u32>, CgroupError>;
+}
+
+/// Parses a `cgroup.procs` file: one pid per line.
+fn read_procs(dir: &Path) -> Result<Vec<u32>, CgroupError> {
+    let text = read_file(dir, "cgroup.procs")?.unwrap_or_default();
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(|l| l.parse().map_err(|_| parse_err(dir, "cgroup.procs", l)))
+        .collect()
 }
 
 /// Reads `memory.stat` keys into a [`MemoryUse`] with the given usage.
@@ -330,6 +339,10 @@ impl CgroupIo for V1 {
         CgroupVersion::V1
     }
 
+    fn procs(&self, cgroup: &Path) -> Result<Vec<u32>, CgroupError> {
+        read_procs(&existing_dir(&self.memory, cgroup)?)
+    }
+
     fn read_actual(&self, cgroup: &Path) -> Result<ActualResources, CgroupError> {
         let cpu = existing_dir(&self.cpu, cgroup)?;
         let memory = existing_dir(&self.memory, cgroup)?;
@@ -384,6 +397,10 @@ impl CgroupIo for V1 {
 impl CgroupIo for V2 {
     fn version(&self) -> CgroupVersion {
         CgroupVersion::V2
+    }
+
+    fn procs(&self, cgroup: &Path) -> Result<Vec<u32>, CgroupError> {
+        read_procs(&existing_dir(&self.root, cgroup)?)
     }
 
     fn read_actual(&self, cgroup: &Path) -> Result<ActualResources, CgroupError> {
@@ -501,6 +518,13 @@ impl CgroupIo for Cgroups {
         match self {
             Self::V1(v) => v.set_memory_high(cgroup, high),
             Self::V2(v) => v.set_memory_high(cgroup, high),
+        }
+    }
+
+    fn procs(&self, cgroup: &Path) -> Result<Vec<u32>, CgroupError> {
+        match self {
+            Self::V1(v) => v.procs(cgroup),
+            Self::V2(v) => v.procs(cgroup),
         }
     }
 }

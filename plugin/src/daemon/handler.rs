@@ -1,12 +1,13 @@
 //! The daemon's NRI handler: keeps the [`Model`] and the event [`Journal`] in step with the
 //! runtime. Every call is in-memory work under short locks (microseconds), far inside NRI's 2 s.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use async_trait::async_trait;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::observe::{Observed, ObserverInfo};
 use crate::cgroup::Cgroups;
@@ -18,7 +19,9 @@ use crate::model::{
 use crate::nri::{
     ContainerUpdate, CreateReply, EventSet, Handler, Rejection, RuntimeInfo, UpdateReply,
 };
+use crate::resize::node::NodeReader;
 use crate::resize::Engine;
+use crate::sync::{Locked as _, ReadWriteLocked as _};
 
 /// State shared by the handler, the API and the daemon.
 #[derive(Debug)]
@@ -45,6 +48,8 @@ pub struct NodeState {
     pub state_dir: Mutex<crate::resize::checkpoint::StateDirStatus>,
     /// The node's capacity as the capacity watcher last saw it.
     pub capacity: RwLock<Option<crate::capacity::NodeStatus>>,
+    /// Pod-level resources (KEP-5419): desired vs actual per pod id.
+    pub pod_level: Mutex<HashMap<String, super::pod_level::PodLevelStatus>>,
 }
 
 impl NodeState {
@@ -68,27 +73,25 @@ impl NodeState {
             metrics_addr: RwLock::new(None),
             state_dir: Mutex::new(crate::resize::checkpoint::StateDirStatus::default()),
             capacity: RwLock::new(None),
+            pod_level: Mutex::new(HashMap::new()),
         })
     }
 
     /// Records a state-directory problem for the status API (it is logged by the caller).
     pub fn state_dir_problem(&self, message: String) {
-        self.state_dir
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .problem(message);
+        self.state_dir.locked().problem(message);
     }
 
     pub fn read_model<R>(&self, f: impl FnOnce(&Model) -> R) -> R {
-        f(&self.model.read().unwrap_or_else(PoisonError::into_inner))
+        f(&self.model.read_locked())
     }
 
     pub fn write_model<R>(&self, f: impl FnOnce(&mut Model) -> R) -> R {
-        f(&mut self.model.write().unwrap_or_else(PoisonError::into_inner))
+        f(&mut self.model.write_locked())
     }
 
     pub fn journal<R>(&self, f: impl FnOnce(&mut Journal) -> R) -> R {
-        f(&mut self.journal.lock().unwrap_or_else(PoisonError::into_inner))
+        f(&mut self.journal.locked())
     }
 
     fn record(
@@ -117,6 +120,8 @@ impl NodeState {
 pub struct ModelHandler {
     state: Arc<NodeState>,
     engine: Option<Arc<Engine>>,
+    /// Node capacity for pod-level admission; `None`: no node checks.
+    node: Option<NodeReader>,
 }
 
 impl ModelHandler {
@@ -124,7 +129,23 @@ impl ModelHandler {
         ModelHandler {
             state,
             engine: None,
+            node: None,
         }
+    }
+
+    /// With node capacity read for pod-level admission (`/` on a node).
+    #[must_use]
+    pub fn with_node(mut self, node: NodeReader) -> Self {
+        self.node = Some(node);
+        self
+    }
+
+    pub(super) fn state(&self) -> &NodeState {
+        &self.state
+    }
+
+    pub(super) fn node_reader(&self) -> Option<&NodeReader> {
+        self.node.as_ref()
     }
 
     /// With the resize engine deciding kubelet-driven updates.
@@ -180,20 +201,24 @@ impl Handler for ModelHandler {
             self.state.file_config.clone()
         } else {
             let origin = format!("the runtime ({} {})", runtime.name, runtime.version);
-            self.state
+            let (cfg, ignored) = self
+                .state
                 .file_config
-                .overlay(config, &origin)
-                .map_err(|e| Rejection(e.to_string()))?
+                .runtime_overlay(config, &origin)
+                .map_err(|e| Rejection(e.to_string()))?;
+            for key in &ignored {
+                warn!(key = %key, %origin, "configuration key from the runtime ignored: it cannot change while the daemon runs (set it in --config)");
+            }
+            cfg
         };
+        self.state
+            .journal(|j| j.set_capacity(effective.journal_size));
         info!(
             journal_size = effective.journal_size,
+            mode = ?effective.resize.mode,
             "configuration in effect"
         );
-        *self
-            .state
-            .config
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = effective;
+        *self.state.config.write_locked() = effective;
         Ok(())
     }
 
@@ -208,6 +233,7 @@ impl Handler for ModelHandler {
             ..Pod::default()
         };
         self.state.retrack(&pods, &containers);
+        self.state.retain_pod_levels(&pods);
         self.state.write_model(|m| m.rebuild(pods, containers));
         if let Some(engine) = &self.engine {
             engine.resume_checkpointed();
@@ -228,18 +254,39 @@ impl Handler for ModelHandler {
         overhead: Option<LinuxResources>,
         resources: Option<LinuxResources>,
     ) -> Result<(), Rejection> {
+        let verdict = match &resources {
+            Some(r) => self.admit_pod_update(&pod, overhead.as_ref(), r).await,
+            None => Ok(()),
+        };
         if resources.is_some() {
             pod.resources = resources;
         }
         if overhead.is_some() {
             pod.overhead = overhead;
         }
+        if verdict.is_err() {
+            // Refused: the runtime keeps the pod as it was, and so does the model.
+            self.state.record(
+                EventKind::UpdatePodSandbox,
+                &pod,
+                None,
+                pod.resources.clone(),
+            );
+            return verdict;
+        }
         self.pod_event(EventKind::UpdatePodSandbox, pod);
         Ok(())
     }
 
-    async fn post_update_pod_sandbox(&self, pod: Pod) {
-        self.pod_event(EventKind::PostUpdatePodSandbox, pod);
+    async fn post_update_pod_sandbox(&self, mut pod: Pod) {
+        // containerd sends the sandbox's creation-time resources here; the model keeps what
+        // the accepted `UpdatePodSandbox` asked for.
+        if let Some(known) = self.state.read_model(|m| m.pod(&pod.id).cloned()) {
+            pod.resources = known.resources;
+            pod.overhead = known.overhead;
+        }
+        self.pod_event(EventKind::PostUpdatePodSandbox, pod.clone());
+        self.confirm_pod(&pod).await;
     }
 
     async fn stop_pod_sandbox(&self, pod: Pod) {
@@ -251,6 +298,7 @@ impl Handler for ModelHandler {
         self.state
             .record(EventKind::RemovePodSandbox, &pod, None, None);
         self.state.untrack_pod(&pod.id);
+        self.state.forget_pod_level(&pod);
         self.state.write_model(|m| m.remove_pod(&pod.id));
     }
 
@@ -275,7 +323,11 @@ impl Handler for ModelHandler {
     }
 
     async fn post_start_container(&self, pod: Pod, ctr: Container) {
+        let id = ctr.id.clone();
         self.container_event(EventKind::PostStartContainer, pod, ctr);
+        // The runtime has written the container's limits by now: its actual values, read back.
+        // (The observer's first read of a new cgroup can come before runc wrote them.)
+        self.state.confirm(&id, None);
     }
 
     async fn update_container(
@@ -317,12 +369,14 @@ impl Handler for ModelHandler {
                 engine.applied(&c);
             }
         }
-        let desired = self.state.take_expected_update(&id);
-        self.state.confirm(&id, desired);
+        self.state.confirm_update(&id);
     }
 
     async fn stop_container(&self, pod: Pod, mut ctr: Container) -> Vec<ContainerUpdate> {
         ctr.state = ContainerState::Stopped;
+        if let Some(engine) = &self.engine {
+            engine.container_stopped(&ctr.id);
+        }
         self.container_event(EventKind::StopContainer, pod, ctr);
         Vec::new()
     }

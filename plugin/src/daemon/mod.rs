@@ -8,6 +8,8 @@
 
 mod handler;
 mod observe;
+mod pod_level;
+mod pod_read;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -23,8 +25,11 @@ pub use observe::{
     desired_matches, Confirmation, ContainerObservation, Observed, ObserverInfo, ObserverOptions,
     Target,
 };
+pub use pod_level::{limits_text, PodLevelStatus};
+pub use pod_read::READ_BUDGET;
 
 use crate::api;
+use crate::backoff::Backoff;
 use crate::capacity;
 use crate::cgroup::Cgroups;
 use crate::config::Config;
@@ -33,6 +38,7 @@ use crate::nri::{self, HandlerObserver, PluginIdentity, RuntimeLink, SessionEnd}
 use crate::resize::checkpoint::CheckpointStore;
 use crate::resize::node::NodeReader;
 use crate::resize::Engine;
+use crate::sync::{Locked as _, ReadWriteLocked as _};
 
 /// Exit status when the runtime connection is lost and `--exit-on-disconnect` is set.
 pub const EXIT_DISCONNECTED: i32 = 3;
@@ -63,35 +69,6 @@ pub enum Exit {
     Disconnected,
 }
 
-/// Exponential backoff for reconnecting.
-#[derive(Debug, Clone)]
-pub struct Backoff {
-    next: Duration,
-    min: Duration,
-    max: Duration,
-}
-
-impl Backoff {
-    pub fn new(min: Duration, max: Duration) -> Self {
-        Backoff {
-            next: min,
-            min,
-            max,
-        }
-    }
-
-    /// The delay to wait now; doubles the next one up to the maximum.
-    pub fn next_delay(&mut self) -> Duration {
-        let d = self.next;
-        self.next = (self.next * 2).min(self.max);
-        d
-    }
-
-    pub fn reset(&mut self) {
-        self.next = self.min;
-    }
-}
-
 /// Runs the daemon until `cancel` fires (or the runtime goes away with `exit_on_disconnect`).
 /// Opens the checkpoint store; an unusable state directory is reported (log and status) and the
 /// daemon serves on without checkpoints.
@@ -107,10 +84,7 @@ fn open_checkpoints(dir: &std::path::Path, state: &NodeState) -> Option<Checkpoi
         }
     };
     {
-        let mut sd = state
-            .state_dir
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut sd = state.state_dir.locked();
         sd.path = dir.display().to_string();
         sd.usable = checkpoints.is_some();
     }
@@ -147,10 +121,7 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
                 cancel.clone(),
             )
             .await?;
-            *state
-                .metrics_addr
-                .write()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(server.addr);
+            *state.metrics_addr.write_locked() = Some(server.addr);
             Some(server)
         }
         None => None,
@@ -184,10 +155,15 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
     )?;
     let capacity_task = spawn_capacity(&state, &engine, hotplug_rx, &cancel);
 
-    let handler = Arc::new(ModelHandler::new(state.clone()).with_engine(engine));
+    let handler = Arc::new(
+        ModelHandler::new(state.clone())
+            .with_engine(engine.clone())
+            .with_node(NodeReader::new("/")),
+    );
     let handler_observer: Arc<dyn HandlerObserver> = state.metrics.clone();
     let exit = session_loop(&opts, handler, &link, Some(handler_observer), &cancel).await;
     cancel.cancel();
+    engine.shutdown().await;
     if let Some(task) = capacity_task {
         if let Err(err) = task.await {
             warn!(%err, "capacity watcher task ended abnormally");
@@ -204,11 +180,17 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
             Err(err) => warn!(%err, "metrics task ended abnormally"),
         }
     }
-    if tokio::task::spawn_blocking(move || observer_thread.join())
-        .await
-        .map_or(true, |r| r.is_err())
-    {
-        warn!("observer thread ended abnormally");
+    // The observer stops at its next tick; while it is still loading its eBPF programs (seconds on
+    // slow machines) the exit does not wait for it: the process ends and the kernel drops them.
+    // (A plain thread joins it: the runtime's shutdown waits for its blocking pool, not for this.)
+    let (joined_tx, joined_rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let _ = joined_tx.send(observer_thread.join().is_ok());
+    });
+    match tokio::time::timeout(Duration::from_secs(3), joined_rx).await {
+        Ok(Ok(true)) => {}
+        Ok(_) => warn!("observer thread ended abnormally"),
+        Err(_) => warn!("observer still starting after 3 s; exiting without waiting for it"),
     }
     Ok(exit)
 }
@@ -289,29 +271,18 @@ async fn session_loop(
             if started.elapsed() > Duration::from_secs(10) {
                 backoff.reset();
             }
-            if opts.exit_on_disconnect {
-                error!("exiting because the runtime connection was lost (--exit-on-disconnect)");
-                return Exit::Disconnected;
-            }
+        }
+        // Any session that was connected and ended (closed, shut down, or broken by a mux,
+        // protocol or registration error); not connecting at all is retried.
+        let lost = !matches!(outcome, Err(nri::TransportError::Connect { .. }));
+        if lost && opts.exit_on_disconnect {
+            error!("exiting because the runtime connection was lost (--exit-on-disconnect)");
+            return Exit::Disconnected;
         }
         let delay = backoff.next_delay();
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
             () = cancel.cancelled() => return Exit::Stopped,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_to_the_cap_and_resets() {
-        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
-        let seq: Vec<u128> = (0..6).map(|_| b.next_delay().as_millis()).collect();
-        assert_eq!(seq, [100, 200, 400, 800, 1000, 1000]);
-        b.reset();
-        assert_eq!(b.next_delay(), Duration::from_millis(100));
     }
 }

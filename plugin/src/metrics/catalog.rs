@@ -32,12 +32,14 @@ pub struct Entry {
     pub name: &'static str,
     pub kind: Kind,
     pub unit: &'static str,
-    /// Label names; `namespace, pod, container` series are removed when the container goes.
+    /// Label names; `namespace, pod, container` series are removed when the container goes,
+    /// `namespace, pod` series when the pod goes.
     pub labels: &'static [&'static str],
     pub meaning: &'static str,
 }
 
 const C: &[&str] = &["namespace", "pod", "container"];
+const P: &[&str] = &["namespace", "pod"];
 
 const fn e(
     name: &'static str,
@@ -66,6 +68,9 @@ pub const CATALOG: &[Entry] = &[
     e("nri_resize_resize_outcomes_total", Kind::Counter, "requests", &["outcome"], "resize decisions: `in_place`, `restart`, `rejected`, `deferred`, `infeasible`, `error`"),
     e("nri_resize_resize_requests_total", Kind::Counter, "requests", &["resource", "direction", "outcome"], "resize requests (kubelet updates and whole-pod resizes) per resource (`cpu`, `memory`) and direction (`increase`, `decrease`) they change, by outcome (as above)"),
     e("nri_resize_resize_duration_seconds", Kind::Histogram, "seconds", &["resource", "direction"], "from a resize request's arrival until the plugin finished acting on it (kubelet update: the decision and ordering writes; whole-pod: every step executed and read back)"),
+    e("nri_resize_resize_confirmation_seconds", Kind::Histogram, "seconds", &[], "from the runtime's `UpdateContainer` reaching the plugin to the container's cgroup, read back, holding every limit asked for (kubelet-driven updates)"),
+    e("nri_resize_restarts_total", Kind::Counter, "attempts", &["outcome"], "restart attempts for resizes whose policy demands a restart: `confirmed` (the init process exited and the runtime reported the stop), `retried`, `failed` (gave up)"),
+    e("nri_resize_restarts_pending", Kind::Gauge, "restarts", &[], "restarts requested and not yet confirmed or given up"),
     e("nri_resize_annotation_errors_total", Kind::Counter, "annotations", &[], "malformed or disallowed nri-resize pod annotations that were ignored"),
     // Per container: desired / allocated / actual.
     e("nri_resize_container_desired_cpu_millicores", Kind::Gauge, "millicores", C, "CPU limit last asked of the runtime (update or spec); absent when unlimited"),
@@ -74,6 +79,11 @@ pub const CATALOG: &[Entry] = &[
     e("nri_resize_container_desired_memory_bytes", Kind::Gauge, "bytes", C, "memory limit last asked of the runtime; absent when unlimited"),
     e("nri_resize_container_allocated_memory_bytes", Kind::Gauge, "bytes", C, "memory limit the runtime holds for the container; absent when unlimited"),
     e("nri_resize_container_actual_memory_bytes", Kind::Gauge, "bytes", C, "memory limit in the container's cgroup when last read"),
+    // Per pod: pod-level resources (KEP-5419), desired / actual.
+    e("nri_resize_pod_desired_cpu_millicores", Kind::Gauge, "millicores", P, "pod-level CPU limit last asked of the runtime (`UpdatePodSandbox`); absent when unlimited"),
+    e("nri_resize_pod_actual_cpu_millicores", Kind::Gauge, "millicores", P, "CPU limit in the pod cgroup when last read back; absent when unlimited"),
+    e("nri_resize_pod_desired_memory_bytes", Kind::Gauge, "bytes", P, "pod-level memory limit last asked of the runtime; absent when unlimited"),
+    e("nri_resize_pod_actual_memory_bytes", Kind::Gauge, "bytes", P, "memory limit in the pod cgroup when last read back; absent when unlimited"),
     // Per container: what the observer measures.
     e("nri_resize_container_throttled_periods_total", Kind::Counter, "periods", C, "CFS throttle events of the container's cgroup (docs/observer.md: what one event is per strategy)"),
     e("nri_resize_container_throttled_seconds_total", Kind::Counter, "seconds", C, "time the container's cgroup spent CFS-throttled"),

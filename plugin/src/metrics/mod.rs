@@ -7,8 +7,11 @@
 //! the scraper asks for it ([`Metrics::encode_openmetrics`]).
 
 pub mod catalog;
+mod confirmation;
 mod decrease;
 mod openmetrics;
+mod pod;
+mod restart;
 mod server;
 
 use std::fmt;
@@ -20,7 +23,10 @@ use prometheus::{
     IntGaugeVec, Opts, Registry,
 };
 
+pub use confirmation::ConfirmationMetrics;
 pub use decrease::{DecreaseMetrics, DecreaseOutcome};
+pub use pod::PodMetrics;
+pub use restart::{RestartMetrics, RestartOutcome};
 pub use server::{serve, MetricsServer, Readiness};
 
 use crate::cgroup::ActualResources;
@@ -88,6 +94,12 @@ pub struct Metrics {
     annotation_errors: IntCounter,
     /// Safe memory decreases.
     pub decrease: DecreaseMetrics,
+    /// Restarts a resize policy demands.
+    pub restart: RestartMetrics,
+    /// Resize confirmation latency.
+    pub confirmation: ConfirmationMetrics,
+    /// Pod-level resources (desired vs actual per pod).
+    pub pod: PodMetrics,
     page_size: u64,
 }
 
@@ -267,6 +279,9 @@ impl Metrics {
                 .map_err(MetricsError::Register)?,
             )?,
             decrease: DecreaseMetrics::new(r)?,
+            restart: RestartMetrics::new(r)?,
+            confirmation: ConfirmationMetrics::new(r)?,
+            pod: PodMetrics::new(r)?,
             page_size,
             registry,
         })
@@ -328,6 +343,12 @@ impl Metrics {
         );
         self.set_desired(&l, &test_resources());
         self.set_allocated(&l, &test_resources());
+        let p = crate::model::PodLimits {
+            cpu_millis: Some(1),
+            memory_bytes: Some(1),
+        };
+        self.pod.set_desired("", "", p);
+        self.pod.set_actual("", "", p);
         self.set_actual(
             &l,
             &ActualResources {

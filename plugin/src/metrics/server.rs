@@ -16,6 +16,7 @@ use tracing::info;
 
 use super::{openmetrics, Metrics, MetricsError};
 use crate::nri::RuntimeLink;
+use crate::sync::ReadWriteLocked as _;
 
 /// What `/readyz` checks: registered and synchronized with the runtime, and the observer loaded.
 #[derive(Debug, Clone)]
@@ -86,12 +87,7 @@ async fn metrics(State(ctx): State<Ctx>, headers: HeaderMap) -> impl IntoRespons
 async fn readyz(State(ctx): State<Ctx>) -> (StatusCode, String) {
     match ctx.readiness.check() {
         Ok(()) => {
-            let fallbacks = ctx
-                .readiness
-                .observer_fallbacks
-                .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .join("; ");
+            let fallbacks = ctx.readiness.observer_fallbacks.read_locked().join("; ");
             if fallbacks.is_empty() {
                 (StatusCode::OK, "ready".into())
             } else {

@@ -142,6 +142,19 @@ impl Journal {
         self.records.range(start..).cloned().collect()
     }
 
+    /// Keeps at most `capacity` records from now on (the oldest go first).
+    pub fn set_capacity(&mut self, capacity: usize) {
+        self.capacity = capacity.max(1);
+        while self.records.len() > self.capacity {
+            self.records.pop_front();
+        }
+    }
+
+    /// How many records it keeps at most.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
     /// Sequence number of the newest record (0 when empty).
     pub fn last_seq(&self) -> u64 {
         self.next_seq - 1
@@ -163,6 +176,20 @@ mod tests {
             container: String::new(),
             resources: None,
         }
+    }
+
+    #[test]
+    fn capacity_can_shrink_and_grow() {
+        let mut j = Journal::new(4);
+        for _ in 0..4 {
+            j.push(rec(EventKind::CreateContainer));
+        }
+        j.set_capacity(2);
+        assert_eq!(j.since(0).iter().map(|r| r.seq).collect::<Vec<_>>(), [3, 4]);
+        j.set_capacity(10);
+        j.push(rec(EventKind::CreateContainer));
+        assert_eq!(j.since(0).len(), 3);
+        assert_eq!(j.capacity(), 10);
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! events and rebuilt from scratch by every `Synchronize`. Plain data, no I/O, no wire types.
 
 mod journal;
+mod pod_limits;
 mod resources;
 
 use std::collections::{BTreeMap, HashMap};
@@ -9,6 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::{Deserialize, Serialize};
 
 pub use journal::{EventKind, EventRecord, Journal};
+pub use pod_limits::PodLimits;
 pub use resources::{CpuResources, HugepageLimit, LinuxResources, MemoryResources};
 
 /// A pod sandbox.

@@ -3,10 +3,12 @@
 //! NRI subscription mask, so the runtime never calls the plugin for events it ignores.
 
 use std::fmt;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use super::service::DEFAULT_REQUEST_TIMEOUT;
 use crate::model::{Container, EventKind, LinuxResources, Pod};
 
 /// A set of subscribed events.
@@ -64,6 +66,22 @@ pub struct RuntimeInfo {
     /// Per-request deadline the runtime enforces, in milliseconds (0 when not announced).
     pub request_timeout_ms: i64,
     pub registration_timeout_ms: i64,
+}
+
+impl RuntimeInfo {
+    /// The runtime's per-request deadline: as announced, else NRI's default (2 s).
+    pub fn request_timeout(&self) -> Duration {
+        u64::try_from(self.request_timeout_ms)
+            .ok()
+            .filter(|ms| *ms > 0)
+            .map_or(DEFAULT_REQUEST_TIMEOUT, Duration::from_millis)
+    }
+
+    /// How long a handler may take: 3/4 of the runtime's deadline, so that the fail-open answer
+    /// reaches the runtime before it drops the plugin.
+    pub fn handler_budget(&self) -> Duration {
+        self.request_timeout() * 3 / 4
+    }
 }
 
 /// A resource update for an existing container.

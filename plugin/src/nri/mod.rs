@@ -2,6 +2,7 @@
 //! registration and the session lifecycle. Carries events to a [`Handler`]; decides nothing.
 
 mod convert;
+mod decode;
 mod handler;
 pub mod mux;
 mod runtime;
@@ -199,49 +200,4 @@ where
 #[cfg(test)]
 mod tests;
 
-/// Decodes one `Plugin` service request payload the way the service does, into domain types
-/// (pod, container, resources). Exposed for the fuzz targets; the service uses the same code.
-#[doc(hidden)]
-pub fn decode_plugin_request(method: &str, payload: &[u8]) -> Result<usize, String> {
-    use crate::model::LinuxResources;
-    use protobuf::Message;
-    fn pc(
-        p: &protobuf::MessageField<pb::PodSandbox>,
-        c: &protobuf::MessageField<pb::Container>,
-    ) -> usize {
-        let pod = p.as_ref().map(convert::pod_from_pb);
-        let ctr = c.as_ref().map(convert::container_from_pb);
-        pod.map_or(0, |p| p.annotations.len()) + ctr.map_or(0, |c| c.annotations.len())
-    }
-    let e = |err: protobuf::Error| format!("{method}: {err}");
-    Ok(match method {
-        "Configure" => pb::ConfigureRequest::parse_from_bytes(payload)
-            .map_err(e)?
-            .config
-            .len(),
-        "Synchronize" => {
-            let r = pb::SynchronizeRequest::parse_from_bytes(payload).map_err(e)?;
-            r.pods.iter().map(convert::pod_from_pb).count()
-                + r.containers.iter().map(convert::container_from_pb).count()
-        }
-        "CreateContainer" => {
-            let r = pb::CreateContainerRequest::parse_from_bytes(payload).map_err(e)?;
-            pc(&r.pod, &r.container)
-        }
-        "UpdateContainer" => {
-            let r = pb::UpdateContainerRequest::parse_from_bytes(payload).map_err(e)?;
-            let res: Option<LinuxResources> =
-                r.linux_resources.as_ref().map(convert::resources_from_pb);
-            pc(&r.pod, &r.container) + usize::from(res.is_some())
-        }
-        "StateChange" => {
-            let r = pb::StateChangeEvent::parse_from_bytes(payload).map_err(e)?;
-            pc(&r.pod, &r.container)
-        }
-        "UpdateContainers" => {
-            let r = pb::UpdateContainersRequest::parse_from_bytes(payload).map_err(e)?;
-            r.update.iter().map(convert::update_from_pb).count()
-        }
-        other => return Err(format!("unknown method {other}")),
-    })
-}
+pub use decode::{decode_plugin_request, DECODED_METHODS};

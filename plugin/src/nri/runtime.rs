@@ -2,7 +2,7 @@
 //! connection state the daemon reports (`/readyz`, status API). Shared by the transport, which
 //! sets it on every (re)connect, and by domain code, which calls through it.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use nri_resize_proto::api as pb;
@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use super::convert::{eviction_to_pb, update_from_pb, update_to_pb};
 use super::handler::{ContainerUpdate, Eviction, RuntimeInfo};
+use crate::sync::Locked as _;
 
 /// Why a call to the runtime failed.
 #[derive(Debug, thiserror::Error)]
@@ -69,7 +70,7 @@ const UPDATE_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl RuntimeLink {
     fn with<R>(&self, f: impl FnOnce(&mut LinkState) -> R) -> R {
-        f(&mut self.state.lock().unwrap_or_else(PoisonError::into_inner))
+        f(&mut self.state.locked())
     }
 
     pub(crate) fn set_connected(&self, client: RuntimeClient) {

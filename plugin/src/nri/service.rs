@@ -3,7 +3,7 @@
 //! the dedicated RPCs of NRI v0.10+ and the `StateChange` of older runtimes.
 
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -21,6 +21,12 @@ use super::convert::{
 use super::handler::{Handler, Rejection, RuntimeInfo};
 use super::runtime::RuntimeLink;
 use crate::model::{Container, EventKind, Pod};
+use crate::sync::Locked as _;
+
+/// Most pods plus containers a split `Synchronize` may carry in all (a node runs hundreds; the
+/// cap bounds what a runtime, or anything speaking for it on the socket, can make the plugin
+/// buffer). Beyond it the synchronize is refused with the reason and nothing is kept.
+pub const MAX_SYNC_OBJECTS: usize = 100_000;
 
 /// Default per-request deadline of NRI runtimes (used until `Configure` says otherwise).
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
@@ -97,7 +103,7 @@ impl<H: Handler> PluginService<H> {
         PluginService {
             handler,
             link,
-            budget: Mutex::new(DEFAULT_REQUEST_TIMEOUT * 3 / 4),
+            budget: Mutex::new(RuntimeInfo::default().handler_budget()),
             sync: Mutex::new(SyncBuffer::default()),
             signals,
             observer,
@@ -105,7 +111,7 @@ impl<H: Handler> PluginService<H> {
     }
 
     fn budget(&self) -> Duration {
-        *self.budget.lock().unwrap_or_else(PoisonError::into_inner)
+        *self.budget.locked()
     }
 
     /// Runs one handler call within the budget. `None` means it overran: the caller answers
@@ -197,12 +203,9 @@ impl<H: Handler> Plugin for PluginService<H> {
             request_timeout_ms: req.request_timeout,
             registration_timeout_ms: req.registration_timeout,
         };
-        if req.request_timeout > 0 {
-            let runtime_deadline =
-                Duration::from_millis(u64::try_from(req.request_timeout).unwrap_or(2000));
-            *self.budget.lock().unwrap_or_else(PoisonError::into_inner) = runtime_deadline * 3 / 4;
-        }
-        info!(runtime = %info.name, version = %info.version, nri = %info.nri_version, request_timeout_ms = info.request_timeout_ms, "configure");
+        let budget = info.handler_budget();
+        *self.budget.locked() = budget;
+        info!(runtime = %info.name, version = %info.version, nri = %info.nri_version, request_timeout_ms = info.request_timeout_ms, handler_budget_ms = budget.as_millis(), "configure");
         self.handler
             .configure(&info, &req.config)
             .await
@@ -227,7 +230,17 @@ impl<H: Handler> Plugin for PluginService<H> {
         req: pb::SynchronizeRequest,
     ) -> ttrpc::Result<pb::SynchronizeResponse> {
         let (pods, containers) = {
-            let mut buf = self.sync.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut buf = self.sync.locked();
+            let total =
+                buf.pods.len() + buf.containers.len() + req.pods.len() + req.containers.len();
+            if total > MAX_SYNC_OBJECTS {
+                *buf = SyncBuffer::default();
+                let reason = format!(
+                    "synchronize refused: {total} pods and containers in its parts, more than the {MAX_SYNC_OBJECTS} the plugin buffers"
+                );
+                error!(total, cap = MAX_SYNC_OBJECTS, "{reason}");
+                return Err(reject(&Rejection(reason)));
+            }
             buf.pods.extend(req.pods.iter().map(pod_from_pb));
             buf.containers
                 .extend(req.containers.iter().map(container_from_pb));

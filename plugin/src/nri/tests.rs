@@ -318,6 +318,26 @@ async fn full_v0_6_flow_registration_config_split_sync_events_and_updates() {
     assert_eq!(s.handler.sync_sizes.lock().unwrap().clone(), vec![(2, 3)]);
     assert!(s.link.status().synchronized);
 
+    // Parts beyond the cap: refused with the reason, nothing buffered or handed on.
+    let huge = pb::SynchronizeRequest {
+        containers: (0..=service::MAX_SYNC_OBJECTS)
+            .map(|i| pb_ctr(&format!("x{i}"), "p1", "x"))
+            .collect(),
+        more: true,
+        ..Default::default()
+    };
+    let err =
+        s.rt.plugin
+            .synchronize(ctx(), &huge)
+            .await
+            .expect_err("over the cap");
+    assert!(err.to_string().contains("more than the 100000"), "{err}");
+    assert_eq!(
+        s.handler.sync_sizes.lock().unwrap().len(),
+        1,
+        "nothing handed on"
+    );
+
     // Dedicated CreateContainer: the handler's adjustment reaches the wire.
     let req = pb::CreateContainerRequest {
         pod: MessageField::some(pb_pod("p3")),
@@ -706,4 +726,12 @@ async fn cancel_ends_a_live_session() {
     );
     assert!(!s.link.status().connected);
     drop(s.rt.mux);
+}
+
+#[test]
+fn every_served_request_is_decodable_by_the_fuzzed_decoder() {
+    for method in DECODED_METHODS {
+        decode_plugin_request(method, &[])
+            .unwrap_or_else(|e| panic!("{method}: an empty payload is a valid message: {e}"));
+    }
 }

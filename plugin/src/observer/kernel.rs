@@ -271,14 +271,9 @@ impl KernelSide {
             }
             ObjectSource::None => return Err(ObserverError::ObjectMissing),
         };
+        // Each parse of the kernel's BTF takes tens of MiB: the offsets are resolved and that
+        // parse dropped before aya parses it again, so that the two are never alive together.
         let btf = KernelBtf::from_file(&settings.btf)?;
-        let aya_btf =
-            aya::Btf::parse_file(&settings.btf, aya::Endianness::default()).map_err(|e| {
-                ObserverError::Btf {
-                    path: settings.btf.clone(),
-                    reason: e.to_string(),
-                }
-            })?;
         let tracefs = tracefs(settings.tracefs.as_deref());
         let r = resolve(
             &btf,
@@ -286,6 +281,14 @@ impl KernelSide {
             cpu_hierarchy,
             memory_hierarchy,
         );
+        drop(btf);
+        let aya_btf =
+            aya::Btf::parse_file(&settings.btf, aya::Endianness::default()).map_err(|e| {
+                ObserverError::Btf {
+                    path: settings.btf.clone(),
+                    reason: e.to_string(),
+                }
+            })?;
 
         let mut loader = EbpfLoader::new();
         loader

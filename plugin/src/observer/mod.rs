@@ -414,6 +414,26 @@ impl fmt::Debug for Observer {
     }
 }
 
+/// Returns the free pages of every malloc arena to the kernel (glibc's `malloc_trim`). glibc
+/// keeps freed memory in a thread's arena unless it sits at the arena's top; a one-off burst of
+/// allocations at start-up (the kernel BTF, parsed twice) would otherwise stay resident for the
+/// daemon's whole life.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub fn release_freed_memory() {
+    #[expect(
+        unsafe_code,
+        reason = "malloc_trim has no safe wrapper; it only releases free memory"
+    )]
+    // SAFETY: malloc_trim takes no pointers and is thread-safe; it touches only free chunks.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Other C libraries return freed memory by themselves (or have no such call).
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub fn release_freed_memory() {}
+
 impl Observer {
     /// Loads and attaches what the kernel allows, falling back per measurement. Fails only when
     /// the cgroup hierarchy ids cannot be read; every eBPF problem becomes a fallback.
@@ -448,6 +468,9 @@ impl Observer {
                 }
             }
         };
+        // The BTF parses above are freed, but the allocator keeps their pages (32 MiB of a
+        // thread's arena, measured by the footprint bench): hand them back to the kernel.
+        release_freed_memory();
         tracing::info!(
             throttle = ?strategies.throttle,
             reclaim = ?strategies.reclaim,

@@ -17,6 +17,7 @@
 //!
 //! Everything here is pure: the numbers come from the caller's cgroup reads.
 
+use super::units::bytes_text;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -214,20 +215,20 @@ pub fn not_reclaimable_reason(
     let unreclaimable = used.unreclaimable();
     if unreclaimable > target && !swap {
         format!(
-            "{} MiB of anonymous memory cannot be reclaimed without swap (usage {} MiB, requested limit {} MiB); keeping {} MiB",
-            mib(unreclaimable),
-            mib(used.usage),
-            mib(target),
-            mib(kept)
+            "{} of anonymous memory cannot be reclaimed without swap (usage {}, requested limit {}); keeping {}",
+            bytes_text(unreclaimable),
+            bytes_text(used.usage),
+            bytes_text(target),
+            bytes_text(kept)
         )
     } else {
         format!(
-            "usage {} MiB did not fall to the requested limit {} MiB within {timeout_s} s ({} MiB anonymous, {} MiB page cache still charged); keeping {} MiB",
-            mib(used.usage),
-            mib(target),
-            mib(unreclaimable),
-            mib(used.file),
-            mib(kept)
+            "usage {} did not fall to the requested limit {} within {timeout_s} s ({} anonymous, {} page cache still charged); keeping {}",
+            bytes_text(used.usage),
+            bytes_text(target),
+            bytes_text(unreclaimable),
+            bytes_text(used.file),
+            bytes_text(kept)
         )
     }
 }
@@ -381,11 +382,11 @@ mod tests {
         };
         let r = not_reclaimable_reason(&used, 100 * MIB, 328 * MIB, 60, false);
         assert!(
-            r.starts_with("310 MiB of anonymous memory cannot be reclaimed without swap"),
+            r.starts_with("310Mi of anonymous memory cannot be reclaimed without swap"),
             "{r}"
         );
         assert!(
-            r.contains("requested limit 100 MiB") && r.contains("keeping 328 MiB"),
+            r.contains("requested limit 100Mi") && r.contains("keeping 328Mi"),
             "{r}"
         );
         let cache = MemoryUse {
@@ -396,7 +397,7 @@ mod tests {
         };
         let r = not_reclaimable_reason(&cache, 100 * MIB, 316 * MIB, 60, false);
         assert!(
-            r.contains("within 60 s") && r.contains("280 MiB page cache"),
+            r.contains("within 60 s") && r.contains("280Mi page cache"),
             "{r}"
         );
     }

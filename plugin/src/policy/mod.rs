@@ -76,8 +76,10 @@ mod decision;
 mod invariants;
 mod memory_decrease;
 mod planner;
+mod pod_level;
 mod quantity;
 mod resize_policy;
+mod units;
 
 pub use admission::{
     admit, holds_exclusive_cpus, qos_class, Admission, AdmissionError, Allocated,
@@ -94,6 +96,10 @@ pub use planner::{
     plan, plan_single, simulate, Limits, LimitsUpdate, Plan, PlanError, PlanOptions, PodResources,
     Step,
 };
+pub use pod_level::{
+    admit_pod_level, cpu_quantity, effective_enforce, memory_quantity, with_overhead, PodModeError,
+    POD_MODE_ANNOTATION,
+};
 pub use quantity::{
     millis_to_shares, shares_to_millis, ContainerQuantities, Direction, Directions, Limit,
     Quantities, ResizeState, ResizeStatus, Resource, ResourceQuantity, DEFAULT_CFS_PERIOD_US,
@@ -105,3 +111,4 @@ pub use resize_policy::{
     ResizeAction, ResizePolicy, Resolved, RestartPolicy, ACTION_ANNOTATION, ANNOTATION_PREFIXES,
     CONTAINER_POLICY_PREFIX, MAX_ANNOTATION_VALUE_BYTES, POD_POLICY_ANNOTATION,
 };
+pub use units::{bytes_text, cpu_quota_text, cpu_text, memory_limit_text, UNLIMITED_BYTES};

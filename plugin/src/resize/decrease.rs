@@ -18,17 +18,19 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use super::reclaim::{reclaim_to, ReclaimJob, ReclaimOutcome};
-use super::{lock, now_ms, Engine, StepFailure};
+use super::reclaim::{self, reclaim_to, ReclaimJob, ReclaimOutcome};
+use super::{Engine, StepFailure};
 use crate::cgroup::{container_path, CgroupIo};
+use crate::clock::now_ms;
 use crate::config::Mode;
 use crate::metrics::DecreaseOutcome;
 use crate::model::{Container, LinuxResources, MemoryResources, Pod};
-use crate::nri::{ContainerUpdate, UpdateReply};
+use crate::nri::{ContainerUpdate, Rejection, UpdateReply};
 use crate::policy::{
-    effective_decrease_strategy, mib, not_reclaimable_reason, plan_decrease, DecreasePlan,
-    MemoryDecreaseStrategy, ResizeState,
+    bytes_text, effective_decrease_strategy, memory_limit_text, mib, not_reclaimable_reason,
+    plan_decrease, DecreasePlan, MemoryDecreaseStrategy, ResizeState,
 };
+use crate::sync::Locked as _;
 
 /// A staged decrease in flight.
 #[derive(Debug)]
@@ -67,7 +69,7 @@ fn memory_limit(r: &LinuxResources) -> Option<u64> {
     r.memory
         .as_ref()
         .and_then(|m| m.limit)
-        .filter(|&l| l > 0 && l < super::UNLIMITED_MEMORY)
+        .filter(|&l| l > 0 && u64::try_from(l).is_ok_and(|b| b < crate::policy::UNLIMITED_BYTES))
         .and_then(|l| u64::try_from(l).ok())
 }
 
@@ -104,19 +106,14 @@ fn checkpoint_key(container_id: &str) -> String {
 
 /// Whether the node has swap (anonymous memory is then reclaimable), from `/proc/meminfo`.
 fn node_has_swap() -> bool {
-    std::fs::read_to_string("/proc/meminfo").is_ok_and(|m| {
-        m.lines()
-            .find_map(|l| l.strip_prefix("SwapTotal:"))
-            .and_then(|v| v.trim().strip_suffix("kB"))
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .is_some_and(|kb| kb > 0)
-    })
+    use procfs::Current as _;
+    procfs::Meminfo::current().is_ok_and(|m| m.swap_total > 0)
 }
 
 impl Engine {
     /// Cancels the staged decrease of `container_id`, if any.
     pub(super) fn supersede_reclaim(&self, container_id: &str) {
-        if let Some(h) = lock(&self.reclaims).remove(container_id) {
+        if let Some(h) = self.reclaims.locked().remove(container_id) {
             info!(
                 container_id,
                 target_mib = mib(h.target),
@@ -134,7 +131,9 @@ impl Engine {
 
     /// Cancels the staged decreases of every container of `pod_id` (a newer whole-pod request).
     pub(super) fn supersede_pod_reclaims(&self, pod_id: &str) {
-        let ids: Vec<String> = lock(&self.reclaims)
+        let ids: Vec<String> = self
+            .reclaims
+            .locked()
             .iter()
             .filter(|(_, h)| h.pod_id == pod_id)
             .map(|(id, _)| id.clone())
@@ -147,14 +146,15 @@ impl Engine {
     /// The runtime applied an update of `container_id`: a staged decrease waiting for its interim
     /// limit may start.
     pub(super) fn notify_reclaim_applied(&self, container_id: &str) {
-        if let Some(h) = lock(&self.reclaims).get(container_id) {
+        if let Some(h) = self.reclaims.locked().get(container_id) {
             h.applied.notify_one();
         }
     }
 
     /// The staged decrease in flight for `container_id` with this target: `(interim, target)`.
     pub(super) fn reclaim_in_flight(&self, container_id: &str) -> Option<(u64, u64)> {
-        lock(&self.reclaims)
+        self.reclaims
+            .locked()
             .get(container_id)
             .map(|h| (h.interim, h.target))
     }
@@ -204,9 +204,9 @@ impl Engine {
             self.state.metrics.annotation_error();
         }
         let what = format!(
-            "usage {} MiB above requested limit {} MiB",
-            mib(usage.usage),
-            mib(target)
+            "usage {} above requested limit {}",
+            bytes_text(usage.usage),
+            bytes_text(target)
         );
         if strategy == MemoryDecreaseStrategy::Reclaim
             && cfg.resize.mode == Mode::Enforce
@@ -290,9 +290,9 @@ impl Engine {
                 Some(desired),
                 Some(ResizeState::Proposed),
                 &format!(
-                    "mode = observe: would keep {} MiB and reclaim down to {} MiB",
-                    mib(interim),
-                    mib(target)
+                    "mode = observe: would keep {} and reclaim down to {}",
+                    bytes_text(interim),
+                    bytes_text(target)
                 ),
             );
             return UpdateReply::default();
@@ -303,9 +303,9 @@ impl Engine {
             .get_or_insert_with(MemoryResources::default)
             .limit = Some(i64::try_from(interim).unwrap_or(i64::MAX));
         let reason = format!(
-            "reclaiming: limit {} MiB requested, {} MiB kept until usage fits",
-            mib(target),
-            mib(interim)
+            "reclaiming: limit {} requested; the cgroup holds {} until usage fits",
+            bytes_text(target),
+            bytes_text(interim)
         );
         info!(container = %subject, target_mib = mib(target), interim_mib = mib(interim), "memory decrease below usage: staged reclaim");
         self.record(
@@ -338,12 +338,12 @@ impl Engine {
         let Ok(cgroup) = container_path(&ctr.cgroups_path) else {
             return;
         };
-        let cancel = CancellationToken::new();
+        let cancel = self.shutdown.child_token();
         let applied = Arc::new(Notify::new());
         let generation = self
             .reclaim_generation
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if let Some(old) = lock(&self.reclaims).insert(
+        if let Some(old) = self.reclaims.locked().insert(
             ctr.id.clone(),
             ReclaimHandle {
                 cancel: cancel.clone(),
@@ -375,12 +375,17 @@ impl Engine {
         let engine = Arc::clone(self);
         let id = ctr.id.clone();
         let name = ctr.name.clone();
-        tokio::spawn(async move {
+        self.tasks.spawn(async move {
             // The runtime applies the interim limit after this handler answers: start after it.
             let _ = tokio::time::timeout(Duration::from_secs(2), applied.notified()).await;
             let outcome = engine
                 .drive_reclaim(&id, &name, cgroup, target, interim, started, &cancel)
                 .await;
+            if engine.shutdown.is_cancelled() {
+                // Stopping, not superseded: the record and the checkpoint stay for the next start.
+                info!(container = %name, "stopping: the staged memory decrease stays checkpointed");
+                return;
+            }
             let seconds = started.elapsed().as_secs_f64();
             let (o, reclaimed) = outcome;
             engine
@@ -389,7 +394,7 @@ impl Engine {
                 .decrease
                 .finished(o, seconds, reclaimed);
             let mine = {
-                let mut all = lock(&engine.reclaims);
+                let mut all = engine.reclaims.locked();
                 let mine = all.get(&id).is_some_and(|h| h.generation == generation);
                 if mine {
                     all.remove(&id);
@@ -437,11 +442,9 @@ impl Engine {
                 step_interval: Duration::from_millis(md.step_interval_ms),
                 force_memory_high: false,
             };
-            let (cg2, cancel2) = (cg.clone(), cancel.clone());
-            let outcome =
-                tokio::task::spawn_blocking(move || reclaim_to(&cg2, &job, &cancel2, |_| {}))
-                    .await
-                    .unwrap_or_else(|e| ReclaimOutcome::Failed(format!("reclaim thread: {e}")));
+            let outcome = self
+                .reclaim_reporting(id, target, &cg, &cgroup, job, cancel)
+                .await;
             match outcome {
                 ReclaimOutcome::Reached {
                     start, end, passes, ..
@@ -490,6 +493,9 @@ impl Engine {
                         not_reclaimable_reason(&end, target, kept, md.timeout_ms / 1000, swap);
                     warn!(container = %name, %reason, "staged memory decrease deferred");
                     self.finish_record(id, Some(ResizeState::Deferred), &reason);
+                    if let Some(r) = self.containers.locked().get_mut(id) {
+                        r.deferred_target = Some(target);
+                    }
                     let o = if end.unreclaimable() > target && !swap {
                         DecreaseOutcome::DeferredAnonymous
                     } else {
@@ -504,6 +510,70 @@ impl Engine {
                     return (DecreaseOutcome::Error, 0);
                 }
             }
+        }
+    }
+
+    /// Runs [`reclaim_to`] on a blocking thread; after each pass the cgroup is read back and
+    /// [`Self::reclaim_progress`] records where it stands.
+    async fn reclaim_reporting(
+        &self,
+        id: &str,
+        target: u64,
+        cg: &crate::cgroup::Cgroups,
+        cgroup: &std::path::Path,
+        job: ReclaimJob,
+        cancel: &CancellationToken,
+    ) -> ReclaimOutcome {
+        let interim = job.interim;
+        let (cg2, cancel2, path) = (cg.clone(), cancel.clone(), cgroup.to_path_buf());
+        let (tx, mut passes) = tokio::sync::watch::channel(None);
+        let mut task = tokio::task::spawn_blocking(move || {
+            reclaim_to(&cg2, &job, &cancel2, |p| {
+                let _ = tx.send(Some((*p, cg2.read_actual(&path).ok())));
+            })
+        });
+        loop {
+            tokio::select! {
+                r = &mut task => {
+                    return r.unwrap_or_else(|e| ReclaimOutcome::Failed(format!("reclaim thread: {e}")));
+                }
+                Ok(()) = passes.changed() => {
+                    let seen = *passes.borrow_and_update();
+                    if let Some((pass, actual)) = seen {
+                        self.reclaim_progress(id, target, interim, &pass, actual.as_ref());
+                    }
+                }
+            }
+        }
+    }
+
+    /// A staged decrease after one pass: the record's reason says the limit the cgroup holds
+    /// now (read back), and the confirmation's actual values follow it.
+    fn reclaim_progress(
+        &self,
+        id: &str,
+        target: u64,
+        interim: u64,
+        pass: &reclaim::Pass,
+        actual: Option<&crate::cgroup::ActualResources>,
+    ) {
+        let holds = actual
+            .and_then(|a| a.memory_limit)
+            .map_or_else(|| bytes_text(pass.limit), memory_limit_text);
+        let reason = format!(
+            "reclaiming: limit {} requested; the cgroup holds {holds} now (usage {}); the runtime's spec says {} until usage fits",
+            bytes_text(target),
+            bytes_text(pass.usage.usage),
+            bytes_text(interim)
+        );
+        if let Some(r) = self.containers.locked().get_mut(id) {
+            if r.state == Some(ResizeState::InProgress) {
+                r.reason = reason;
+                r.updated_ms = now_ms();
+            }
+        }
+        if let Some(a) = actual {
+            self.state.note_actual(id, a);
         }
     }
 
@@ -531,18 +601,93 @@ impl Engine {
         let allocated = self
             .state
             .read_model(|m| m.container(id).and_then(|c| c.resources.clone()));
-        if let Some(r) = lock(&self.containers).get_mut(id) {
+        if let Some(r) = self.containers.locked().get_mut(id) {
             r.allocated = allocated;
         }
         Ok(())
     }
 
     fn finish_record(&self, id: &str, state: Option<ResizeState>, reason: &str) {
-        if let Some(r) = lock(&self.containers).get_mut(id) {
+        if let Some(r) = self.containers.locked().get_mut(id) {
             r.state = state;
             r.reason = reason.to_string();
             r.updated_ms = now_ms();
+            r.deferred_target = None;
         }
+    }
+
+    /// kubelet shows the error text of `UpdateContainerResources` in the pod's
+    /// `PodResizeInProgress` condition, and re-sends the update while `ContainerStatus` differs
+    /// from what it asked. So the same decrease asked again is answered with an error carrying:
+    /// - while it is staged: its progress (the reclaim goes on);
+    /// - once it was deferred: the reason, and the reclaim starts again from the limit kept.
+    ///
+    /// Nothing else of the request differs from what is allocated (a request that changes
+    /// anything else is a newer one: it supersedes the staged decrease and is decided anew).
+    /// `None`: not a repeat.
+    pub(super) fn repeated_decrease(
+        self: &Arc<Self>,
+        pod: &Pod,
+        ctr: &Container,
+        requested: &LinuxResources,
+        desired: &LinuxResources,
+        allocated: &LinuxResources,
+    ) -> Option<Rejection> {
+        let asked = memory_limit(requested);
+        let subject = format!("{}/{}", pod.full_name(), ctr.name);
+        let same_but_memory = |kept: u64| {
+            let mut same = desired.clone();
+            same.memory
+                .get_or_insert_with(MemoryResources::default)
+                .limit = Some(i64::try_from(kept).unwrap_or(i64::MAX));
+            same == *allocated
+        };
+        if let Some((interim, target)) = self.reclaim_in_flight(&ctr.id) {
+            if asked == Some(target) && same_but_memory(interim) {
+                let progress = self
+                    .containers
+                    .locked()
+                    .get(&ctr.id)
+                    .map(|r| r.reason.clone())
+                    .unwrap_or_default();
+                return Some(Rejection(format!(
+                    "memory decrease of {subject} in progress, not yet in place: {progress}"
+                )));
+            }
+            self.supersede_reclaim(&ctr.id);
+            return None;
+        }
+        let (deferred, reason) = {
+            let all = self.containers.locked();
+            let r = all.get(&ctr.id)?;
+            (r.deferred_target?, r.reason.clone())
+        };
+        let kept = memory_limit(allocated)?;
+        if asked != Some(deferred)
+            || deferred >= kept
+            || !same_but_memory(kept)
+            || self.config().resize.mode != Mode::Enforce
+        {
+            return None;
+        }
+        info!(container = %subject, target = %bytes_text(deferred), kept = %bytes_text(kept), "deferred memory decrease asked again: reclaiming again");
+        self.record(
+            pod,
+            ctr,
+            Some(desired),
+            Some(ResizeState::InProgress),
+            &format!(
+                "reclaiming again: limit {} requested; the cgroup holds {} until usage fits (was deferred: {reason})",
+                bytes_text(deferred),
+                bytes_text(kept)
+            ),
+        );
+        self.spawn_reclaim(pod.id.clone(), ctr, deferred, kept, Instant::now());
+        // The runtime applies nothing (the answer is an error): start at once.
+        self.notify_reclaim_applied(&ctr.id);
+        Some(Rejection(format!(
+            "memory decrease of {subject} deferred: {reason}; reclaiming again"
+        )))
     }
 
     /// Whole-pod resizes: brings container `ctr` under `target` before the runtime writes it.
@@ -581,10 +726,10 @@ impl Engine {
             cfg.policy.allow_annotations,
         );
         let what = format!(
-            "{}: usage {} MiB above requested limit {} MiB",
+            "{}: usage {} above requested limit {}",
             ctr.name,
-            mib(usage.usage),
-            mib(target)
+            bytes_text(usage.usage),
+            bytes_text(target)
         );
         match strategy {
             MemoryDecreaseStrategy::Reject => {
@@ -607,11 +752,11 @@ impl Engine {
         }
         // The container keeps its current limit (the interim is never above it) while reclaiming.
         let interim = current.unwrap_or(interim);
-        let cancel = CancellationToken::new();
+        let cancel = self.shutdown.child_token();
         let generation = self
             .reclaim_generation
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        lock(&self.reclaims).insert(
+        self.reclaims.locked().insert(
             ctr.id.clone(),
             ReclaimHandle {
                 cancel: cancel.clone(),
@@ -638,7 +783,7 @@ impl Engine {
             .await
             .unwrap_or_else(|e| ReclaimOutcome::Failed(format!("reclaim thread: {e}")));
         {
-            let mut all = lock(&self.reclaims);
+            let mut all = self.reclaims.locked();
             if all.get(&ctr.id).is_some_and(|h| h.generation == generation) {
                 all.remove(&ctr.id);
             }
@@ -686,6 +831,46 @@ impl Engine {
         }
     }
 
+    /// The pod, container and desired resources of a checkpointed decrease, while the container
+    /// exists (its pod as the model knows it, or an empty one).
+    fn checkpointed(&self, rec: &ReclaimCheckpoint) -> Option<(Pod, Container, LinuxResources)> {
+        let (pod, ctr) = self.state.read_model(|m| {
+            let c = m.container(&rec.container_id)?.clone();
+            Some((m.pod(&c.pod_id).cloned().unwrap_or_default(), c))
+        })?;
+        let mut desired = ctr.resources.clone().unwrap_or_default();
+        desired.merge(&memory_only(rec.target));
+        Some((pod, ctr, desired))
+    }
+
+    /// `mode = "observe"` at start: the checkpointed decreases and resizes are not resumed (that
+    /// would write cgroups); each is logged and its container's record says so.
+    pub(super) fn report_checkpoints_in_observe_mode(&self) {
+        let Some(store) = &self.checkpoints else {
+            return;
+        };
+        let (reclaims, _) = store.load_prefixed::<ReclaimCheckpoint>("reclaim-");
+        for (_, rec) in reclaims {
+            warn!(container_id = %rec.container_id, target = %bytes_text(rec.target), "mode = observe: the checkpointed memory decrease is not resumed (it would write); kept for enforce mode");
+            if let Some((pod, ctr, desired)) = self.checkpointed(&rec) {
+                self.record(
+                    &pod,
+                    &ctr,
+                    Some(&desired),
+                    Some(ResizeState::Proposed),
+                    &format!(
+                        "mode = observe: a checkpointed decrease to {} is not resumed",
+                        bytes_text(rec.target)
+                    ),
+                );
+            }
+        }
+        let (pods, _) = store.load_prefixed::<serde_json::Value>("pod-");
+        for (key, _) in pods {
+            warn!(checkpoint = %key, "mode = observe: the checkpointed whole-pod resize is not resumed (it would write); kept for enforce mode");
+        }
+    }
+
     /// After a restart: picks up the staged decreases that were in flight.
     pub(super) fn resume_reclaims(self: &Arc<Self>) {
         let Some(store) = &self.checkpoints else {
@@ -698,27 +883,20 @@ impl Engine {
                 .state_dir_problem(format!("memory decrease checkpoint unusable: {e}"));
         }
         for (key, rec) in records {
-            let found = self.state.read_model(|m| {
-                let c = m.container(&rec.container_id)?.clone();
-                let p = m.pod(&c.pod_id).cloned().unwrap_or_default();
-                Some((p, c))
-            });
-            let Some((pod, ctr)) = found else {
+            let Some((pod, ctr, desired)) = self.checkpointed(&rec) else {
                 warn!(container_id = %rec.container_id, "checkpointed memory decrease of a container that no longer exists; dropping it");
                 let _ = store.remove(&key);
                 continue;
             };
             info!(container = %ctr.name, pod = %pod.full_name(), target_mib = mib(rec.target), "resuming a checkpointed memory decrease");
-            let mut desired = ctr.resources.clone().unwrap_or_default();
-            desired.merge(&memory_only(rec.target));
             self.record(
                 &pod,
                 &ctr,
                 Some(&desired),
                 Some(ResizeState::InProgress),
                 &format!(
-                    "reclaiming (resumed after a restart): limit {} MiB requested",
-                    mib(rec.target)
+                    "reclaiming (resumed after a restart): limit {} requested",
+                    bytes_text(rec.target)
                 ),
             );
             let interim = ctr

@@ -20,12 +20,13 @@ mod decrease;
 pub mod node;
 pub mod reclaim;
 pub mod reevaluate;
+pub mod restart;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tracing::{error, info, warn};
@@ -33,8 +34,10 @@ use tracing::{error, info, warn};
 use self::checkpoint::CheckpointStore;
 use self::node::NodeReader;
 use crate::cgroup::{container_path, pod_path, CgroupIo, CgroupVersion, Cgroups, CpuLimit};
+use crate::clock::now_ms;
 use crate::config::{Config, Mode};
 use crate::daemon::NodeState;
+use crate::metrics::RestartOutcome;
 use crate::model::{Container, CpuResources, LinuxResources, MemoryResources, Pod};
 use crate::nri::{ContainerUpdate, Eviction, Rejection, RuntimeLink, UpdateReply};
 use crate::policy::{
@@ -42,9 +45,7 @@ use crate::policy::{
     Allocated, ContainerAllocation, CpuSet, Decision, Limit, Limits, LimitsUpdate, PlanOptions,
     PodAllocation, PodResources, Quantities, ResizeState, Step, DEFAULT_CFS_PERIOD_US,
 };
-
-/// Memory limits at or above this are "unlimited" (cgroup v1 reports `PAGE_COUNTER_MAX` pages).
-const UNLIMITED_MEMORY: i64 = 1 << 62;
+use crate::sync::{Locked as _, ReadWriteLocked as _};
 
 /// The resize record of one container, in the KEP's words.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -59,6 +60,10 @@ pub struct ContainerResize {
     pub state: Option<ResizeState>,
     pub reason: String,
     pub updated_ms: u64,
+    /// The memory limit a staged decrease was deferred at (kubelet asking for it again restarts
+    /// the reclaim); not part of the API.
+    #[serde(skip)]
+    pub deferred_target: Option<u64>,
 }
 
 /// One executed step of a whole-pod resize, with the cgroups' actual values after it.
@@ -223,16 +228,13 @@ pub struct Engine {
     /// Staged memory decreases in flight, by container id.
     reclaims: Mutex<HashMap<String, decrease::ReclaimHandle>>,
     reclaim_generation: std::sync::atomic::AtomicU64,
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
+    /// Restarts in flight ([`restart`]).
+    restarts: Arc<restart::Restarts>,
+    /// Fires at shutdown: every background task of the engine (staged decreases, resumed
+    /// resizes, restarts) stops, leaving its checkpoint for the next start.
+    shutdown: tokio_util::sync::CancellationToken,
+    /// The engine's background tasks; [`Engine::shutdown`] waits for them.
+    tasks: tokio_util::task::TaskTracker,
 }
 
 /// A step's update as the Linux resources the runtime applies.
@@ -269,6 +271,7 @@ impl Engine {
         node: NodeReader,
         checkpoints: Option<CheckpointStore>,
     ) -> Self {
+        let shutdown = tokio_util::sync::CancellationToken::new();
         Engine {
             state,
             link,
@@ -281,15 +284,17 @@ impl Engine {
             resumed: std::sync::atomic::AtomicBool::new(false),
             reclaims: Mutex::new(HashMap::new()),
             reclaim_generation: std::sync::atomic::AtomicU64::new(0),
+            restarts: Arc::new(restart::Restarts::new(
+                shutdown.child_token(),
+                restart::Timing::default(),
+            )),
+            shutdown,
+            tasks: tokio_util::task::TaskTracker::new(),
         }
     }
 
     fn config(&self) -> Config {
-        self.state
-            .config
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.state.config.read_locked().clone()
     }
 
     fn plan_options(&self) -> PlanOptions {
@@ -309,7 +314,7 @@ impl Engine {
         state: Option<ResizeState>,
         reason: &str,
     ) {
-        let mut all = lock(&self.containers);
+        let mut all = self.containers.locked();
         let entry = all.entry(ctr.id.clone()).or_default();
         entry.pod_id.clone_from(&pod.id);
         entry.container.clone_from(&ctr.name);
@@ -322,22 +327,24 @@ impl Engine {
         entry.state = state;
         entry.reason = reason.to_string();
         entry.updated_ms = now_ms();
+        entry.deferred_target = None;
     }
 
     /// The resize records of every container (by container id).
     pub fn container_resizes(&self) -> HashMap<String, ContainerResize> {
-        lock(&self.containers).clone()
+        self.containers.locked().clone()
     }
 
     /// Whole-pod resizes, newest state of each.
     pub fn pod_resizes(&self) -> Vec<PodResize> {
-        let mut v: Vec<PodResize> = lock(&self.pods).values().cloned().collect();
+        let mut v: Vec<PodResize> = self.pods.locked().values().cloned().collect();
         v.sort_by(|a, b| a.pod.cmp(&b.pod));
         v
     }
 
-    /// A raw update the runtime applied on the plugin's request (`nri-resize update`): what was
-    /// asked is both desired and allocated now.
+    /// An update the runtime applied on the plugin's request (`nri-resize update`, a whole-pod
+    /// step, a re-evaluation): what was asked is both desired and allocated now, and the cgroup
+    /// is read back against it.
     pub fn note_applied_update(&self, container_id: &str, update: &LinuxResources) {
         let Some(ctr) = self
             .state
@@ -345,7 +352,7 @@ impl Engine {
         else {
             return;
         };
-        let mut all = lock(&self.containers);
+        let mut all = self.containers.locked();
         let r = all.entry(container_id.to_string()).or_default();
         r.pod_id.clone_from(&ctr.pod_id);
         r.container.clone_from(&ctr.name);
@@ -357,18 +364,26 @@ impl Engine {
         r.state = None;
         r.reason.clear();
         r.updated_ms = now_ms();
+        drop(all);
+        // Confirmation: the merged resources asked for vs the cgroup now (what `status` shows).
+        if let Some(r) = &ctr.resources {
+            self.state.runtime_applied(container_id, r);
+        }
+        self.state.confirm(container_id, ctr.resources.clone());
     }
 
     /// Forgets a removed container.
     pub fn forget_container(&self, id: &str) {
+        self.restarts.note(id, restart::Seen::Stopped);
         self.supersede_reclaim(id);
-        lock(&self.containers).remove(id);
+        self.containers.locked().remove(id);
     }
 
     /// The runtime applied an update: what was desired is now allocated.
     pub fn applied(&self, ctr: &Container) {
         self.notify_reclaim_applied(&ctr.id);
-        if let Some(r) = lock(&self.containers).get_mut(&ctr.id) {
+        self.restarts.note(&ctr.id, restart::Seen::Updated);
+        if let Some(r) = self.containers.locked().get_mut(&ctr.id) {
             r.allocated.clone_from(&ctr.resources);
             // An in-place resize is done; one waiting for a restart keeps its state and reason.
             if r.state == Some(ResizeState::InProgress) && r.reason.is_empty() {
@@ -535,34 +550,10 @@ impl Engine {
         let allocated = ctr.resources.clone().unwrap_or_default();
         let mut desired = allocated.clone();
         desired.merge(requested);
-        // A newer update supersedes a staged memory decrease at once; the same request again
-        // (kubelet retrying while the limit is not yet in place) keeps it going.
-        if let Some((interim, target)) = self.reclaim_in_flight(&ctr.id) {
-            let mut same = desired.clone();
-            same.merge(&LinuxResources {
-                memory: Some(MemoryResources {
-                    limit: Some(i64::try_from(interim).unwrap_or(i64::MAX)),
-                    ..MemoryResources::default()
-                }),
-                ..LinuxResources::default()
-            });
-            let asks_target = requested
-                .memory
-                .as_ref()
-                .and_then(|m| m.limit)
-                .and_then(|l| u64::try_from(l).ok())
-                == Some(target);
-            if asks_target && same == allocated {
-                return Ok(UpdateReply {
-                    updates: vec![ContainerUpdate {
-                        container_id: ctr.id.clone(),
-                        resources: allocated,
-                        ignore_failure: false,
-                    }],
-                    evictions: Vec::new(),
-                });
-            }
-            self.supersede_reclaim(&ctr.id);
+        // kubelet re-sending a decrease that is staged or was deferred: answered with its
+        // progress or reason (kubelet's PodResizeInProgress message); a newer update supersedes.
+        if let Some(answer) = self.repeated_decrease(pod, ctr, requested, &desired, &allocated) {
+            return Err(answer);
         }
         let resolved = parse_effective_policy(&pod.annotations, &ctr.name, &cfg.policy);
         for e in &resolved.errors {
@@ -682,7 +673,7 @@ impl Engine {
     /// Keeps the container as it is (no in-place write) and evicts it (when enforcing): the
     /// orchestrator recreates it with the new resources.
     fn restart_reply(
-        &self,
+        self: &Arc<Self>,
         pod: &Pod,
         ctr: &Container,
         desired: &LinuxResources,
@@ -703,7 +694,7 @@ impl Engine {
         if !enforce {
             return UpdateReply::default();
         }
-        self.restart_container(ctr, &subject);
+        self.restart_container(ctr, &subject, reason);
         UpdateReply {
             updates: vec![ContainerUpdate {
                 container_id: ctr.id.clone(),
@@ -717,42 +708,103 @@ impl Engine {
         }
     }
 
-    /// Runtimes with NRI before v0.10 (containerd 1.7, 2.0, 2.1) accept evictions on the wire but
-    /// ignore them; there the container's init process is killed (SIGKILL, the same stop with a
-    /// zero timeout containerd uses for evictions) once the runtime has answered the update. The
-    /// `DaemonSet` runs in the host PID namespace for this.
-    fn restart_container(&self, ctr: &Container, subject: &str) {
-        let legacy = self
-            .link
-            .status()
-            .runtime
-            .is_none_or(|r| r.nri_version.is_empty());
-        if !legacy {
-            return;
-        }
-        let Some(pid) = ctr
-            .pid
-            .and_then(|p| i32::try_from(p).ok())
-            .filter(|p| *p > 1)
-        else {
-            warn!(container = %subject, "cannot restart: the runtime gave no pid and ignores NRI evictions");
-            return;
+    /// Stops the container for its restart ([`restart`]): on every runtime, since none carries
+    /// out a plugin's NRI eviction; confirmed from the runtime's events and retried when it was not.
+    fn restart_container(self: &Arc<Self>, ctr: &Container, subject: &str, reason: &str) {
+        // The runtime answers within its request timeout (plus a margin for its own writes).
+        let update_wait = self.link.status().runtime.map(|r| {
+            let t = r.request_timeout();
+            t + t / 4
+        });
+        let target = restart::Target {
+            container_id: ctr.id.clone(),
+            subject: subject.to_string(),
+            pid: ctr.pid.filter(|p| *p > 1),
+            cgroup: container_path(&ctr.cgroups_path).ok(),
+            reason: reason.to_string(),
+            update_wait,
         };
-        let subject = subject.to_string();
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            match nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            ) {
-                Ok(()) => {
-                    info!(container = %subject, pid, "container stopped for restart (runtime NRI predates evictions)");
-                }
-                Err(e) => {
-                    warn!(container = %subject, pid, error = %e, "stopping the container for restart failed");
-                }
+        let cgroups = self
+            .cgroups
+            .clone()
+            .map(|c| Arc::new(c) as Arc<dyn CgroupIo>);
+        let engine = Arc::downgrade(self);
+        let report: restart::Report = Arc::new(move |t, p| {
+            if let Some(engine) = engine.upgrade() {
+                engine.restart_progress(t, p);
             }
         });
+        if self.restarts.request(target, cgroups, report) {
+            self.state.metrics.restart.started();
+        }
+    }
+
+    /// A restart's progress, where people look: the log, the resize record (`status`,
+    /// `/v1/resizes`) and `nri_resize_restarts_total`.
+    fn restart_progress(&self, t: &restart::Target, p: &restart::Progress) {
+        use restart::Progress as P;
+        let m = &self.state.metrics.restart;
+        let (state, reason) = match p {
+            P::Confirmed { attempt } => {
+                info!(container = %t.subject, attempt, "container stopped for its restart (exit confirmed by the runtime)");
+                m.outcome(RestartOutcome::Confirmed);
+                m.ended();
+                (
+                    None,
+                    format!(
+                        "{}; restarted: the container exited and the runtime confirmed the stop",
+                        t.reason
+                    ),
+                )
+            }
+            P::Retrying {
+                attempt,
+                of,
+                error,
+                delay,
+            } => {
+                warn!(container = %t.subject, attempt, of, %error, ?delay, "restart not confirmed; retrying");
+                m.outcome(RestartOutcome::Retried);
+                (
+                    Some(ResizeState::InProgress),
+                    format!(
+                        "{}; restart not confirmed (attempt {attempt} of {of}): {error}; retrying in {delay:?}",
+                        t.reason
+                    ),
+                )
+            }
+            P::Failed { attempts, error } => {
+                error!(container = %t.subject, attempts, %error, "restart failed: the container was not restarted");
+                m.outcome(RestartOutcome::Failed);
+                m.ended();
+                (
+                    Some(ResizeState::Error),
+                    format!(
+                        "{}; restart failed after {attempts} attempts: {error}",
+                        t.reason
+                    ),
+                )
+            }
+        };
+        if let Some(r) = self.containers.locked().get_mut(&t.container_id) {
+            r.state = state;
+            r.reason = reason;
+            r.updated_ms = now_ms();
+        }
+    }
+
+    /// The runtime reported the container stopped (a restart waiting for it is confirmed).
+    pub fn container_stopped(&self, id: &str) {
+        self.restarts.note(id, restart::Seen::Stopped);
+    }
+
+    /// Cancels the engine's background work (staged decreases, resumed resizes, restarts) and
+    /// waits for it to end. Checkpoints stay, so the next start resumes what was in flight.
+    pub async fn shutdown(&self) {
+        self.shutdown.cancel();
+        self.tasks.close();
+        self.restarts.shutdown().await;
+        self.tasks.wait().await;
     }
 
     fn find_pod(&self, namespace: &str, name: &str) -> Option<Pod> {
@@ -785,7 +837,9 @@ impl Engine {
             })?;
         // A resize in flight: the new request builds on its target (the latest desired state),
         // not on the transient values of a half-done plan.
-        let base = lock(&self.targets)
+        let base = self
+            .targets
+            .locked()
             .get(&pod.id)
             .map_or_else(|| current.clone(), |(t, _)| from_snapshot(t));
         let target = build_target(&base, req, &full)?;
@@ -886,7 +940,7 @@ impl Engine {
         resumed: bool,
     ) -> Result<PodResize, ResizeError> {
         let running = {
-            let mut targets = lock(&self.targets);
+            let mut targets = self.targets.locked();
             let running = targets.get(&pod.id).is_some_and(|(_, r)| *r);
             targets.insert(pod.id.clone(), (target.clone(), true));
             running
@@ -905,7 +959,7 @@ impl Engine {
                 ))
             }
         });
-        lock(&self.targets).remove(&pod.id);
+        self.targets.locked().remove(&pod.id);
         if let Some(store) = &self.checkpoints {
             if let Err(e) = store.remove(&checkpoint_key(&pod.id)) {
                 warn!(pod = %pod.full_name(), error = %e, "cannot remove the resize checkpoint");
@@ -922,8 +976,8 @@ impl Engine {
     ) -> Result<PodResize, ResizeError> {
         loop {
             tokio::time::sleep(Duration::from_millis(20)).await;
-            if !lock(&self.targets).contains_key(pod_id) {
-                let r = lock(&self.pods).get(pod_id).cloned().unwrap_or_default();
+            if !self.targets.locked().contains_key(pod_id) {
+                let r = self.pods.locked().get(pod_id).cloned().unwrap_or_default();
                 return if r.state.is_none() && &r.target == target {
                     Ok(r)
                 } else {
@@ -954,12 +1008,14 @@ impl Engine {
             ..PodResize::default()
         };
         'replan: loop {
-            let target = lock(&self.targets)
+            let target = self
+                .targets
+                .locked()
                 .get(&pod.id)
                 .map(|(t, _)| t.clone())
                 .unwrap_or_default();
             record.target = target.clone();
-            lock(&self.pods).insert(pod.id.clone(), record.clone());
+            self.pods.locked().insert(pod.id.clone(), record.clone());
             let current = self
                 .current_pod(pod)
                 .map_err(|message| ResizeError::Cgroup {
@@ -971,20 +1027,22 @@ impl Engine {
                 Err(e) => {
                     record.state = Some(ResizeState::Error);
                     record.reason = format!("no safe plan: {e}");
-                    lock(&self.pods).insert(pod.id.clone(), record.clone());
+                    self.pods.locked().insert(pod.id.clone(), record.clone());
                     return Err(ResizeError::Failed(record.reason));
                 }
             };
             if steps.is_empty() {
                 record.state = None;
                 record.reason.clear();
-                lock(&self.pods).insert(pod.id.clone(), record.clone());
+                self.pods.locked().insert(pod.id.clone(), record.clone());
                 info!(pod = %full, steps = record.steps.len(), attempts, "whole-pod resize done");
                 self.state.metrics.resize_outcome("in_place");
                 return Ok(record);
             }
             for step in steps {
-                if lock(&self.targets)
+                if self
+                    .targets
+                    .locked()
                     .get(&pod.id)
                     .is_some_and(|(t, _)| t != &target)
                 {
@@ -1014,14 +1072,14 @@ impl Engine {
                     actual: actual.as_ref().map(snapshot),
                     violation,
                 });
-                lock(&self.pods).insert(pod.id.clone(), record.clone());
+                self.pods.locked().insert(pod.id.clone(), record.clone());
                 match outcome {
                     Err(StepFailure::Superseded) => continue 'replan,
                     Err(StepFailure::Deferred(reason)) => {
                         warn!(pod = %full, step = %step, %reason, "resize deferred");
                         record.state = Some(ResizeState::Deferred);
                         record.reason.clone_from(&reason);
-                        lock(&self.pods).insert(pod.id.clone(), record.clone());
+                        self.pods.locked().insert(pod.id.clone(), record.clone());
                         self.state.metrics.resize_outcome("deferred");
                         return Err(ResizeError::Refused {
                             state: ResizeState::Deferred,
@@ -1037,7 +1095,7 @@ impl Engine {
                         record.state = Some(ResizeState::Error);
                         record.reason = format!("step {step} failed {attempts} times: {e}");
                         record.attempts = attempts;
-                        lock(&self.pods).insert(pod.id.clone(), record.clone());
+                        self.pods.locked().insert(pod.id.clone(), record.clone());
                         self.state.metrics.resize_outcome("error");
                         return Err(ResizeError::Failed(record.reason));
                     }
@@ -1097,7 +1155,13 @@ impl Engine {
     }
 
     /// After the first synchronize: picks up checkpointed resizes (once per process).
+    /// In `mode = "observe"` nothing is resumed (resuming writes cgroups): the checkpoints stay,
+    /// their resizes are reported as Proposed, and a later synchronize in `enforce` resumes them.
     pub fn resume_checkpointed(self: &Arc<Self>) {
+        if self.config().resize.mode == Mode::Observe {
+            self.report_checkpoints_in_observe_mode();
+            return;
+        }
         if self.resumed.swap(true, std::sync::atomic::Ordering::SeqCst) {
             return;
         }
@@ -1120,9 +1184,16 @@ impl Engine {
             };
             info!(pod = %rec.pod, "resuming a checkpointed resize");
             let engine = Arc::clone(self);
-            tokio::spawn(async move {
-                if let Err(e) = engine.run(pod, rec.target, true).await {
-                    error!(pod = %rec.pod, error = %e, "resumed resize failed");
+            self.tasks.spawn(async move {
+                tokio::select! {
+                    r = engine.run(pod, rec.target, true) => {
+                        if let Err(e) = r {
+                            error!(pod = %rec.pod, error = %e, "resumed resize failed");
+                        }
+                    }
+                    () = engine.shutdown.cancelled() => {
+                        info!(pod = %rec.pod, "stopping: the resumed resize stays checkpointed");
+                    }
                 }
             });
         }
@@ -1135,7 +1206,9 @@ fn limits_of(a: &crate::cgroup::ActualResources) -> Limits {
         Limit::from_option(a.cpu_limit_millis()),
         Limit::from_option(
             a.memory_limit
-                .filter(|&m| m > 0 && m < UNLIMITED_MEMORY)
+                .filter(|&m| {
+                    m > 0 && u64::try_from(m).is_ok_and(|b| b < crate::policy::UNLIMITED_BYTES)
+                })
                 .and_then(|m| u64::try_from(m).ok()),
         ),
     )

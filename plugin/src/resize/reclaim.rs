@@ -94,12 +94,21 @@ fn pause(d: Duration, cancel: &CancellationToken) -> bool {
     !cancel.is_cancelled()
 }
 
-/// Runs the staged decrease; `on_pass` sees the usage after every pass.
+/// Where a staged decrease stands after one pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pass {
+    /// The container's memory use after the pass.
+    pub usage: MemoryUse,
+    /// The memory limit the cgroup holds now (v1: it follows usage down; v2: the interim).
+    pub limit: u64,
+}
+
+/// Runs the staged decrease; `on_pass` sees where it stands after every pass.
 pub fn reclaim_to(
     io: &dyn CgroupIo,
     job: &ReclaimJob,
     cancel: &CancellationToken,
-    mut on_pass: impl FnMut(u64),
+    mut on_pass: impl FnMut(&Pass),
 ) -> ReclaimOutcome {
     let started = Instant::now();
     let read = || io.memory_use(&job.cgroup).map_err(|e| e.to_string());
@@ -140,7 +149,10 @@ pub fn reclaim_to(
                 return ReclaimOutcome::Failed(e);
             }
         };
-        on_pass(now.usage);
+        on_pass(&Pass {
+            usage: now,
+            limit: limit_now,
+        });
         let reached = if v1 {
             limit_now == job.target
         } else {
@@ -292,6 +304,9 @@ mod tests {
         fn set_cpu_limit(&self, _: &std::path::Path, _: CpuLimit) -> Result<(), CgroupError> {
             unreachable!()
         }
+        fn procs(&self, _: &std::path::Path) -> Result<Vec<u32>, CgroupError> {
+            unreachable!()
+        }
         fn set_memory_limit(
             &self,
             _: &std::path::Path,
@@ -420,13 +435,15 @@ mod tests {
             &fake,
             &job(128 * MIB, 466 * MIB),
             &CancellationToken::new(),
-            |u| seen.push(u),
+            |p| seen.push(*p),
         );
         assert!(matches!(out, ReclaimOutcome::Reached { .. }), "{out:?}");
         let s = fake.state.lock().unwrap();
         assert_eq!(s.writes, ["reclaim 323"]);
         assert!(s.usage <= 128 * MIB);
-        assert_eq!(seen.last(), Some(&s.usage));
+        let last = seen.last().expect("a pass");
+        assert_eq!(last.usage.usage, s.usage);
+        assert_eq!(last.limit, 466 * MIB, "v2: the cgroup keeps the interim");
     }
 
     #[test]

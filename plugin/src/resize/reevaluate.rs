@@ -17,11 +17,13 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
-use super::{lock, now_ms, Engine};
+use super::Engine;
+use crate::clock::now_ms;
 use crate::config::Mode;
 use crate::model::{Container, LinuxResources, Pod};
 use crate::nri::ContainerUpdate;
 use crate::policy::{plan_single, Admission, Limits, Quantities, ResizeState, Step};
+use crate::sync::Locked as _;
 
 /// What a re-evaluation did with one waiting resize.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -69,7 +71,9 @@ impl Engine {
     /// Container ids of the resizes waiting in Deferred or Infeasible, with their desired
     /// resources and state.
     fn waiting(&self) -> Vec<(String, LinuxResources, ResizeState)> {
-        let mut v: Vec<_> = lock(&self.containers)
+        let mut v: Vec<_> = self
+            .containers
+            .locked()
             .iter()
             // A memory decrease waiting on reclaim is not a capacity question, and applying it
             // directly could OOM-kill: the staged decrease (or kubelet's retry) owns it.
@@ -165,7 +169,7 @@ impl Engine {
     }
 
     fn set_waiting(&self, id: &str, state: ResizeState, reason: &str) {
-        if let Some(r) = lock(&self.containers).get_mut(id) {
+        if let Some(r) = self.containers.locked().get_mut(id) {
             r.state = Some(state);
             reason.clone_into(&mut r.reason);
             r.updated_ms = now_ms();

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use nri_resize::api::ApiClient;
 use nri_resize::model::{CpuResources, LinuxResources, MemoryResources};
+use nri_resize::policy::{bytes_text, cpu_quota_text, cpu_text, memory_limit_text};
 use nri_resize_tests::{
     ContainerSpec, Containerd, ContainerdOptions, ContainerdVersion, PluginProcess, PodSpec,
     Resources,
@@ -18,12 +19,8 @@ async fn show(api: &ApiClient, since: &mut u64, title: &str) {
     let events = api.events(*since).await.expect("events API");
     for e in &events {
         let r = e.resources.clone().unwrap_or_default();
-        let cpu = r
-            .cpu_limit_millis()
-            .map_or("-".to_string(), |m| format!("{m}m"));
-        let mem = r
-            .memory_limit()
-            .map_or("-".to_string(), |m| format!("{}Mi", m >> 20));
+        let cpu = r.cpu_limit_millis().map_or("-".to_string(), cpu_text);
+        let mem = r.memory_limit().map_or("-".to_string(), memory_limit_text);
         println!(
             "  plugin saw #{:<3} {:<22} {:<22} {:<8} cpu={cpu:<6} mem={mem}",
             e.seq,
@@ -36,19 +33,50 @@ async fn show(api: &ApiClient, since: &mut u64, title: &str) {
     let status = api.status().await.expect("status API");
     for p in &status.pods {
         for c in &p.containers {
-            let r = c.resources.clone().unwrap_or_default();
             println!(
-                "  model: {}/{} state={:?} cpu quota={:?} period={:?} shares={:?} memory={:?}",
+                "  model: {}/{} {:?}: {}",
                 p.pod.full_name(),
                 c.name,
                 c.state,
-                r.cpu_quota(),
-                r.cpu_period(),
-                r.cpu_shares(),
-                r.memory_limit()
+                spec_text(c.resources.as_ref())
             );
         }
     }
+}
+
+/// `cpu 500m (quota 50000µs per 100000µs, shares 512), memory 128Mi`.
+fn spec_text(r: Option<&LinuxResources>) -> String {
+    let Some(r) = r else {
+        return "no resources".to_string();
+    };
+    let period = r.cpu_period().unwrap_or(100_000);
+    let quota = r.cpu_quota().unwrap_or(-1);
+    let shares = r
+        .cpu_shares()
+        .map_or_else(String::new, |s| format!(", shares {s}"));
+    format!(
+        "cpu {} (quota {}{shares}), memory {}",
+        cpu_quota_text(quota, period),
+        if quota > 0 {
+            format!("{quota}µs per {period}µs")
+        } else {
+            "none".to_string()
+        },
+        r.memory_limit().map_or("-".to_string(), memory_limit_text)
+    )
+}
+
+/// What the container's cgroup holds, read back: `cpu 1000m, memory 256Mi`.
+fn cgroup_text(ctrd: &Containerd, id: &str) -> String {
+    let quota: i64 = ctrd
+        .read_container_cgroup(id, "cpu.cfs_quota_us")
+        .parse()
+        .unwrap_or(-1);
+    format!(
+        "cpu {}, memory {}",
+        cpu_quota_text(quota, 100_000),
+        memory_limit_text(ctrd.container_memory_limit(id))
+    )
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
@@ -95,11 +123,7 @@ async fn main() {
         .expect("UpdateContainerResources");
     tokio::time::sleep(Duration::from_millis(200)).await;
     show(&api, &mut since, "after the CRI update").await;
-    println!(
-        "   cgroupfs: cpu.cfs_quota_us={} memory.limit_in_bytes={}",
-        ctrd.read_container_cgroup(&id, "cpu.cfs_quota_us"),
-        ctrd.read_container_cgroup(&id, "memory.limit_in_bytes")
-    );
+    println!("   the container's cgroup: {}", cgroup_text(&ctrd, &id));
 
     println!("\n== plugin-initiated resize through NRI UpdateContainers (nri-resize update): -> 1500m/384Mi");
     let want = LinuxResources {
@@ -125,14 +149,11 @@ async fn main() {
         .await
         .expect("ContainerStatus")
         .unwrap_or_default();
+    println!("   the container's cgroup: {}", cgroup_text(&ctrd, &id));
     println!(
-        "   cgroupfs: cpu.cfs_quota_us={} memory.limit_in_bytes={}",
-        ctrd.read_container_cgroup(&id, "cpu.cfs_quota_us"),
-        ctrd.read_container_cgroup(&id, "memory.limit_in_bytes")
-    );
-    println!(
-        "   CRI ContainerStatus (what kubelet reads): cpu_quota={} memory_limit_in_bytes={}",
-        reported.cpu_quota, reported.memory_limit_in_bytes
+        "   CRI ContainerStatus (what kubelet reads): cpu {}, memory {}",
+        cpu_quota_text(reported.cpu_quota, 100_000),
+        memory_limit_text(reported.memory_limit_in_bytes)
     );
 
     println!("\n== whole-pod resize through the planner (nri-resize resize default/demo app=cpu=800m,memory=256Mi):");
@@ -150,11 +171,14 @@ async fn main() {
     assert!(out.status.success(), "nri-resize resize failed");
     let limits = ctrd.pod_cgroup_limits(&pod).expect("pod cgroup");
     println!(
-        "   cgroupfs: container cpu.cfs_quota_us={} memory.limit_in_bytes={}; pod cgroup quota={:?} memory={:?}",
-        ctrd.read_container_cgroup(&id, "cpu.cfs_quota_us"),
-        ctrd.read_container_cgroup(&id, "memory.limit_in_bytes"),
-        limits.cpu_quota,
-        limits.memory_limit
+        "   the container's cgroup: {}; the pod's cgroup: cpu {}, memory {}",
+        cgroup_text(&ctrd, &id),
+        cpu_quota_text(limits.cpu_quota.unwrap_or(-1), limits.cpu_period),
+        limits
+            .memory_limit
+            .map_or("unlimited".to_string(), |m| memory_limit_text(
+                i64::try_from(m).unwrap_or(-1)
+            ))
     );
     tokio::time::sleep(Duration::from_millis(1200)).await; // one observer interval
 
@@ -175,11 +199,8 @@ async fn main() {
         .await
         .expect("CreateContainer");
     ctrd.start_container(&worker).await.expect("StartContainer");
-    let usage = |ctrd: &Containerd| {
-        ctrd.read_container_cgroup(&worker, "memory.usage_in_bytes")
-            .parse::<i64>()
-            .unwrap_or(0)
-    };
+    let usage = |ctrd: &Containerd| ctrd.container_memory_usage(&worker);
+    let usage_text = |ctrd: &Containerd| bytes_text(u64::try_from(usage(ctrd)).unwrap_or(0));
     for _ in 0..300 {
         if usage(&ctrd) >= 440 * MIB {
             break;
@@ -188,22 +209,22 @@ async fn main() {
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     println!(
-        "   usage {} MiB; CRI update 512Mi -> 128Mi (without the plugin, v1 reclaims inside runc's write, v2 too; below anonymous usage v1 fails the update and v2 OOM-kills)",
-        usage(&ctrd) / MIB
+        "   usage {}; CRI update 512Mi -> 128Mi (without the plugin, v1 reclaims inside runc's write, v2 too; below anonymous usage v1 fails the update and v2 OOM-kills)",
+        usage_text(&ctrd)
     );
     ctrd.update_container_resources(&worker, &Resources::limits(50_000, 128 * MIB))
         .await
         .expect("UpdateContainerResources");
     println!(
-        "   page cache reclaimed inside the update: memory.limit_in_bytes={} usage={} MiB",
-        ctrd.read_container_cgroup(&worker, "memory.limit_in_bytes"),
-        usage(&ctrd) / MIB
+        "   page cache reclaimed inside the update: the cgroup holds {}, usage {}",
+        memory_limit_text(ctrd.container_memory_limit(&worker)),
+        usage_text(&ctrd)
     );
-    println!("   CRI update 128Mi -> 40Mi: below the 50 MiB the container holds anonymously");
+    println!("   CRI update 128Mi -> 40Mi: below the 50Mi the container holds anonymously");
     ctrd.update_container_resources(&worker, &Resources::limits(50_000, 40 * MIB))
         .await
         .expect("accepted with a safe interim limit");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await; // a reclaim pass or two
     let rec = api
         .resizes()
         .await
@@ -213,12 +234,24 @@ async fn main() {
         .cloned()
         .unwrap_or_default();
     println!(
-        "   accepted, not OOM-killed: memory.limit_in_bytes={} (interim); state {:?}: {}",
-        ctrd.read_container_cgroup(&worker, "memory.limit_in_bytes"),
-        rec.state,
+        "   accepted, not OOM-killed: the cgroup holds {} (usage {}); state {}: {}",
+        memory_limit_text(ctrd.container_memory_limit(&worker)),
+        usage_text(&ctrd),
+        rec.state
+            .map_or("-", nri_resize::policy::ResizeState::as_str),
         rec.reason
     );
-    println!("   (it stays there and turns Deferred, with the reason, after [memory_decrease] timeout_ms)");
+    println!("   (it stays there and turns Deferred, with the reason, after [memory_decrease] timeout_ms;");
+    println!("    kubelet re-sending the update is told the progress, then the reason)");
+    let err = ctrd
+        .update_container_resources(&worker, &Resources::limits(50_000, 40 * MIB))
+        .await
+        .expect_err("a repeat while reclaiming is answered with the progress");
+    println!(
+        "   kubelet's next sync, answered with what its PodResizeInProgress condition will say:"
+    );
+    println!("     {}", err.message());
+    show(&api, &mut since, "after the memory decrease").await;
 
     println!("\n== `nri-resize status` as an operator sees it:");
     let out = std::process::Command::new(nri_resize_tests::plugin_binary())

@@ -1,0 +1,381 @@
+//! The pod-level handlers with real cgroupfs reads under an injected root (a v2 fixture) and a
+//! node fixture; the last tests drive them over the NRI wire through an in-process runtime peer
+//! (the same mux and ttrpc parts containerd uses).
+
+use std::sync::Arc;
+
+use nri_resize_proto::api as pb;
+use nri_resize_proto::api_ttrpc::{create_runtime, PluginClient, Runtime};
+use protobuf::MessageField;
+use tokio_util::sync::CancellationToken;
+use ttrpc::r#async::transport::Socket;
+use ttrpc::r#async::{Client, Server, TtrpcContext};
+
+use super::*;
+use crate::cgroup::{Cgroups, V2};
+use crate::config::Config;
+use crate::model::{Container, CpuResources, MemoryResources};
+use crate::nri::{
+    Handler, Mux, PluginIdentity, RuntimeLink, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN,
+};
+use crate::resize::node::NodeReader;
+
+const MI: u64 = 1 << 20;
+const POD_CG: &str = "/kubepods/podA";
+
+/// A cgroup v2 root with the pod cgroup, and a node root with 2 CPUs and 8 GiB.
+struct Fixture {
+    cg: tempfile::TempDir,
+    node: tempfile::TempDir,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        let f = Fixture {
+            cg: tempfile::tempdir().expect("tempdir"),
+            node: tempfile::tempdir().expect("tempdir"),
+        };
+        let cpu = f.node.path().join("sys/devices/system/cpu");
+        std::fs::create_dir_all(&cpu).expect("mkdir");
+        std::fs::write(cpu.join("online"), "0-1\n").expect("write");
+        std::fs::create_dir_all(f.node.path().join("proc")).expect("mkdir");
+        std::fs::write(f.node.path().join("proc/meminfo"), "MemTotal: 8388608 kB\n")
+            .expect("write");
+        f.pod_cgroup("max 100000", "max", 50 * MI);
+        f
+    }
+
+    /// Writes the pod cgroup's files as kubelet (and the kernel) would.
+    fn pod_cgroup(&self, cpu_max: &str, memory_max: &str, usage: u64) {
+        let dir = self.cg.path().join(POD_CG.trim_start_matches('/'));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        std::fs::write(dir.join("cpu.max"), format!("{cpu_max}\n")).expect("write");
+        std::fs::write(dir.join("memory.max"), format!("{memory_max}\n")).expect("write");
+        std::fs::write(dir.join("memory.current"), format!("{usage}\n")).expect("write");
+    }
+
+    fn handler(&self, mode: Mode) -> (Arc<NodeState>, ModelHandler) {
+        let mut cfg = Config::default();
+        cfg.resize.mode = mode;
+        let state = NodeState::with_cgroups(
+            cfg,
+            Some(Cgroups::V2(V2 {
+                root: self.cg.path().to_owned(),
+            })),
+        );
+        let h = ModelHandler::new(state.clone()).with_node(NodeReader::new(self.node.path()));
+        (state, h)
+    }
+}
+
+fn pod() -> Pod {
+    Pod {
+        id: "pA".into(),
+        name: "web".into(),
+        namespace: "ns".into(),
+        cgroup_parent: POD_CG.into(),
+        ..Pod::default()
+    }
+}
+
+fn limits(cpu_millis: i64, memory: u64) -> LinuxResources {
+    LinuxResources {
+        cpu: Some(CpuResources {
+            quota: Some(cpu_millis * 100),
+            period: Some(100_000),
+            ..CpuResources::default()
+        }),
+        memory: Some(MemoryResources {
+            limit: Some(i64::try_from(memory).expect("fits")),
+            ..MemoryResources::default()
+        }),
+        ..LinuxResources::default()
+    }
+}
+
+fn container(name: &str, res: LinuxResources) -> Container {
+    Container {
+        id: format!("c-{name}"),
+        pod_id: "pA".into(),
+        name: name.into(),
+        resources: Some(res),
+        ..Container::default()
+    }
+}
+
+fn record(state: &NodeState) -> PodLevelStatus {
+    state.pod_levels().remove("pA").expect("a pod-level record")
+}
+
+#[tokio::test]
+async fn an_admitted_resize_is_kept_in_the_model_and_confirmed_after_kubelet_wrote_it() {
+    let f = Fixture::new();
+    let (state, h) = f.handler(Mode::Enforce);
+    h.run_pod_sandbox(pod()).await.expect("run");
+    // kubelet writes the pod cgroup first (limits plus overhead), then the runtime relays the
+    // update with the two apart.
+    f.pod_cgroup("60000 100000", &(144 * MI).to_string(), 60 * MI);
+    h.update_pod_sandbox(
+        pod(),
+        Some(limits(100, 16 * MI)),
+        Some(limits(500, 128 * MI)),
+    )
+    .await
+    .expect("admitted");
+    let r = record(&state);
+    assert_eq!(r.state, Some(ResizeState::InProgress), "{r:?}");
+    assert_eq!(limits_text(&r.desired), "600m/144Mi");
+    assert_eq!(
+        r.overhead.map(|o| limits_text(&o)).as_deref(),
+        Some("100m/16Mi")
+    );
+    // containerd's PostUpdatePodSandbox carries the creation-time resources: the model keeps
+    // what the update asked.
+    h.post_update_pod_sandbox(pod()).await;
+    let kept = state.read_model(|m| m.pod("pA").cloned()).expect("pod");
+    assert_eq!(kept.resources, Some(limits(500, 128 * MI)));
+    assert_eq!(kept.overhead, Some(limits(100, 16 * MI)));
+    let r = record(&state);
+    assert_eq!((r.matches, r.state), (Some(true), None), "{r:?}");
+    assert_eq!(
+        r.actual.map(|a| limits_text(&a)).as_deref(),
+        Some("600m/144Mi")
+    );
+    let text = state.metrics.encode().expect("encode");
+    for series in [
+        r#"nri_resize_pod_desired_cpu_millicores{namespace="ns",pod="web"} 600"#,
+        r#"nri_resize_pod_actual_memory_bytes{namespace="ns",pod="web"} 150994944"#,
+    ] {
+        assert!(text.contains(series), "{series} missing:\n{text}");
+    }
+    h.remove_pod_sandbox(pod()).await;
+    assert!(state.pod_levels().is_empty());
+    let text = state.metrics.encode().expect("encode");
+    assert!(!text.contains(r#"pod="web""#), "{text}");
+}
+
+#[tokio::test]
+async fn drift_is_reported_when_the_pod_cgroup_does_not_hold_the_request() {
+    let f = Fixture::new();
+    let (state, h) = f.handler(Mode::Enforce);
+    h.update_pod_sandbox(pod(), None, Some(limits(500, 128 * MI)))
+        .await
+        .expect("admitted");
+    // Nobody wrote the pod cgroup: still unlimited.
+    h.post_update_pod_sandbox(pod()).await;
+    let r = record(&state);
+    assert_eq!(r.matches, Some(false), "{r:?}");
+    assert_eq!(r.state, Some(ResizeState::InProgress));
+    assert_eq!(
+        r.actual.map(|a| limits_text(&a)).as_deref(),
+        Some("max/max")
+    );
+}
+
+#[tokio::test]
+async fn enforce_refuses_and_keeps_the_model_observe_records_only() {
+    let f = Fixture::new();
+    f.pod_cgroup("max 100000", "max", 301 * MI);
+    for (mode, refused) in [(Mode::Enforce, true), (Mode::Observe, false)] {
+        let (state, h) = f.handler(mode);
+        h.run_pod_sandbox(pod()).await.expect("run");
+        let out = h
+            .update_pod_sandbox(pod(), None, Some(limits(500, 100 * MI)))
+            .await;
+        let r = record(&state);
+        assert_eq!(r.state, Some(ResizeState::Deferred), "{r:?}");
+        assert_eq!(r.reason, "usage 301Mi above requested pod limit 100Mi");
+        assert_eq!(out.is_err(), refused, "{mode:?}: {out:?}");
+        if let Err(e) = out {
+            assert!(
+                e.0.contains("usage 301Mi above requested pod limit 100Mi"),
+                "{e}"
+            );
+        }
+        let model = state.read_model(|m| m.pod("pA").and_then(|p| p.resources.clone()));
+        assert_eq!(model.is_some(), !refused, "{mode:?}");
+    }
+}
+
+#[tokio::test]
+async fn infeasible_pod_limits_and_the_annotation_that_only_tightens() {
+    let f = Fixture::new();
+    let (state, h) = f.handler(Mode::Observe);
+    h.create_container(pod(), container("app", limits(500, 256 * MI)))
+        .await
+        .expect("create");
+    // Observe lets it through, with the reason recorded.
+    h.update_pod_sandbox(pod(), None, Some(limits(400, 512 * MI)))
+        .await
+        .expect("observe mode lets it through");
+    let r = record(&state);
+    assert_eq!(r.state, Some(ResizeState::Infeasible));
+    assert_eq!(
+        r.reason,
+        "container app CPU limit 500m exceeds the requested pod limit 400m"
+    );
+    // The pod asks to be enforced: refused.
+    let mut strict = pod();
+    strict
+        .annotations
+        .insert(crate::policy::POD_MODE_ANNOTATION.into(), "enforce".into());
+    let e = h
+        .update_pod_sandbox(strict, None, Some(limits(3000, 512 * MI)))
+        .await
+        .expect_err("enforced by the annotation");
+    assert!(
+        e.0.contains("pod CPU limit 3000m exceeds the node's 2000m allocatable CPU"),
+        "{e}"
+    );
+}
+
+/// The runtime end of an in-memory NRI trunk: registration only.
+#[derive(Debug, Default)]
+struct Peer;
+
+#[async_trait::async_trait]
+impl Runtime for Peer {
+    async fn register_plugin(
+        &self,
+        _ctx: &TtrpcContext,
+        _req: pb::RegisterPluginRequest,
+    ) -> ttrpc::Result<pb::Empty> {
+        Ok(pb::Empty::new())
+    }
+    async fn update_containers(
+        &self,
+        _ctx: &TtrpcContext,
+        _req: pb::UpdateContainersRequest,
+    ) -> ttrpc::Result<pb::UpdateContainersResponse> {
+        Ok(pb::UpdateContainersResponse::default())
+    }
+}
+
+fn pb_resources(cpu_millis: i64, memory: i64) -> pb::LinuxResources {
+    let mut r = pb::LinuxResources::new();
+    let mut cpu = pb::LinuxCPU::new();
+    cpu.quota = MessageField::some(pb::OptionalInt64 {
+        value: cpu_millis * 100,
+        ..Default::default()
+    });
+    cpu.period = MessageField::some(pb::OptionalUInt64 {
+        value: 100_000,
+        ..Default::default()
+    });
+    r.cpu = MessageField::some(cpu);
+    let mut mem = pb::LinuxMemory::new();
+    mem.limit = MessageField::some(pb::OptionalInt64 {
+        value: memory,
+        ..Default::default()
+    });
+    r.memory = MessageField::some(mem);
+    r
+}
+
+fn pb_pod() -> pb::PodSandbox {
+    let mut p = pb::PodSandbox::new();
+    p.id = "pA".into();
+    p.name = "web".into();
+    p.namespace = "ns".into();
+    p.linux = MessageField::some(pb::LinuxPodSandbox {
+        cgroup_parent: POD_CG.into(),
+        // What containerd sends: the sandbox's creation-time resources.
+        pod_resources: MessageField::some(pb_resources(200, 64 << 20)),
+        ..Default::default()
+    });
+    p
+}
+
+#[tokio::test]
+async fn update_and_post_update_pod_sandbox_over_the_wire() {
+    let f = Fixture::new();
+    let (state, h) = f.handler(Mode::Enforce);
+    let (plugin_end, runtime_end) = tokio::io::duplex(1 << 20);
+    let (link, cancel) = (RuntimeLink::default(), CancellationToken::new());
+    let session = {
+        let (h, l, c) = (Arc::new(h), link.clone(), cancel.clone());
+        tokio::spawn(async move {
+            let id = PluginIdentity {
+                socket: "/test".into(),
+                name: "nri-resize".into(),
+                idx: "42".into(),
+            };
+            crate::nri::serve_trunk(plugin_end, &id, h, &l, None, &c).await
+        })
+    };
+    let mut mux = Mux::start(runtime_end, &[PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN]);
+    let plugin = PluginClient::new(Client::new(Socket::new(
+        mux.take(PLUGIN_SERVICE_CONN).expect("conn 1"),
+    )));
+    let mut server = Server::new()
+        .add_listener(crate::nri::one_shot_listener(
+            mux.take(RUNTIME_SERVICE_CONN).expect("conn 2"),
+        ))
+        .register_service(create_runtime(Arc::new(Peer)));
+    server.start().await.expect("runtime server");
+    let ctx = || ttrpc::context::with_timeout(5_000_000_000);
+    let conf = pb::ConfigureRequest {
+        runtime_name: "fake".into(),
+        runtime_version: "2.3".into(),
+        NRI_version: "v0.12.0".into(),
+        ..Default::default()
+    };
+    let events = plugin
+        .configure(ctx(), &conf)
+        .await
+        .expect("configure")
+        .events;
+    let bit = 1 << (crate::model::EventKind::UpdatePodSandbox as u32 - 1);
+    assert_ne!(events & bit, 0, "UpdatePodSandbox subscribed: {events:b}");
+
+    // Refused: a pod memory limit below what the pod uses.
+    f.pod_cgroup("max 100000", "max", 301 * MI);
+    let req = pb::UpdatePodSandboxRequest {
+        pod: MessageField::some(pb_pod()),
+        linux_resources: MessageField::some(pb_resources(500, 100 << 20)),
+        ..Default::default()
+    };
+    let err = plugin
+        .update_pod_sandbox(ctx(), &req)
+        .await
+        .expect_err("refused");
+    assert!(
+        err.to_string()
+            .contains("usage 301Mi above requested pod limit 100Mi"),
+        "{err}"
+    );
+    assert_eq!(record(&state).state, Some(ResizeState::Deferred));
+
+    // Admitted, kubelet's write in place, then the post-update read-back.
+    f.pod_cgroup("60000 100000", &(144 * MI).to_string(), 60 * MI);
+    let req = pb::UpdatePodSandboxRequest {
+        pod: MessageField::some(pb_pod()),
+        linux_resources: MessageField::some(pb_resources(500, 128 << 20)),
+        overhead_linux_resources: MessageField::some(pb_resources(100, 16 << 20)),
+        ..Default::default()
+    };
+    plugin
+        .update_pod_sandbox(ctx(), &req)
+        .await
+        .expect("admitted");
+    let post = pb::PostUpdatePodSandboxRequest {
+        pod: MessageField::some(pb_pod()),
+        ..Default::default()
+    };
+    plugin
+        .post_update_pod_sandbox(ctx(), &post)
+        .await
+        .expect("post update");
+    let r = record(&state);
+    assert_eq!((r.matches, r.state), (Some(true), None), "{r:?}");
+    let model = state.read_model(|m| m.pod("pA").cloned()).expect("pod");
+    assert_eq!(
+        model
+            .resources
+            .map(|r| limits_text(&PodLimits::from_linux(&r))),
+        Some("500m/128Mi".into())
+    );
+    cancel.cancel();
+    let _ = session.await;
+    let _ = server.shutdown().await;
+}

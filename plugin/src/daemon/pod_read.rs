@@ -1,0 +1,63 @@
+//! One bounded read for the pod-level handlers: the pod cgroup's limits and usage, and the
+//! node's capacity, on a blocking thread (cgroupfs and procfs reads never run on an async
+//! worker), given up after [`READ_BUDGET`] so a handler stays inside the runtime's deadline.
+
+use std::time::Duration;
+
+use tracing::warn;
+
+use crate::cgroup::{pod_path, CgroupIo, Cgroups};
+use crate::config::ResizeConfig;
+use crate::model::PodLimits;
+use crate::policy::NodeCapacity;
+use crate::resize::node::NodeReader;
+
+/// How long a pod-level handler may spend reading the pod cgroup and the node.
+pub const READ_BUDGET: Duration = Duration::from_millis(500);
+
+/// One read of the pod cgroup and the node.
+pub(super) struct PodRead {
+    pub actual: Result<(PodLimits, Option<u64>), String>,
+    pub node: Option<NodeCapacity>,
+}
+
+/// Reads the pod cgroup (and the node, when a reader is given) on a blocking thread, at most
+/// [`READ_BUDGET`].
+pub(super) async fn read_pod(
+    cgroups: Option<Cgroups>,
+    node: Option<NodeReader>,
+    cgroup_parent: String,
+    reserve: ResizeConfig,
+) -> PodRead {
+    let work = tokio::task::spawn_blocking(move || {
+        let actual = match &cgroups {
+            None => Err("cgroup access is off".to_owned()),
+            Some(cg) => pod_path(&cgroup_parent)
+                .and_then(|p| cg.read_actual(&p))
+                .map(|a| {
+                    (
+                        PodLimits::from_cgroup(a.cpu_quota, a.cpu_period, a.memory_limit),
+                        a.memory_usage,
+                    )
+                })
+                .map_err(|e| e.to_string()),
+        };
+        let node = node.and_then(|n| {
+            n.capacity(&reserve)
+                .map_err(|e| warn!(error = %e, "node capacity unknown for pod-level admission"))
+                .ok()
+        });
+        PodRead { actual, node }
+    });
+    match tokio::time::timeout(READ_BUDGET, work).await {
+        Ok(Ok(read)) => read,
+        Ok(Err(e)) => PodRead {
+            actual: Err(format!("pod cgroup read failed: {e}")),
+            node: None,
+        },
+        Err(_) => PodRead {
+            actual: Err(format!("pod cgroup read took longer than {READ_BUDGET:?}")),
+            node: None,
+        },
+    }
+}

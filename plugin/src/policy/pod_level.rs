@@ -1,0 +1,170 @@
+//! Admission of a pod-level resize (KEP-5419 pod-level resources, resized in place: kubelet
+//! writes the pod cgroup, then calls CRI `UpdatePodSandboxResources`, which containerd ≥ 2.3
+//! relays as NRI `UpdatePodSandbox`).
+//!
+//! kubelet sends the pod-level limits and the pod overhead apart and writes their sum to the pod
+//! cgroup (`generateUpdatePodSandboxResourcesRequest` subtracts the overhead it added). So the
+//! node and the pod's usage are judged against the pod cgroup's limit (limits plus overhead),
+//! the containers against the pod-level limits.
+//!
+//! Infeasible, in this order: the pod cgroup's CPU limit above the node's allocatable CPU; its
+//! memory limit above allocatable memory; a container limit of the pod above the pod limit (the
+//! container could never get what it holds). Deferred: a pod cgroup memory limit below what the
+//! pod uses now (the kernel would refuse it on cgroup v1 and OOM-kill on v2). Pure: no I/O.
+//!
+//! Pod owners may make a pod stricter with `resize-mode.nri-resize.io/pod: enforce` (refuse
+//! such resizes even when the node only observes); `observe` on an enforcing node is looser and
+//! ignored ([`effective_enforce`]).
+
+use std::collections::BTreeMap;
+
+use super::admission::{Admission, NodeCapacity};
+use super::planner::Limits;
+use super::quantity::Limit;
+
+/// The pod annotation that may turn `observe` into `enforce` for one pod (never the reverse).
+pub const POD_MODE_ANNOTATION: &str = "resize-mode.nri-resize.io/pod";
+
+/// Why a [`POD_MODE_ANNOTATION`] was ignored.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PodModeError {
+    /// Neither `enforce` nor `observe`.
+    #[error("{POD_MODE_ANNOTATION}: unknown value {value:?} (enforce or observe)")]
+    Unknown {
+        /// The value (truncated to 64 characters).
+        value: String,
+    },
+    /// `observe` on a node that enforces: annotations only tighten.
+    #[error("{POD_MODE_ANNOTATION}: observe is looser than the node's enforce; ignored")]
+    Looser,
+}
+
+/// Whether a pod-level verdict is enforced for this pod: the node's mode, tightened (never
+/// loosened) by [`POD_MODE_ANNOTATION`].
+pub fn effective_enforce(
+    node_enforces: bool,
+    annotations: &BTreeMap<String, String>,
+) -> (bool, Option<PodModeError>) {
+    match annotations.get(POD_MODE_ANNOTATION).map(|v| v.trim()) {
+        None => (node_enforces, None),
+        Some("enforce") => (true, None),
+        Some("observe") if node_enforces => (true, Some(PodModeError::Looser)),
+        Some("observe") => (false, None),
+        Some(other) => (
+            node_enforces,
+            Some(PodModeError::Unknown {
+                value: other.chars().take(64).collect(),
+            }),
+        ),
+    }
+}
+
+/// CPU as people read it: `500m`.
+pub fn cpu_quantity(millis: u64) -> String {
+    format!("{millis}m")
+}
+
+/// Memory as people read it: `128Mi`, `2Gi`, `512Ki` (rounded to the nearest Mi from 1 Mi up).
+pub fn memory_quantity(bytes: u64) -> String {
+    const KI: u64 = 1 << 10;
+    const MI: u64 = 1 << 20;
+    const GI: u64 = 1 << 30;
+    if bytes >= GI && bytes % GI == 0 {
+        format!("{}Gi", bytes / GI)
+    } else if bytes >= MI {
+        format!("{}Mi", (bytes + MI / 2) / MI)
+    } else if bytes >= KI && bytes % KI == 0 {
+        format!("{}Ki", bytes / KI)
+    } else {
+        bytes.to_string()
+    }
+}
+
+/// The pod cgroup's limit for pod-level `limits` and `overhead`: their sum; unlimited stays
+/// unlimited, an overhead without a limit adds nothing.
+pub fn with_overhead(limits: &Limits, overhead: &Limits) -> Limits {
+    let add = |l: Limit, o: Limit| match (l, o) {
+        (Limit::Limited(a), Limit::Limited(b)) => Limit::Limited(a.saturating_add(b)),
+        (l, _) => l,
+    };
+    Limits::new(
+        add(limits.cpu, overhead.cpu),
+        add(limits.memory, overhead.memory),
+    )
+}
+
+/// Admits a pod-level resize to `desired` pod limits with `overhead` (unlimited when the pod has
+/// none), given the limits of the pod's running containers by name and the pod cgroup's current
+/// memory usage (`None`: unknown). See the module docs for the order of checks.
+pub fn admit_pod_level(
+    node: &NodeCapacity,
+    desired: &Limits,
+    overhead: &Limits,
+    containers: &BTreeMap<String, Limits>,
+    memory_usage: Option<u64>,
+) -> Admission {
+    let cgroup = with_overhead(desired, overhead);
+    let allocatable_cpu = node.allocatable_cpu_millis();
+    if let Limit::Limited(cpu) = cgroup.cpu {
+        if allocatable_cpu > 0 && cpu > allocatable_cpu {
+            return Admission::Infeasible {
+                reason: format!(
+                    "pod CPU limit {} exceeds the node's {} allocatable CPU",
+                    cpu_quantity(cpu),
+                    cpu_quantity(allocatable_cpu)
+                ),
+            };
+        }
+    }
+    let allocatable_memory = node.allocatable_memory_bytes();
+    if let Limit::Limited(mem) = cgroup.memory {
+        if allocatable_memory > 0 && mem > allocatable_memory {
+            return Admission::Infeasible {
+                reason: format!(
+                    "pod memory limit {} exceeds the node's {} allocatable memory",
+                    memory_quantity(mem),
+                    memory_quantity(allocatable_memory)
+                ),
+            };
+        }
+    }
+    for (name, c) in containers {
+        if let (Limit::Limited(ctr), Limit::Limited(pod)) = (c.cpu, desired.cpu) {
+            if ctr > pod {
+                return Admission::Infeasible {
+                    reason: format!(
+                        "container {name} CPU limit {} exceeds the requested pod limit {}",
+                        cpu_quantity(ctr),
+                        cpu_quantity(pod)
+                    ),
+                };
+            }
+        }
+        if let (Limit::Limited(ctr), Limit::Limited(pod)) = (c.memory, desired.memory) {
+            if ctr > pod {
+                return Admission::Infeasible {
+                    reason: format!(
+                        "container {name} memory limit {} exceeds the requested pod limit {}",
+                        memory_quantity(ctr),
+                        memory_quantity(pod)
+                    ),
+                };
+            }
+        }
+    }
+    if let (Limit::Limited(limit), Some(usage)) = (cgroup.memory, memory_usage) {
+        if usage > limit {
+            return Admission::Deferred {
+                reason: format!(
+                    "usage {} above requested pod limit {}",
+                    memory_quantity(usage),
+                    memory_quantity(limit)
+                ),
+            };
+        }
+    }
+    Admission::Fits
+}
+
+#[cfg(test)]
+mod tests;

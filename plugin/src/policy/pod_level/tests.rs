@@ -1,0 +1,201 @@
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::policy::{CpuSet, ResizeState};
+
+const MI: u64 = 1 << 20;
+const GI: u64 = 1 << 30;
+
+fn node() -> NodeCapacity {
+    NodeCapacity {
+        online_cpus_millis: 2000,
+        memory_bytes: 8 * GI,
+        reserved_memory_bytes: GI,
+        online_cpus: CpuSet::first_n(2),
+        reserved_cpu_millis: 100,
+    }
+}
+
+fn limits(cpu: Option<u64>, mem: Option<u64>) -> Limits {
+    Limits::new(Limit::from_option(cpu), Limit::from_option(mem))
+}
+
+fn containers(list: &[(&str, Option<u64>, Option<u64>)]) -> BTreeMap<String, Limits> {
+    list.iter()
+        .map(|(n, c, m)| ((*n).to_owned(), limits(*c, *m)))
+        .collect()
+}
+
+fn reason(a: &Admission) -> (ResizeState, String) {
+    let s = a.resize_status();
+    (s.state, s.reason)
+}
+
+#[test]
+fn a_pod_limit_within_the_node_and_above_every_container_fits() {
+    let c = containers(&[("app", Some(500), Some(128 * MI)), ("side", None, None)]);
+    let a = admit_pod_level(
+        &node(),
+        &limits(Some(1000), Some(256 * MI)),
+        &Limits::default(),
+        &c,
+        Some(100 * MI),
+    );
+    assert_eq!(a, Admission::Fits);
+    // Unlimited pod limits never conflict with anything.
+    let a = admit_pod_level(
+        &node(),
+        &limits(None, None),
+        &Limits::default(),
+        &c,
+        Some(7 * GI),
+    );
+    assert_eq!(a, Admission::Fits);
+}
+
+#[test]
+fn table_of_refusals_in_quantities() {
+    let c = containers(&[("app", Some(500), Some(128 * MI))]);
+    let cases: &[(Limits, Option<u64>, ResizeState, &str)] = &[
+        (
+            limits(Some(1901), None),
+            None,
+            ResizeState::Infeasible,
+            "pod CPU limit 1901m exceeds the node's 1900m allocatable CPU",
+        ),
+        (
+            limits(None, Some(7 * GI + 1)),
+            None,
+            ResizeState::Infeasible,
+            "pod memory limit 7168Mi exceeds the node's 7Gi allocatable memory",
+        ),
+        (
+            limits(Some(400), None),
+            None,
+            ResizeState::Infeasible,
+            "container app CPU limit 500m exceeds the requested pod limit 400m",
+        ),
+        (
+            limits(None, Some(64 * MI)),
+            None,
+            ResizeState::Infeasible,
+            "container app memory limit 128Mi exceeds the requested pod limit 64Mi",
+        ),
+        (
+            limits(None, Some(200 * MI)),
+            Some(301 * MI + 1000),
+            ResizeState::Deferred,
+            "usage 301Mi above requested pod limit 200Mi",
+        ),
+    ];
+    for (want, usage, state, text) in cases {
+        let got = reason(&admit_pod_level(
+            &node(),
+            want,
+            &Limits::default(),
+            &c,
+            *usage,
+        ));
+        assert_eq!(got, (*state, (*text).to_owned()), "{want:?}");
+    }
+}
+
+#[test]
+fn the_deferred_case_needs_a_known_usage_and_infeasible_comes_first() {
+    let c = containers(&[("app", None, Some(300 * MI))]);
+    // Unknown usage: no Deferred; the container check still refuses.
+    let a = admit_pod_level(
+        &node(),
+        &limits(None, Some(100 * MI)),
+        &Limits::default(),
+        &c,
+        None,
+    );
+    assert_eq!(reason(&a).0, ResizeState::Infeasible);
+    let a = admit_pod_level(
+        &node(),
+        &limits(None, Some(100 * MI)),
+        &Limits::default(),
+        &BTreeMap::new(),
+        None,
+    );
+    assert_eq!(a, Admission::Fits);
+    // Usage equal to the limit fits.
+    let a = admit_pod_level(
+        &node(),
+        &limits(None, Some(100 * MI)),
+        &Limits::default(),
+        &BTreeMap::new(),
+        Some(100 * MI),
+    );
+    assert_eq!(a, Admission::Fits);
+}
+
+#[test]
+fn annotations_only_tighten_the_mode() {
+    let ann = |v: &str| BTreeMap::from([(POD_MODE_ANNOTATION.to_owned(), v.to_owned())]);
+    assert_eq!(effective_enforce(false, &BTreeMap::new()), (false, None));
+    assert_eq!(effective_enforce(true, &BTreeMap::new()), (true, None));
+    assert_eq!(effective_enforce(false, &ann("enforce")), (true, None));
+    assert_eq!(effective_enforce(false, &ann(" observe ")), (false, None));
+    assert_eq!(
+        effective_enforce(true, &ann("observe")),
+        (true, Some(PodModeError::Looser))
+    );
+    let (enforce, err) = effective_enforce(false, &ann("maybe"));
+    assert!(!enforce);
+    assert!(matches!(err, Some(PodModeError::Unknown { ref value }) if value == "maybe"));
+}
+
+#[test]
+fn quantities_read_like_kubernetes() {
+    assert_eq!(cpu_quantity(500), "500m");
+    assert_eq!(memory_quantity(128 * MI), "128Mi");
+    assert_eq!(memory_quantity(2 * GI), "2Gi");
+    assert_eq!(memory_quantity(GI + MI), "1025Mi");
+    assert_eq!(memory_quantity(301 * MI + 300_000), "301Mi");
+    assert_eq!(memory_quantity(512 * 1024), "512Ki");
+    assert_eq!(memory_quantity(1000), "1000");
+}
+
+#[test]
+fn the_node_and_usage_are_judged_with_the_overhead_the_containers_without() {
+    let overhead = limits(Some(100), Some(16 * MI));
+    let c = containers(&[("app", Some(1000), Some(100 * MI))]);
+    // 1850m + 100m overhead is above the 1900m allocatable.
+    let a = admit_pod_level(&node(), &limits(Some(1850), None), &overhead, &c, None);
+    assert_eq!(
+        reason(&a).1,
+        "pod CPU limit 1950m exceeds the node's 1900m allocatable CPU"
+    );
+    // A 100Mi pod limit holds a 100Mi container; 110Mi used fits the 116Mi pod cgroup.
+    let a = admit_pod_level(
+        &node(),
+        &limits(None, Some(100 * MI)),
+        &overhead,
+        &c,
+        Some(110 * MI),
+    );
+    assert_eq!(a, Admission::Fits);
+    let a = admit_pod_level(
+        &node(),
+        &limits(None, Some(100 * MI)),
+        &overhead,
+        &c,
+        Some(120 * MI),
+    );
+    assert_eq!(
+        reason(&a),
+        (
+            ResizeState::Deferred,
+            "usage 120Mi above requested pod limit 116Mi".to_owned()
+        )
+    );
+    // No limit on the overhead adds nothing; an unlimited pod stays unlimited.
+    let none = Limits::default();
+    assert_eq!(
+        with_overhead(&limits(Some(500), None), &none),
+        limits(Some(500), None)
+    );
+    assert_eq!(with_overhead(&none, &overhead), none);
+}
