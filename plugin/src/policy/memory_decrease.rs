@@ -17,18 +17,16 @@
 //!
 //! Everything here is pure: the numbers come from the caller's cgroup reads.
 
-use super::units::bytes_text;
 use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::resize_policy::{check_value, sanitize, sanitize_key, AnnotationError};
-
-/// Annotation prefix of per-container strategies.
-pub const CONTAINER_DECREASE_PREFIX: &str = "memory-decrease.nri-resize.io/container.";
-/// Annotation holding the pod-wide strategy.
-pub const POD_DECREASE_ANNOTATION: &str = "memory-decrease.nri-resize.io/pod";
+use super::annotation::{
+    check_value, sanitize, sanitize_key, AnnotationError, CONTAINER_DECREASE_PREFIX,
+    POD_DECREASE_ANNOTATION,
+};
+use super::units::bytes_text;
 
 const MIB: u64 = 1 << 20;
 /// Limits are kept page-aligned (the kernel rounds down to pages anyway).

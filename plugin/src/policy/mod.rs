@@ -72,6 +72,7 @@
 //! Parsing never panics.
 
 mod admission;
+mod annotation;
 mod decision;
 mod invariants;
 mod memory_decrease;
@@ -80,17 +81,22 @@ mod pod_level;
 mod quantity;
 mod resize_policy;
 mod units;
+mod validate;
 
 pub use admission::{
     admit, holds_exclusive_cpus, qos_class, Admission, AdmissionError, Allocated,
     ContainerAllocation, CpuSet, NodeCapacity, PodAllocation, QosClass, MAX_CPU_ID,
+};
+pub use annotation::{
+    AnnotationError, ACTION_ANNOTATION, ANNOTATION_PREFIXES, CONTAINER_DECREASE_PREFIX,
+    CONTAINER_POLICY_PREFIX, MAX_ANNOTATION_VALUE_BYTES, POD_DECREASE_ANNOTATION,
+    POD_POLICY_ANNOTATION,
 };
 pub use decision::{changes, decide, Decision};
 pub use invariants::{check_invariants, Violation};
 pub use memory_decrease::{
     effective_decrease_strategy, mib, not_reclaimable_reason, parse_decrease_annotation,
     plan_decrease, reclaim_request, safe_limit, DecreasePlan, MemoryDecreaseStrategy, MemoryUse,
-    CONTAINER_DECREASE_PREFIX, POD_DECREASE_ANNOTATION,
 };
 pub use planner::{
     plan, plan_single, simulate, Limits, LimitsUpdate, Plan, PlanError, PlanOptions, PodResources,
@@ -106,9 +112,9 @@ pub use quantity::{
     MIN_CPU_SHARES,
 };
 pub use resize_policy::{
-    parse_action_annotation, parse_effective_policy, parse_policy_annotation, validate_annotations,
-    AnnotationError, DirectionalPolicy, EffectivePolicy, PolicyAnnotation, PolicyDefaults,
-    ResizeAction, ResizePolicy, Resolved, RestartPolicy, ACTION_ANNOTATION, ANNOTATION_PREFIXES,
-    CONTAINER_POLICY_PREFIX, MAX_ANNOTATION_VALUE_BYTES, POD_POLICY_ANNOTATION,
+    parse_action_annotation, parse_effective_policy, parse_policy_annotation, DirectionalPolicy,
+    EffectivePolicy, PolicyAnnotation, PolicyDefaults, ResizeAction, ResizePolicy, Resolved,
+    RestartPolicy,
 };
 pub use units::{bytes_text, cpu_quota_text, cpu_text, memory_limit_text, UNLIMITED_BYTES};
+pub use validate::validate_annotations;

@@ -1,0 +1,84 @@
+//! Checks every nri-resize annotation of a pod at once, for reporting: each parser on its own
+//! annotations, and unknown keys under the nri-resize prefixes (typos).
+
+use std::collections::BTreeMap;
+
+use super::annotation::{
+    sanitize_key, AnnotationError, ACTION_ANNOTATION, ANNOTATION_PREFIXES,
+    CONTAINER_DECREASE_PREFIX, CONTAINER_POLICY_PREFIX, POD_DECREASE_ANNOTATION,
+    POD_POLICY_ANNOTATION,
+};
+use super::memory_decrease::parse_decrease_annotation;
+use super::resize_policy::{parse_action_annotation, parse_policy_annotation};
+
+/// Checks every nri-resize annotation of a pod (all containers' policies, the pod policy, the
+/// action, and unknown keys under the nri-resize prefixes). Does not apply the node floor, so
+/// it never reports [`AnnotationError::LooserThanNodeDefault`].
+pub fn validate_annotations(annotations: &BTreeMap<String, String>) -> Vec<AnnotationError> {
+    let mut errors = Vec::new();
+    for (key, value) in annotations {
+        if !ANNOTATION_PREFIXES.iter().any(|p| key.starts_with(p)) {
+            continue;
+        }
+        let result = if key == ACTION_ANNOTATION {
+            parse_action_annotation(key, value).map(|_| ())
+        } else if key == POD_DECREASE_ANNOTATION
+            || key
+                .strip_prefix(CONTAINER_DECREASE_PREFIX)
+                .is_some_and(|name| !name.is_empty())
+        {
+            parse_decrease_annotation(key, value).map(|_| ())
+        } else if key == POD_POLICY_ANNOTATION
+            || key
+                .strip_prefix(CONTAINER_POLICY_PREFIX)
+                .is_some_and(|name| !name.is_empty())
+        {
+            parse_policy_annotation(key, value).map(|_| ())
+        } else {
+            Err(AnnotationError::UnknownAnnotation {
+                annotation: sanitize_key(key),
+            })
+        };
+        if let Err(e) = result {
+            errors.push(e);
+        }
+    }
+    errors
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ann(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+            .collect()
+    }
+
+    fn ckey(name: &str) -> String {
+        format!("{CONTAINER_POLICY_PREFIX}{name}")
+    }
+
+    #[test]
+    fn validate_reports_unknown_and_bad_annotations() {
+        let a = ann(&[
+            (
+                "resize-policy.nri-resize.io/contianer.app",
+                "cpu=NotRequired",
+            ),
+            ("resize-policy.nri-resize.io/container.", "cpu=NotRequired"),
+            (&ckey("a"), "cpu=NotRequired"),
+            (&ckey("b"), "cpu=Nope"),
+            (ACTION_ANNOTATION, "LiveResize"),
+            ("resize-action.nri-resize.io/container.a", "LiveResize"),
+            ("unrelated.io/x", "whatever"),
+        ]);
+        let errs = validate_annotations(&a);
+        let msgs: Vec<String> = errs.iter().map(ToString::to_string).collect();
+        assert_eq!(errs.len(), 4, "{msgs:#?}");
+        assert!(msgs.iter().any(|m| m.contains("contianer.app")));
+        assert!(msgs.iter().any(|m| m.contains("Nope")));
+    }
+}
