@@ -1,6 +1,6 @@
 //! The invariants every intermediate state of an ordering plan must keep.
 
-use super::planner::{PlanOptions, PodResources};
+use super::limits::{PlanOptions, PodResources};
 use super::quantity::{Limit, Resource};
 
 /// A broken invariant.
@@ -74,7 +74,7 @@ pub fn check_invariants(state: &PodResources, opts: &PlanOptions) -> Result<(), 
 #[allow(clippy::unwrap_used, reason = "tests fail loudly on unexpected errors")]
 mod tests {
     use super::*;
-    use crate::policy::planner::Limits;
+    use crate::policy::limits::Limits;
 
     fn state(pod: (Limit, Limit), cs: &[(Limit, Limit)]) -> PodResources {
         PodResources {

@@ -75,6 +75,7 @@ mod admission;
 mod annotation;
 mod decision;
 mod invariants;
+mod limits;
 mod memory_decrease;
 mod planner;
 mod pod_level;
@@ -94,14 +95,12 @@ pub use annotation::{
 };
 pub use decision::{changes, decide, Decision};
 pub use invariants::{check_invariants, Violation};
+pub use limits::{Limits, LimitsUpdate, PlanOptions, PodResources};
 pub use memory_decrease::{
     effective_decrease_strategy, mib, not_reclaimable_reason, parse_decrease_annotation,
     plan_decrease, reclaim_request, safe_limit, DecreasePlan, MemoryDecreaseStrategy, MemoryUse,
 };
-pub use planner::{
-    plan, plan_single, simulate, Limits, LimitsUpdate, Plan, PlanError, PlanOptions, PodResources,
-    Step,
-};
+pub use planner::{plan, plan_single, simulate, Plan, PlanError, Step};
 pub use pod_level::{
     admit_pod_level, cpu_quantity, effective_enforce, memory_quantity, with_overhead, PodModeError,
     POD_MODE_ANNOTATION,

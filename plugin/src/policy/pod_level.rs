@@ -19,7 +19,7 @@
 use std::collections::BTreeMap;
 
 use super::admission::{Admission, NodeCapacity};
-use super::planner::Limits;
+use super::limits::Limits;
 use super::quantity::Limit;
 
 /// The pod annotation that may turn `observe` into `enforce` for one pod (never the reverse).

@@ -1,6 +1,8 @@
 //! Planner tests: the KEP-1287 e2e matrix (every case checks the exact step order and simulates
 //! the plan step by step), the intermediate-step case, `plan_single`, and a property test.
 
+use std::collections::BTreeMap;
+
 use super::*;
 use crate::policy::quantity::millis_to_shares;
 use Limit::{Limited as L, Unlimited as U};
