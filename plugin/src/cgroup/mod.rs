@@ -16,6 +16,8 @@
 //! | memory breakdown | `memory.stat` `total_rss`/`total_shmem`/`total_cache` | `memory.stat` `anon`/`shmem`/`file` |
 //! | proactive reclaim | (none: lower `memory.limit_in_bytes`) | `memory.reclaim` (5.19+) |
 
+mod layout;
+mod parse;
 mod path;
 
 use std::fmt;
@@ -24,9 +26,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use layout::CgroupLayout;
+pub use parse::flat_keyed;
 pub use path::{container_path, pod_path, resolve, ContainerCgroups};
 
-use crate::observer::CgroupLayout;
 use crate::policy::{MemoryUse, UNLIMITED_BYTES};
 
 /// Errors of cgroup resolution, reads and writes.
@@ -186,7 +189,7 @@ fn memory_breakdown(
     file: &str,
 ) -> Result<MemoryUse, CgroupError> {
     let text = read_file(dir, "memory.stat")?.unwrap_or_default();
-    let get = |key: &str| crate::observer::parse::flat_keyed(&text, key).unwrap_or(0);
+    let get = |key: &str| flat_keyed(&text, key).unwrap_or(0);
     Ok(MemoryUse {
         usage,
         anon: get(anon),

@@ -27,6 +27,9 @@ use std::path::{Path, PathBuf};
 
 pub use nri_resize_ebpf_common::{CgroupKey, CpuHotplugEvent, CPUHP_ENTER, CPUHP_EXIT};
 
+/// The layout is the cgroup module's (its I/O needs it too); the observer's settings carry one.
+pub use crate::cgroup::CgroupLayout;
+
 use files::{CgroupFile, CgroupFiles};
 use kernel::KernelSide;
 
@@ -178,40 +181,6 @@ impl Strategies {
         oom: OomStrategy::MemoryEventsPolling,
         hotplug: HotplugStrategy::Unavailable,
     };
-}
-
-/// Where the cgroup hierarchies are mounted.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum CgroupLayout {
-    /// cgroup v1: one mount per controller (e.g. `/sys/fs/cgroup/cpu`, `/sys/fs/cgroup/memory`).
-    V1 { cpu: PathBuf, memory: PathBuf },
-    /// cgroup v2: one unified hierarchy.
-    V2 { root: PathBuf },
-}
-
-impl CgroupLayout {
-    /// The layout under `root` (normally `/sys/fs/cgroup`): v2 when `root` holds a unified
-    /// hierarchy with the cpu or memory controller, v1 otherwise.
-    pub fn detect(root: &Path) -> Self {
-        let unified = std::fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
-        if unified
-            .split_whitespace()
-            .any(|c| c == "cpu" || c == "memory")
-        {
-            Self::V2 {
-                root: root.to_owned(),
-            }
-        } else {
-            Self::V1 {
-                cpu: root.join("cpu"),
-                memory: root.join("memory"),
-            }
-        }
-    }
-
-    fn is_v1(&self) -> bool {
-        matches!(self, Self::V1 { .. })
-    }
 }
 
 /// Where the eBPF object comes from.

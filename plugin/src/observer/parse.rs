@@ -2,18 +2,8 @@
 //! `memory.stat`, `memory.events` / `memory.oom_control`, tracefs `format` and `/proc/cgroups`.
 //! No I/O here: each function takes the file's text.
 
-/// Value of `key` in a flat-keyed cgroup file (`key value` per line), if present.
-#[must_use]
-pub fn flat_keyed(text: &str, key: &str) -> Option<u64> {
-    text.lines().find_map(|line| {
-        let (k, v) = line.split_once(' ')?;
-        if k == key {
-            v.trim().parse().ok()
-        } else {
-            None
-        }
-    })
-}
+/// The flat-keyed format is cgroup I/O's too (`memory.stat` breakdowns).
+pub use crate::cgroup::flat_keyed;
 
 /// CFS bandwidth statistics from `cpu.stat` (v1 and v2).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
