@@ -660,4 +660,6 @@ pub async fn run(
 }
 
 #[cfg(test)]
+mod catalog_tests;
+#[cfg(test)]
 mod tests;
