@@ -146,7 +146,7 @@ impl Default for ResizeConfig {
     }
 }
 
-/// `[capacity]`: the node capacity watcher (`crate::capacity`).
+/// `[capacity]`: the node capacity watcher (the `capacity` module reads it).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CapacityConfig {
