@@ -29,10 +29,10 @@ use nri_resize::capacity::{
     self, monotonic_ns, Scope, Source, SysReader, Trigger, Watcher, WatcherOptions,
 };
 use nri_resize::config::Config;
-use nri_resize::daemon::NodeState;
 use nri_resize::observer::{
     Observer, ObserverSettings, OomStrategy, ReclaimStrategy, ThrottleStrategy,
 };
+use nri_resize::state::NodeState;
 use tokio_util::sync::CancellationToken;
 
 const IDLE_SECS: u64 = 10;

@@ -15,12 +15,13 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use nri_resize::config::Config;
-use nri_resize::daemon::{ModelHandler, NodeState};
+use nri_resize::daemon::ModelHandler;
 use nri_resize::model::{
     Container, ContainerState, CpuResources, EventKind, LinuxResources, MemoryResources, Pod,
 };
 use nri_resize::nri::{EventSet, Handler};
 use nri_resize::observer::CgroupLayout;
+use nri_resize::state::NodeState;
 
 const MODEL_CONTAINERS: usize = 1000;
 const SAMPLES: usize = 20_000;

@@ -20,4 +20,5 @@ pub mod nri;
 pub mod observer;
 pub mod policy;
 pub mod resize;
+pub mod state;
 pub mod sync;

@@ -313,7 +313,7 @@ async fn status_once(api: &ApiArgs, json: bool, one_line: bool) -> anyhow::Resul
         &status,
         &resizes,
         page_size,
-        daemon::now_ms(),
+        nri_resize::clock::now_ms(),
     ))
 }
 

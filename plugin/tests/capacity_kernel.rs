@@ -23,13 +23,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nri_resize::capacity::{self, NodeStatus, SysReader, Watcher, WatcherOptions};
+use nri_resize::capacity::{self, SysReader, Watcher, WatcherOptions};
 use nri_resize::config::Config;
-use nri_resize::daemon::NodeState;
 use nri_resize::observer::{
     HotplugStrategy, Observer, ObserverSettings, OomStrategy, ReclaimStrategy, ThrottleStrategy,
 };
 use nri_resize::policy::CpuSet;
+use nri_resize::state::{NodeState, NodeStatus};
 use tokio_util::sync::CancellationToken;
 
 /// The tests share the node's CPUs and the watcher's view of them: one at a time.
@@ -230,7 +230,7 @@ async fn the_watcher_reads_the_real_node_with_cpuhp_and_uevents() {
         r.metric(r#"nri_resize_node_capacity{resource="memory"}"#),
         mem_total_bytes()
     );
-    eprintln!("{}", capacity::node_line(&s, nri_resize::daemon::now_ms()));
+    eprintln!("{}", capacity::node_line(&s, nri_resize::clock::now_ms()));
     r.stop().await;
 }
 

@@ -11,9 +11,9 @@
 use std::time::{Duration, Instant};
 
 use nri_resize::api::{ApiClient, PodStatus};
-use nri_resize::daemon::limits_text;
 use nri_resize::model::PodLimits;
 use nri_resize::policy::ResizeState;
+use nri_resize::state::limits_text;
 use nri_resize_tests::cri_pod::{
     connect_cri_v036, LinuxContainerResources, UpdatePodSandboxResourcesRequest,
 };

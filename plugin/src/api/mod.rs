@@ -33,11 +33,11 @@ pub use client::{ApiClient, ClientError};
 pub use table::render_status;
 
 use crate::cgroup::ActualResources;
-use crate::daemon::{Confirmation, ContainerObservation, NodeState, ObserverInfo, PodLevelStatus};
 use crate::model::{Container, EventRecord, LinuxResources, Pod, PodView};
 use crate::nri::{ContainerUpdate, LinkError, LinkStatus, RuntimeLink};
 use crate::observer::Strategies;
 use crate::resize::{ContainerResize, Engine, PodResize, PodResizeRequest, ResizeError};
+use crate::state::{Confirmation, ContainerObservation, NodeState, ObserverInfo, PodLevelStatus};
 use crate::sync::{Locked as _, ReadWriteLocked as _};
 
 /// `GET /v1/status`.
@@ -53,11 +53,11 @@ pub struct Status {
     pub metrics_addr: Option<String>,
     /// The checkpoint directory (`--state-dir`) and its problems.
     #[serde(default)]
-    pub state_dir: crate::resize::checkpoint::StateDirStatus,
+    pub state_dir: crate::state::StateDirStatus,
     /// The node's CPUs and memory, allocatable, and the last capacity change, once the
     /// capacity watcher runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub node: Option<crate::capacity::NodeStatus>,
+    pub node: Option<crate::state::NodeStatus>,
 }
 
 /// A pod with its containers: the model's [`PodView`] JSON, each container with `observed`.

@@ -4,9 +4,9 @@
 //! reason. Pure: from the API's answer to table cells.
 
 use super::{PodStatus, Status};
-use crate::daemon::limits_text;
 use crate::model::PodLimits;
 use crate::policy::{with_overhead, Limits};
+use crate::state::limits_text;
 
 /// The cells of the pod row (same columns as the container rows), when the pod has pod-level
 /// resources.
@@ -67,9 +67,9 @@ pub fn with_pod_rows(s: &Status, rows: Vec<[String; 9]>) -> Vec<[String; 9]> {
 mod tests {
     use super::*;
     use crate::api::{render_status, LinkStatusView, Resizes};
-    use crate::daemon::PodLevelStatus;
     use crate::model::{CpuResources, LinuxResources, MemoryResources, Pod};
     use crate::policy::ResizeState;
+    use crate::state::PodLevelStatus;
 
     const MI: u64 = 1 << 20;
 
@@ -112,7 +112,7 @@ mod tests {
             observer: None,
             metrics_addr: None,
             node: None,
-            state_dir: crate::resize::checkpoint::StateDirStatus::default(),
+            state_dir: crate::state::StateDirStatus::default(),
         }
     }
 

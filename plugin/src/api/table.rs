@@ -335,7 +335,7 @@ mod tests {
             observer: None,
             metrics_addr: Some("127.0.0.1:9464".into()),
             node: None,
-            state_dir: crate::resize::checkpoint::StateDirStatus::default(),
+            state_dir: crate::state::StateDirStatus::default(),
         }
     }
 

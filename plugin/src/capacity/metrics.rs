@@ -12,8 +12,9 @@
 
 use prometheus::{GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry};
 
-use super::snapshot::{CapacityChange, NodeSnapshot};
+use super::snapshot::NodeSnapshot;
 use crate::metrics::MetricsError;
+use crate::state::CapacityChange;
 
 /// Detection latency buckets, in seconds: from sub-millisecond (event-driven) to the 5-minute
 /// poll upstream's machine-info refresh would need.

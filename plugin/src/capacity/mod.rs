@@ -31,20 +31,22 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 pub use metrics::CapacityMetrics;
-pub use snapshot::{CapacityChange, CapacityResource, ChangeKind, NodeSnapshot, Scope, SysReader};
+pub use snapshot::{NodeSnapshot, Scope, SysReader};
 
-use crate::daemon::NodeState;
+use crate::clock::now_ms;
 use crate::metrics::MetricsError;
 use crate::observer::{CpuHotplugEvent, HotplugRing};
 use crate::policy::CpuSet;
 use crate::resize::Engine;
+use crate::state::{
+    CapacityChange, ChangeKind, LastChange, NodeState, NodeStatus, PinnedContainer, Reevaluation,
+};
 use crate::sync::ReadWriteLocked as _;
 
 /// Why the watcher could not start.
@@ -108,61 +110,6 @@ pub fn monotonic_ns() -> u64 {
         u64::try_from(t.tv_sec()).unwrap_or(0) * 1_000_000_000
             + u64::try_from(t.tv_nsec()).unwrap_or(0)
     })
-}
-
-/// The `node` section of `/v1/status`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct NodeStatus {
-    /// Online CPUs in the kernel's list format (`0-3`) and their number.
-    pub online_cpus: String,
-    pub online_cpu_count: u32,
-    pub present_cpus: String,
-    pub present_cpu_count: u32,
-    /// `MemTotal`, in bytes.
-    pub memory_bytes: u64,
-    pub memory_block_bytes: u64,
-    pub memory_blocks_online: u32,
-    pub memory_blocks_present: u32,
-    /// Online CPUs minus `[resize] reserved_cpu_millicores`, in millicores.
-    pub allocatable_cpu_millis: u64,
-    /// `MemTotal` minus `[resize] reserved_memory`, in bytes.
-    pub allocatable_memory_bytes: u64,
-    /// The event sources in use (`cpuhp`, `uevent`, `resync`).
-    pub sources: Vec<String>,
-    pub resync_interval_ms: u64,
-    /// Capacity changes since start.
-    pub changes: u64,
-    pub last_change: Option<LastChange>,
-    /// Containers whose cpuset names an offline CPU.
-    pub pinned_to_offline: Vec<PinnedContainer>,
-    /// What the last re-evaluation of waiting resizes decided.
-    pub last_reevaluation: Vec<crate::resize::reevaluate::Reevaluation>,
-    /// The last reading failed (the values above are from the reading before).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub read_error: Option<String>,
-    pub updated_ms: u64,
-}
-
-/// The latest change the watcher saw.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct LastChange {
-    pub at_ms: u64,
-    /// `cpuhp`, `uevent`, `resync`.
-    pub source: String,
-    /// Kernel event to metric update, in milliseconds (`None` for the resync).
-    pub detection_latency_ms: Option<f64>,
-    pub changes: Vec<CapacityChange>,
-}
-
-/// A container pinned to a CPU that is offline.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PinnedContainer {
-    pub container_id: String,
-    pub namespace: String,
-    pub pod: String,
-    pub container: String,
-    pub cpuset: String,
-    pub offline_cpus: String,
 }
 
 /// Containers (of `containers`, with `(namespace, pod)` looked up by `pod_of`) whose cpuset
@@ -279,7 +226,7 @@ impl Watcher {
     }
 
     fn publish(&mut self) {
-        self.status.updated_ms = crate::daemon::now_ms();
+        self.status.updated_ms = now_ms();
         *self.state.capacity.write_locked() = Some(self.status.clone());
     }
 
@@ -340,7 +287,7 @@ impl Watcher {
         }
         self.status.changes += changes.iter().filter(|c| c.kind.is_capacity()).count() as u64;
         self.status.last_change = Some(LastChange {
-            at_ms: crate::daemon::now_ms(),
+            at_ms: now_ms(),
             source: trigger.source.as_str().to_owned(),
             detection_latency_ms: latency_s.map(|s| s * 1000.0),
             changes: changes.clone(),
@@ -389,7 +336,7 @@ impl Watcher {
     }
 
     /// Records what a re-evaluation decided (status and metrics).
-    pub fn reevaluated(&mut self, outcomes: Vec<crate::resize::reevaluate::Reevaluation>) {
+    pub fn reevaluated(&mut self, outcomes: Vec<Reevaluation>) {
         for o in &outcomes {
             self.metrics.reevaluated(o.outcome.as_str());
         }

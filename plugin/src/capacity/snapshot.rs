@@ -8,13 +8,12 @@
 //!
 //! A kernel without memory hotplug has no `sys/devices/system/memory`: zero blocks, not an error.
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 
 use procfs::FromRead as _;
-use serde::{Deserialize, Serialize};
 
 use crate::policy::CpuSet;
+use crate::state::{CapacityChange, ChangeKind};
 
 /// Node capacity could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -170,84 +169,6 @@ pub fn parse_block_size(text: &str) -> Option<u64> {
 /// A `memoryN/state` of `online` (also `online_movable`/`online_kernel` on some kernels).
 pub fn block_online(state: &str) -> bool {
     state.trim().starts_with("online")
-}
-
-/// The resource a change concerns (a metric label).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CapacityResource {
-    Cpu,
-    Memory,
-}
-
-impl CapacityResource {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Cpu => "cpu",
-            Self::Memory => "memory",
-        }
-    }
-}
-
-/// What changed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ChangeKind {
-    /// Online CPUs (capacity).
-    OnlineCpus,
-    /// Present CPUs (hot-added or removed; capacity once online).
-    PresentCpus,
-    /// `MemTotal` (capacity).
-    MemoryTotal,
-    /// Online memory blocks.
-    MemoryBlocksOnline,
-    /// Present memory blocks (hot-added or removed).
-    MemoryBlocksPresent,
-}
-
-impl ChangeKind {
-    pub fn resource(self) -> CapacityResource {
-        match self {
-            Self::OnlineCpus | Self::PresentCpus => CapacityResource::Cpu,
-            _ => CapacityResource::Memory,
-        }
-    }
-
-    /// Whether this changes capacity (what admission and the capacity metrics use).
-    pub fn is_capacity(self) -> bool {
-        matches!(self, Self::OnlineCpus | Self::MemoryTotal)
-    }
-}
-
-/// One difference between two readings; CPU counts are CPUs, memory in bytes or blocks.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CapacityChange {
-    pub kind: ChangeKind,
-    pub old: u64,
-    pub new: u64,
-    /// CPU kinds: the CPU list before and after (`0-3`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpus: Option<(String, String)>,
-}
-
-impl CapacityChange {
-    /// `up`, `down`, or `same` (a CPU set that changed members but not size).
-    pub fn direction(&self) -> &'static str {
-        match self.new.cmp(&self.old) {
-            std::cmp::Ordering::Greater => "up",
-            std::cmp::Ordering::Less => "down",
-            std::cmp::Ordering::Equal => "same",
-        }
-    }
-}
-
-impl fmt::Display for CapacityChange {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.cpus {
-            Some((old, new)) => write!(f, "{:?} {old} → {new}", self.kind),
-            None => write!(f, "{:?} {} → {}", self.kind, self.old, self.new),
-        }
-    }
 }
 
 /// Every difference from `old` to `new`, capacity changes first.

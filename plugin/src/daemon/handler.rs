@@ -1,119 +1,20 @@
-//! The daemon's NRI handler: keeps the [`Model`] and the event [`Journal`] in step with the
-//! runtime. Every call is in-memory work under short locks (microseconds), far inside NRI's 2 s.
+//! The daemon's NRI handler: keeps the [`Model`](crate::model::Model) and the event
+//! [`Journal`](crate::model::Journal) of the [`NodeState`] in step with the runtime. Every call
+//! is in-memory work under short locks (microseconds), far inside NRI's 2 s.
 
-use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use tracing::{debug, info, warn};
 
-use super::observe::{Observed, ObserverInfo};
-use crate::cgroup::Cgroups;
-use crate::config::Config;
-use crate::metrics::Metrics;
-use crate::model::{
-    Container, ContainerState, EventKind, EventRecord, Journal, LinuxResources, Model, Pod,
-};
+use crate::model::{Container, ContainerState, EventKind, LinuxResources, Pod};
 use crate::nri::{
     ContainerUpdate, CreateReply, EventSet, Handler, Rejection, RuntimeInfo, UpdateReply,
 };
 use crate::resize::node::NodeReader;
 use crate::resize::Engine;
-use crate::sync::{Locked as _, ReadWriteLocked as _};
-
-/// State shared by the handler, the API and the daemon.
-#[derive(Debug)]
-pub struct NodeState {
-    pub model: RwLock<Model>,
-    pub journal: Mutex<Journal>,
-    /// Configuration from `--config` (before the runtime's overlay).
-    pub file_config: Config,
-    /// Configuration in effect.
-    pub config: RwLock<Config>,
-    /// cgroup reads for resize confirmation; `None`: confirmation off.
-    pub cgroups: Option<Cgroups>,
-    /// Watched containers, their observations and desired-vs-actual confirmations.
-    pub observed: Mutex<Observed>,
-    /// Set once the observer has started.
-    pub observer_loaded: Arc<AtomicBool>,
-    /// The observer's fallbacks as `/readyz` says them (`program: reason`).
-    pub observer_fallbacks: Arc<RwLock<Vec<String>>>,
-    pub observer_info: RwLock<Option<ObserverInfo>>,
-    pub metrics: Arc<Metrics>,
-    /// Where `/metrics` is served (port 0 resolved).
-    pub metrics_addr: RwLock<Option<SocketAddr>>,
-    /// The checkpoint directory and its problems.
-    pub state_dir: Mutex<crate::resize::checkpoint::StateDirStatus>,
-    /// The node's capacity as the capacity watcher last saw it.
-    pub capacity: RwLock<Option<crate::capacity::NodeStatus>>,
-    /// Pod-level resources (KEP-5419): desired vs actual per pod id.
-    pub pod_level: Mutex<HashMap<String, super::pod_level::PodLevelStatus>>,
-}
-
-impl NodeState {
-    pub fn new(file_config: Config) -> Arc<Self> {
-        Self::with_cgroups(file_config, None)
-    }
-
-    /// With cgroup reads for resize confirmation.
-    pub fn with_cgroups(file_config: Config, cgroups: Option<Cgroups>) -> Arc<Self> {
-        Arc::new(NodeState {
-            model: RwLock::new(Model::default()),
-            journal: Mutex::new(Journal::new(file_config.journal_size)),
-            config: RwLock::new(file_config.clone()),
-            file_config,
-            cgroups,
-            observed: Mutex::new(Observed::default()),
-            observer_loaded: Arc::new(AtomicBool::new(false)),
-            observer_fallbacks: Arc::new(RwLock::new(Vec::new())),
-            observer_info: RwLock::new(None),
-            metrics: Arc::new(Metrics::new().expect("metric names are unique and valid")),
-            metrics_addr: RwLock::new(None),
-            state_dir: Mutex::new(crate::resize::checkpoint::StateDirStatus::default()),
-            capacity: RwLock::new(None),
-            pod_level: Mutex::new(HashMap::new()),
-        })
-    }
-
-    /// Records a state-directory problem for the status API (it is logged by the caller).
-    pub fn state_dir_problem(&self, message: String) {
-        self.state_dir.locked().problem(message);
-    }
-
-    pub fn read_model<R>(&self, f: impl FnOnce(&Model) -> R) -> R {
-        f(&self.model.read_locked())
-    }
-
-    pub fn write_model<R>(&self, f: impl FnOnce(&mut Model) -> R) -> R {
-        f(&mut self.model.write_locked())
-    }
-
-    pub fn journal<R>(&self, f: impl FnOnce(&mut Journal) -> R) -> R {
-        f(&mut self.journal.locked())
-    }
-
-    fn record(
-        &self,
-        event: EventKind,
-        pod: &Pod,
-        ctr: Option<&Container>,
-        resources: Option<LinuxResources>,
-    ) {
-        let rec = EventRecord {
-            seq: 0,
-            time_ms: 0,
-            event,
-            pod_id: pod.id.clone(),
-            pod: pod.full_name(),
-            container_id: ctr.map(|c| c.id.clone()).unwrap_or_default(),
-            container: ctr.map(|c| c.name.clone()).unwrap_or_default(),
-            resources,
-        };
-        self.journal(|j| j.push(rec));
-    }
-}
+use crate::state::NodeState;
+use crate::sync::ReadWriteLocked as _;
 
 /// See the module docs.
 #[derive(Debug, Clone)]

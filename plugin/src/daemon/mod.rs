@@ -19,13 +19,8 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-pub use handler::{ModelHandler, NodeState};
-pub use observe::now_ms;
-pub use observe::{
-    desired_matches, Confirmation, ContainerObservation, Observed, ObserverInfo, ObserverOptions,
-    Target,
-};
-pub use pod_level::{limits_text, PodLevelStatus};
+pub use handler::ModelHandler;
+pub use observe::ObserverOptions;
 pub use pod_read::READ_BUDGET;
 
 use crate::api;
@@ -38,6 +33,7 @@ use crate::nri::{self, HandlerObserver, PluginIdentity, RuntimeLink, SessionEnd}
 use crate::resize::checkpoint::CheckpointStore;
 use crate::resize::node::NodeReader;
 use crate::resize::Engine;
+use crate::state::NodeState;
 use crate::sync::{Locked as _, ReadWriteLocked as _};
 
 /// Exit status when the runtime connection is lost and `--exit-on-disconnect` is set.

@@ -10,90 +10,21 @@
 //! refused request is answered with a [`Rejection`]. On `PostUpdatePodSandbox` the pod cgroup is
 //! read back and compared with what was asked, as containers are confirmed.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
-use super::handler::{ModelHandler, NodeState};
-use super::observe::now_ms;
+use super::handler::ModelHandler;
 use super::pod_read::read_pod;
+use crate::clock::now_ms;
 use crate::config::{Mode, ResizeConfig};
 use crate::model::{ContainerState, LinuxResources, Pod, PodLimits};
 use crate::nri::Rejection;
 use crate::policy::{
-    admit_pod_level, cpu_quantity, effective_enforce, memory_quantity, with_overhead, Admission,
-    Limits, ResizeState,
+    admit_pod_level, effective_enforce, with_overhead, Admission, Limits, ResizeState,
 };
-use crate::sync::{Locked as _, ReadWriteLocked as _};
-
-/// Desired vs actual of one pod's pod-level resources, and where its last resize stands.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PodLevelStatus {
-    /// The pod cgroup's limits the last `UpdatePodSandbox` asked for: the pod-level limits
-    /// plus the pod overhead, as kubelet writes them.
-    pub desired: PodLimits,
-    /// The overhead part of `desired`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub overhead: Option<PodLimits>,
-    /// The pod cgroup's limits when last read.
-    pub actual: Option<PodLimits>,
-    /// The pod cgroup's memory usage when last read, in bytes.
-    pub memory_usage: Option<u64>,
-    /// Whether actual equals desired; `None`: not read back.
-    pub matches: Option<bool>,
-    /// `None`: nothing pending (confirmed).
-    pub state: Option<ResizeState>,
-    #[serde(default)]
-    pub reason: String,
-    /// Why the pod cgroup could not be read.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    pub updated_ms: u64,
-}
-
-/// `500m/128Mi`, `max` for unlimited.
-pub fn limits_text(l: &PodLimits) -> String {
-    format!(
-        "{}/{}",
-        l.cpu_millis.map_or_else(|| "max".into(), cpu_quantity),
-        l.memory_bytes.map_or_else(|| "max".into(), memory_quantity)
-    )
-}
-
-impl NodeState {
-    /// Pod-level records by pod id.
-    pub fn pod_levels(&self) -> HashMap<String, PodLevelStatus> {
-        self.pod_level.locked().clone()
-    }
-
-    fn pod_level<R>(&self, f: impl FnOnce(&mut HashMap<String, PodLevelStatus>) -> R) -> R {
-        f(&mut self.pod_level.locked())
-    }
-
-    /// Forgets a pod's record and series.
-    pub(crate) fn forget_pod_level(&self, pod: &Pod) {
-        if self.pod_level(|m| m.remove(&pod.id)).is_some() {
-            self.metrics.pod.remove(&pod.namespace, &pod.name);
-        }
-    }
-
-    /// Keeps the records of `pods` only (after `Synchronize`).
-    pub(crate) fn retain_pod_levels(&self, pods: &[Pod]) {
-        let gone: Vec<Pod> = self.read_model(|m| {
-            self.pod_level(|l| {
-                l.keys()
-                    .filter(|id| !pods.iter().any(|p| &p.id == *id))
-                    .filter_map(|id| m.pod(id).cloned())
-                    .collect()
-            })
-        });
-        for p in &gone {
-            self.forget_pod_level(p);
-        }
-        self.pod_level(|l| l.retain(|id, _| pods.iter().any(|p| &p.id == id)));
-    }
-}
+use crate::state::{limits_text, PodLevelStatus};
+use crate::sync::ReadWriteLocked as _;
 
 impl ModelHandler {
     /// Admits an `UpdatePodSandbox` and records it; `Err` when it is refused and enforced.

@@ -36,7 +36,6 @@ use self::node::NodeReader;
 use crate::cgroup::{container_path, pod_path, CgroupIo, CgroupVersion, Cgroups, CpuLimit};
 use crate::clock::now_ms;
 use crate::config::{Config, Mode};
-use crate::daemon::NodeState;
 use crate::metrics::RestartOutcome;
 use crate::model::{Container, CpuResources, LinuxResources, MemoryResources, Pod};
 use crate::nri::{ContainerUpdate, Eviction, Rejection, RuntimeLink, UpdateReply};
@@ -45,6 +44,7 @@ use crate::policy::{
     Allocated, ContainerAllocation, CpuSet, Decision, Limit, Limits, LimitsUpdate, PlanOptions,
     PodAllocation, PodResources, Quantities, ResizeState, Step, DEFAULT_CFS_PERIOD_US,
 };
+use crate::state::NodeState;
 use crate::sync::{Locked as _, ReadWriteLocked as _};
 
 /// The resize record of one container, in the KEP's words.

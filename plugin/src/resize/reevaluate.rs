@@ -14,7 +14,6 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use super::Engine;
@@ -23,49 +22,8 @@ use crate::config::Mode;
 use crate::model::{Container, LinuxResources, Pod};
 use crate::nri::ContainerUpdate;
 use crate::policy::{plan_single, Admission, Limits, Quantities, ResizeState, Step};
+use crate::state::{Reevaluation, ReevaluationOutcome};
 use crate::sync::Locked as _;
-
-/// What a re-evaluation did with one waiting resize.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ReevaluationOutcome {
-    /// It fits now and the runtime applied it.
-    Applied,
-    /// It fits now; `mode = "observe"` leaves it.
-    WouldApply,
-    /// Still (or now) Deferred.
-    Deferred,
-    /// Still (or now) Infeasible.
-    Infeasible,
-    /// It fits, but applying it failed (the record says why; it keeps waiting).
-    Failed,
-}
-
-impl ReevaluationOutcome {
-    /// Metric label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Applied => "applied",
-            Self::WouldApply => "would_apply",
-            Self::Deferred => "deferred",
-            Self::Infeasible => "infeasible",
-            Self::Failed => "failed",
-        }
-    }
-}
-
-/// One waiting resize, re-evaluated.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Reevaluation {
-    pub container_id: String,
-    /// `namespace/pod/container`.
-    pub subject: String,
-    /// The state it was waiting in.
-    pub before: ResizeState,
-    pub outcome: ReevaluationOutcome,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub reason: String,
-}
 
 impl Engine {
     /// Container ids of the resizes waiting in Deferred or Infeasible, with their desired
@@ -225,10 +183,10 @@ mod tests {
 
     use super::*;
     use crate::config::Config;
-    use crate::daemon::NodeState;
     use crate::model::{ContainerState, CpuResources, MemoryResources};
     use crate::nri::{Rejection, RuntimeLink};
     use crate::resize::node::NodeReader;
+    use crate::state::NodeState;
 
     const GI: u64 = 1 << 30;
 
@@ -407,6 +365,15 @@ mod tests {
         }
     }
 
+    /// The plugin side of the session: it only registers (the test drives the engine).
+    struct Registers;
+
+    impl crate::nri::Handler for Registers {
+        fn events(&self) -> crate::nri::EventSet {
+            crate::nri::EventSet::empty()
+        }
+    }
+
     #[tokio::test]
     async fn a_deferred_resize_that_fits_now_is_applied_through_the_runtime() {
         use crate::nri::{Mux, PluginIdentity, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
@@ -426,7 +393,7 @@ mod tests {
         let cancel = tokio_util::sync::CancellationToken::new();
         let session = {
             let (l, c) = (link.clone(), cancel.clone());
-            let handler = Arc::new(crate::daemon::ModelHandler::new(state.clone()));
+            let handler = Arc::new(Registers);
             tokio::spawn(async move {
                 let id = PluginIdentity {
                     socket: "/test".into(),

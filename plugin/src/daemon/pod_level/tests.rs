@@ -19,6 +19,7 @@ use crate::nri::{
     Handler, Mux, PluginIdentity, RuntimeLink, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN,
 };
 use crate::resize::node::NodeReader;
+use crate::state::NodeState;
 
 const MI: u64 = 1 << 20;
 const POD_CG: &str = "/kubepods/podA";

@@ -1,0 +1,266 @@
+//! Resize confirmation: a container's cgroup read back and compared with what was asked
+//! (desired vs actual), field by field in quantities, recorded in [`Observed`] and the metrics.
+//!
+//! [`Observed`]: super::Observed
+
+use tracing::{debug, warn};
+
+use super::{Confirmation, NodeState};
+use crate::cgroup::{self, ActualResources, CgroupIo as _, CgroupVersion};
+use crate::clock::now_ms;
+use crate::model::LinuxResources;
+use crate::policy::{cpu_quota_text, memory_limit_text, DEFAULT_CFS_PERIOD_US};
+
+/// Whether every limit `desired` sets is what `actual` shows. Only CFS quota/period, v1 shares
+/// and the memory limit are compared (v2 weight is a lossy conversion of shares).
+pub fn desired_matches(
+    desired: &LinuxResources,
+    actual: &ActualResources,
+    version: CgroupVersion,
+) -> Option<bool> {
+    differences(desired, actual, version).map(|d| d.is_empty())
+}
+
+/// What differs between `desired` and `actual`, each naming the field and both values in
+/// quantities (`memory limit: desired 40Mi, actual 66.6Mi`); `None`: nothing comparable.
+pub fn differences(
+    desired: &LinuxResources,
+    actual: &ActualResources,
+    version: CgroupVersion,
+) -> Option<Vec<String>> {
+    let mut compared = false;
+    let mut found = Vec::new();
+    let mut check =
+        |field: &str, want: Option<i64>, have: Option<i64>, text: &dyn Fn(i64) -> String| {
+            if let Some(w) = want {
+                compared = true;
+                if have != Some(w) {
+                    found.push(format!(
+                        "{field}: desired {}, actual {}",
+                        text(w),
+                        have.map_or_else(|| "unreadable".to_string(), text)
+                    ));
+                }
+            }
+        };
+    let period = actual.cpu_period.unwrap_or(DEFAULT_CFS_PERIOD_US);
+    // CRI: quota 0 means "not set"; -1 unlimited.
+    check(
+        "cpu quota",
+        desired.cpu_quota().filter(|q| *q != 0).map(|q| q.max(-1)),
+        actual.cpu_quota,
+        &|q| format!("{} ({q}µs per {period}µs)", cpu_quota_text(q, period)),
+    );
+    check(
+        "cpu period",
+        desired
+            .cpu_period()
+            .filter(|p| *p != 0)
+            .and_then(|p| i64::try_from(p).ok()),
+        actual.cpu_period.and_then(|p| i64::try_from(p).ok()),
+        &|p| format!("{p}µs"),
+    );
+    if version == CgroupVersion::V1 {
+        check(
+            "cpu.shares",
+            desired
+                .cpu_shares()
+                .filter(|s| *s != 0)
+                .and_then(|s| i64::try_from(s).ok()),
+            actual.cpu_shares.and_then(|s| i64::try_from(s).ok()),
+            &|s| s.to_string(),
+        );
+    }
+    check(
+        "memory limit",
+        desired
+            .memory_limit()
+            .filter(|l| *l != 0)
+            .map(|l| l.max(-1)),
+        actual.memory_limit,
+        &|l| memory_limit_text(l),
+    );
+    compared.then_some(found)
+}
+
+impl NodeState {
+    /// At `PostUpdateContainer`: reads the cgroup back against what the update asked (or the
+    /// spec, when no update is waiting) and, when it holds every limit asked for, observes the
+    /// time since the `UpdateContainer` in `nri_resize_resize_confirmation_seconds`.
+    pub(crate) fn confirm_update(&self, id: &str) -> Option<Confirmation> {
+        let pending = self.observed(|o| o.pending.remove(id));
+        let since = pending.as_ref().map(|(_, at)| *at);
+        let c = self.confirm(id, pending.map(|(r, _)| r))?;
+        if let (Some(at), Some(true)) = (since, c.matches) {
+            self.metrics
+                .confirmation
+                .confirmed(at.elapsed().as_secs_f64());
+        }
+        Some(c)
+    }
+
+    /// Records a fresh reading of a container's cgroup (a staged decrease reads it after each
+    /// pass) against the desired values of its last confirmation.
+    pub fn note_actual(&self, id: &str, actual: &ActualResources) {
+        let version = self.cgroups.as_ref().map(cgroup::CgroupIo::version);
+        self.observed(|o| {
+            let Some(target) = o.targets.get(id) else {
+                return;
+            };
+            let c = o.confirmations.entry(id.to_owned()).or_default();
+            if let (Some(d), Some(v)) = (&c.desired, version) {
+                let diff = differences(d, actual, v);
+                c.matches = diff.as_ref().map(Vec::is_empty);
+                c.differences = diff.unwrap_or_default();
+            }
+            c.actual = Some(*actual);
+            c.error = None;
+            c.at_ms = now_ms();
+            self.metrics.set_actual(&target.labels, actual);
+        });
+    }
+
+    /// Reads the container's cgroup now and records desired vs actual. `desired`: what the
+    /// update asked; `None` takes the container's resources as the runtime reports them.
+    pub fn confirm(&self, id: &str, desired: Option<LinuxResources>) -> Option<Confirmation> {
+        let cgroups = self.cgroups.as_ref()?;
+        let target = self.observed(|o| o.targets.get(id).cloned())?;
+        let desired = desired.or_else(|| target.resources.clone());
+        let mut confirmation = Confirmation {
+            desired,
+            at_ms: now_ms(),
+            ..Confirmation::default()
+        };
+        match cgroup::container_path(&target.cgroups_path)
+            .and_then(|path| cgroups.read_actual(&path))
+        {
+            Ok(actual) => {
+                let diff = confirmation
+                    .desired
+                    .as_ref()
+                    .and_then(|d| differences(d, &actual, cgroups.version()));
+                confirmation.matches = diff.as_ref().map(Vec::is_empty);
+                confirmation.differences = diff.unwrap_or_default();
+                confirmation.actual = Some(actual);
+            }
+            Err(e) => confirmation.error = Some(e.to_string()),
+        }
+        if confirmation.matches == Some(false) {
+            warn!(
+                container = %target.labels.container,
+                pod = %target.labels.pod,
+                namespace = %target.labels.namespace,
+                differences = %confirmation.differences.join("; "),
+                "resize not in effect: desired and actual differ"
+            );
+        } else {
+            debug!(
+                container = %target.labels.container,
+                pod = %target.labels.pod,
+                matches = ?confirmation.matches,
+                error = ?confirmation.error,
+                "desired vs actual recorded"
+            );
+        }
+        self.observed(|o| {
+            // The container may have gone meanwhile.
+            if o.targets.contains_key(id) {
+                if let Some(d) = &confirmation.desired {
+                    self.metrics.set_desired(&target.labels, d);
+                }
+                if let Some(a) = &confirmation.actual {
+                    self.metrics.set_actual(&target.labels, a);
+                }
+                o.confirmations.insert(id.to_owned(), confirmation.clone());
+            }
+        });
+        Some(confirmation)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fixtures::{actual, ctr, pod, res};
+    use super::*;
+
+    #[test]
+    fn desired_matches_compares_only_what_was_asked() {
+        let v = CgroupVersion::V2;
+        assert_eq!(
+            desired_matches(
+                &res(200_000, 100_000, 100 << 20),
+                &actual(200_000, 100_000, 100 << 20),
+                v
+            ),
+            Some(true)
+        );
+        assert_eq!(
+            desired_matches(
+                &res(200_000, 100_000, 100 << 20),
+                &actual(10_000, 100_000, 100 << 20),
+                v
+            ),
+            Some(false)
+        );
+        // Memory limit 0 means unset in CRI: not compared.
+        assert_eq!(
+            desired_matches(&res(-1, 100_000, 0), &actual(-1, 100_000, 12345), v),
+            Some(true)
+        );
+        assert_eq!(
+            desired_matches(&LinuxResources::default(), &actual(1, 1, 1), v),
+            None
+        );
+    }
+
+    #[test]
+    fn differences_name_the_field_and_both_values_in_quantities() {
+        let d = differences(
+            &res(80_000, 100_000, 40 << 20),
+            &actual(100_000, 100_000, 69_828_608),
+            CgroupVersion::V2,
+        );
+        assert_eq!(
+            d.expect("comparable"),
+            [
+                "cpu quota: desired 800m (80000µs per 100000µs), actual 1000m (100000µs per 100000µs)",
+                "memory limit: desired 40Mi, actual 66.6Mi",
+            ]
+        );
+        assert_eq!(
+            differences(
+                &res(-1, 100_000, -1),
+                &actual(-1, 100_000, -1),
+                CgroupVersion::V2
+            ),
+            Some(Vec::new())
+        );
+    }
+
+    #[test]
+    fn confirm_reads_the_cgroup_under_an_injected_root() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("test/p1/c1");
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        std::fs::write(dir.join("cpu.max"), "200000 100000\n").expect("write");
+        std::fs::write(dir.join("memory.max"), "67108864\n").expect("write");
+        let state = NodeState::with_cgroups(
+            crate::config::Config::default(),
+            Some(cgroup::Cgroups::V2(cgroup::V2 {
+                root: tmp.path().to_owned(),
+            })),
+        );
+        state.track(&pod("p1"), &ctr("c1", "p1", "app"));
+        let c = state
+            .confirm("c1", Some(res(200_000, 100_000, 64 << 20)))
+            .expect("confirmation");
+        assert_eq!(c.matches, Some(true), "{c:?}");
+        let c = state.confirm("c1", None).expect("confirmation");
+        assert_eq!(c.matches, Some(false), "spec asks 10000/100000: {c:?}");
+        let text = state.metrics.encode().expect("encode");
+        assert!(
+            text.contains(r#"nri_resize_container_actual_cpu_millicores{container="app",namespace="ns",pod="pod-p1"} 2000"#),
+            "{text}"
+        );
+    }
+}
