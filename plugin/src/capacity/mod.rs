@@ -13,10 +13,10 @@
 //! injectable root), diffs it with the last reading, and on a difference: updates
 //! `nri_resize_node_capacity` / `_allocatable` / `_changes_total` and the detection-latency
 //! histogram, logs one structured event per change (old → new), publishes the `node` section of
-//! `/v1/status`, re-evaluates every Deferred and Infeasible resize through the engine
-//! ([`crate::resize::Engine::reevaluate_waiting`]) and reports containers pinned (cpuset) to CPUs
-//! that went offline. Without the eBPF program the watcher says so once and follows CPUs through
-//! their uevents and the resync.
+//! `/v1/status`, has every Deferred and Infeasible resize re-evaluated (through
+//! [`OnCapacityChange`], which the resize engine implements: the watcher does not know the
+//! engine) and reports containers pinned (cpuset) to CPUs that went offline. Without the eBPF
+//! program the watcher says so once and follows CPUs through their uevents and the resync.
 //!
 //! The cpuhp steps of one hotplug operation arrive before the kernel's online mask is final:
 //! after a burst whose re-read showed nothing yet, the watcher re-reads once more when the burst
@@ -43,11 +43,18 @@ use crate::clock::now_ms;
 use crate::metrics::MetricsError;
 use crate::observer::{CpuHotplugEvent, HotplugRing};
 use crate::policy::CpuSet;
-use crate::resize::Engine;
 use crate::state::{
     CapacityChange, ChangeKind, LastChange, NodeState, NodeStatus, PinnedContainer, Reevaluation,
 };
 use crate::sync::ReadWriteLocked as _;
+
+/// What the watcher asks for when the node's capacity changed: re-evaluate the resizes waiting
+/// for capacity (Deferred, Infeasible) against the node as it is now. The resize engine
+/// implements it; `cause` names the change, for its log and records.
+#[async_trait::async_trait]
+pub trait OnCapacityChange: Send + Sync {
+    async fn capacity_changed(&self, cause: &str) -> Vec<Reevaluation>;
+}
 
 /// Why the watcher could not start.
 #[derive(Debug, thiserror::Error)]
@@ -510,11 +517,12 @@ async fn uevent_source(mut socket: uevent::UeventSocket, tx: mpsc::Sender<Trigge
 }
 
 /// Runs the watcher until `cancel` fires: see the module docs. `cpuhp` is the observer's ring
-/// buffer (`None`: the eBPF program is not loaded); `engine` re-evaluates waiting resizes.
+/// buffer (`None`: the eBPF program is not loaded); `reevaluate` (the resize engine) re-evaluates
+/// waiting resizes.
 pub async fn run(
     mut watcher: Watcher,
     cpuhp: Option<HotplugRing>,
-    engine: Option<Arc<Engine>>,
+    reevaluate: Option<Arc<dyn OnCapacityChange>>,
     opts: WatcherOptions,
     cancel: CancellationToken,
 ) {
@@ -583,7 +591,7 @@ pub async fn run(
             }
         }
         if changes.iter().any(|c| c.kind.is_capacity()) {
-            if let Some(engine) = &engine {
+            if let Some(reevaluate) = &reevaluate {
                 let cause = changes
                     .iter()
                     .filter(|c| c.kind.is_capacity())
@@ -592,7 +600,7 @@ pub async fn run(
                     .join(", ");
                 let reevaluation = tokio::time::timeout(
                     Duration::from_secs(10),
-                    engine.reevaluate_waiting(&cause),
+                    reevaluate.capacity_changed(&cause),
                 );
                 if let Ok(outcomes) = reevaluation.await {
                     watcher.reevaluated(outcomes);

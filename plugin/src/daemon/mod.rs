@@ -220,7 +220,7 @@ fn spawn_capacity(
         capacity::run(
             watcher,
             ring,
-            Some(engine),
+            Some(engine as Arc<dyn capacity::OnCapacityChange>),
             capacity::WatcherOptions::host(cfg.resync_interval),
             cancel,
         )

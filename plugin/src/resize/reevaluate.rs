@@ -2,8 +2,8 @@
 //!
 //! A kubelet-driven resize that admission found Deferred or Infeasible was refused (in enforce
 //! mode) and its desired resources stay in the container's resize record. When the capacity
-//! watcher (`crate::capacity`) sees CPUs or memory come or go, [`Engine::reevaluate_waiting`]
-//! admits each such record again against the node as it is now:
+//! watcher (`crate::capacity`, through [`OnCapacityChange`]) sees CPUs or memory come or go,
+//! [`Engine::reevaluate_waiting`] admits each such record again against the node as it is now:
 //!
 //! - it **fits**: the desired resources are applied through the runtime link's
 //!   `UpdateContainers` (the pod cgroup raised first where KEP ordering needs it, as for a
@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use tracing::{info, warn};
 
 use super::Engine;
+use crate::capacity::OnCapacityChange;
 use crate::clock::now_ms;
 use crate::config::Mode;
 use crate::model::{Container, LinuxResources, Pod};
@@ -24,6 +25,14 @@ use crate::nri::ContainerUpdate;
 use crate::policy::{plan_single, Admission, Limits, Quantities, ResizeState, Step};
 use crate::state::{Reevaluation, ReevaluationOutcome};
 use crate::sync::Locked as _;
+
+/// The capacity watcher's hook: a capacity change re-evaluates the waiting resizes.
+#[async_trait::async_trait]
+impl OnCapacityChange for Engine {
+    async fn capacity_changed(&self, cause: &str) -> Vec<Reevaluation> {
+        self.reevaluate_waiting(cause).await
+    }
+}
 
 impl Engine {
     /// Container ids of the resizes waiting in Deferred or Infeasible, with their desired
