@@ -3,7 +3,9 @@
 //!
 //! One resize walks: [`nri`] (event in) → [`model`] (what we know) → policy (what to do) →
 //! cgroup writes or NRI updates → observer confirmation → metrics and the status [`api`].
-//! [`daemon`] is the only module that knows them all.
+//! [`daemon`] is the only module that knows them all, and only `main.rs` imports it. [`state`] is
+//! what the handler, the engine, the capacity watcher and the API share; it sits below them.
+//! `tests/architecture.rs` keeps the module graph free of cycles.
 
 pub mod api;
 pub mod backoff;

@@ -1,0 +1,206 @@
+//! The crate's module graph keeps the house rules: state lives below the code that uses it, the
+//! wiring in `daemon/` is imported by `main.rs` only, and there are no module cycles (between the
+//! top-level modules of `src/`, and between the files of `policy/`).
+//!
+//! Pure: reads the crate's own sources. A dependency is a `crate::<module>` path in code (also in
+//! `use crate::{a, b}` groups); comments are skipped. `cargo test --test architecture --
+//! --nocapture` prints the graph.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+type Graph = BTreeMap<String, BTreeSet<String>>;
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+/// Every `.rs` file at or under `path`.
+fn rust_files(path: &Path) -> Vec<PathBuf> {
+    if path.is_file() {
+        return vec![path.to_owned()];
+    }
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(path).expect("read_dir").flatten() {
+        let p = entry.path();
+        if p.is_dir() || p.extension().is_some_and(|e| e == "rs") {
+            files.extend(rust_files(&p));
+        }
+    }
+    files
+}
+
+/// The modules of `dir` (a `foo.rs` and a `foo/` are one module), with their files; `mod.rs`,
+/// `lib.rs` and `main.rs` are not modules of their own.
+fn modules(dir: &Path) -> BTreeMap<String, Vec<PathBuf>> {
+    let mut out: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).expect("read_dir").flatten() {
+        let p = entry.path();
+        let name = p.file_stem().and_then(|s| s.to_str()).expect("utf-8 name");
+        let is_rs = p.extension().is_some_and(|e| e == "rs");
+        if (p.is_dir() || is_rs) && !["mod", "lib", "main"].contains(&name) {
+            out.entry(name.to_owned())
+                .or_default()
+                .extend(rust_files(&p));
+        }
+    }
+    out
+}
+
+/// The code of a file without its comments.
+fn code(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).expect("read source");
+    text.lines()
+        .map(|l| l.split("//").next().unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn ident(s: &str) -> &str {
+    let s = s.trim_start();
+    let end = s
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(s.len());
+    &s[..end]
+}
+
+/// The first path segment after each `prefix` (`crate::a::b` → `a`, `crate::{a, b::c}` → `a`, `b`).
+fn referenced(code: &str, prefix: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for (at, _) in code.match_indices(prefix) {
+        let before = code[..at].chars().next_back();
+        if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+            continue;
+        }
+        let rest = &code[at + prefix.len()..];
+        let Some(group) = rest.strip_prefix('{') else {
+            out.insert(ident(rest).to_owned());
+            continue;
+        };
+        let mut depth = 0;
+        let mut item_start = true;
+        for (i, c) in group.char_indices() {
+            if item_start && depth == 0 {
+                out.insert(ident(&group[i..]).to_owned());
+            }
+            item_start = c == ',' && depth == 0;
+            match c {
+                '{' => depth += 1,
+                '}' if depth == 0 => break,
+                '}' => depth -= 1,
+                _ => {}
+            }
+        }
+    }
+    out.retain(|s| !s.is_empty());
+    out
+}
+
+/// Which of `modules` each module references through any of `prefixes`.
+fn graph(modules: &BTreeMap<String, Vec<PathBuf>>, prefixes: &[&str]) -> Graph {
+    let mut g = Graph::new();
+    for (name, files) in modules {
+        let refs = g.entry(name.clone()).or_default();
+        for f in files {
+            let code = code(f);
+            for p in prefixes {
+                refs.extend(referenced(&code, p));
+            }
+        }
+        refs.retain(|r| r != name && modules.contains_key(r));
+    }
+    g
+}
+
+/// A cycle of `g` as a path (`a -> b -> a`), if there is one.
+fn find_cycle(g: &Graph) -> Option<Vec<String>> {
+    fn visit(n: &str, g: &Graph, path: &mut Vec<String>, done: &mut BTreeSet<String>) -> bool {
+        if let Some(i) = path.iter().position(|p| p == n) {
+            path.drain(..i);
+            path.push(n.to_owned());
+            return true;
+        }
+        if done.contains(n) {
+            return false;
+        }
+        path.push(n.to_owned());
+        for next in g.get(n).into_iter().flatten() {
+            if visit(next, g, path, done) {
+                return true;
+            }
+        }
+        path.pop();
+        done.insert(n.to_owned());
+        false
+    }
+    let mut done = BTreeSet::new();
+    g.keys().find_map(|n| {
+        let mut path = Vec::new();
+        visit(n, g, &mut path, &mut done).then_some(path)
+    })
+}
+
+fn print(g: &Graph) {
+    for (m, refs) in g.iter().filter(|(_, r)| !r.is_empty()) {
+        let refs: Vec<&str> = refs.iter().map(String::as_str).collect();
+        eprintln!("{m} -> {}", refs.join(" "));
+    }
+}
+
+fn top_level() -> Graph {
+    graph(&modules(&src()), &["crate::"])
+}
+
+#[test]
+fn top_level_modules_have_no_cycle() {
+    let g = top_level();
+    print(&g);
+    if let Some(cycle) = find_cycle(&g) {
+        panic!("module cycle: {}", cycle.join(" -> "));
+    }
+}
+
+#[test]
+fn only_main_imports_the_daemon() {
+    for (m, refs) in top_level() {
+        assert!(
+            !refs.contains("daemon"),
+            "{m} imports daemon (only main.rs may)"
+        );
+    }
+}
+
+#[test]
+fn state_imports_none_of_its_users() {
+    let g = top_level();
+    let refs = g.get("state").expect("src/state");
+    for user in ["api", "capacity", "daemon", "nri", "resize"] {
+        assert!(!refs.contains(user), "state imports {user}");
+    }
+}
+
+#[test]
+fn policy_files_have_no_cycle() {
+    let g = graph(
+        &modules(&src().join("policy")),
+        &["super::", "crate::policy::"],
+    );
+    print(&g);
+    if let Some(cycle) = find_cycle(&g) {
+        panic!("cycle between policy files: {}", cycle.join(" -> "));
+    }
+}
+
+#[test]
+fn the_parser_sees_groups_and_skips_longer_names() {
+    let refs = referenced(
+        "use crate::{a::{b, c}, d};\nlet x = crate::e::f; my_crate::g();",
+        "crate::",
+    );
+    assert_eq!(refs, BTreeSet::from(["a", "d", "e"].map(String::from)));
+    let g = Graph::from([
+        ("a".into(), BTreeSet::from(["b".into()])),
+        ("b".into(), BTreeSet::from(["a".into()])),
+    ]);
+    assert_eq!(find_cycle(&g).expect("cycle"), ["a", "b", "a"]);
+}
