@@ -71,8 +71,17 @@ mount -t debugfs debugfs $R/sys/kernel/debug 2>/dev/null
 ip link set lo up 2>/dev/null || ifconfig lo 127.0.0.1 up
 
 say "kernel $(uname -r), cgroup2 controllers: $(cat $R/sys/fs/cgroup/cgroup.subtree_control)"
-chroot $R /bin/bash "$nri_resize_run/guest.sh"
+# The new root goes *over* the initramfs's `/` (what `switch_root` does), not just under a chroot:
+# a process joining a container's mount namespace (`runc exec`, i.e. CRI `ExecSync`, `ctr exec`)
+# gets that namespace's `/` with the mounts stacked on it followed down (`setns` → LOOKUP_DOWN).
+# With a bare chroot of /newroot nothing is stacked on the initramfs's `/`, so an exec'd process
+# landed in the initramfs, outside the container's root. This init keeps its own view (its root
+# is the initramfs's root directory itself) for the status line and the power-off below.
+cd $R || fail "cd $R"
+mount --move . / || fail "move the new root over /"
+chroot . /bin/bash "$nri_resize_run/guest.sh"
 status=$?
+cd /
 sync
 echo "NRI_RESIZE_VM_STATUS $status" >/dev/console
 poweroff -f
