@@ -183,8 +183,16 @@ fn test(fuzz_seconds: u64) -> anyhow::Result<()> {
             cargo().args(["test", "--workspace", "--lib", "--bins"]),
         )?;
         run(
-            "the CLI on bad input",
-            cargo().args(["test", "-p", "nri-resize", "--test", "cli"]),
+            "the CLI on bad input; the module layering (no cycles, state below its users)",
+            cargo().args([
+                "test",
+                "-p",
+                "nri-resize",
+                "--test",
+                "cli",
+                "--test",
+                "architecture",
+            ]),
         )
     });
     tier(&mut results, "manifests", manifests_tier);
