@@ -15,7 +15,8 @@
 //!   deletes `request` and writes `done` (`ok` or `error: <message>`); the test waits for `done`
 //!   and removes it.
 //!
-//! Suites run one after another, each binary with `--test-threads=1`. Every QEMU process is owned
+//! The kernels boot side by side (one QEMU each, its vCPUs on one host thread); in a guest, suites
+//! run one after another, each binary with `--test-threads=1`. Every QEMU process is owned
 //! by a guard that kills it on every exit path (and dies with the runner: `PR_SET_PDEATHSIG`).
 
 use std::collections::{BTreeMap, BTreeSet};
