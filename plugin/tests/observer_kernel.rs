@@ -527,6 +527,38 @@ fn oom_kill_is_attributed_to_the_victims_memcg_once() {
     );
 }
 
+/// Writes `mib` MiB to `file` and syncs it, then drops its pages from the page cache, so that a
+/// later read charges clean page cache to the reader's cgroup. (Writing the file inside the
+/// limited cgroup made dirty pages that a slow disk could not clean in time: in the TCG guest
+/// the memcg then OOM-killed the writer now and then instead of reclaiming.)
+fn write_uncached(file: &Path, mib: u32) {
+    for (what, args) in [
+        (
+            "write and fsync the file",
+            vec![
+                "if=/dev/zero".to_string(),
+                format!("of={}", file.display()),
+                "bs=1M".into(),
+                format!("count={mib}"),
+                "conv=fsync".into(),
+                "status=none".into(),
+            ],
+        ),
+        (
+            "drop the file's page cache",
+            vec![
+                format!("if={}", file.display()),
+                "iflag=nocache".into(),
+                "count=0".into(),
+                "status=none".into(),
+            ],
+        ),
+    ] {
+        let status = Command::new("dd").args(&args).status().expect("run dd");
+        assert!(status.success(), "dd ({what}) failed: {status}");
+    }
+}
+
 #[test]
 fn page_cache_reclaim_agrees_with_memory_stat() {
     let mut observer = start_observer(&host_settings());
@@ -547,13 +579,17 @@ fn page_cache_reclaim_agrees_with_memory_stat() {
     let before = observer.read(&observed).expect("read").reclaim;
     let stat_before = parse::memory_stat(&TestCgroup::read(&cgroup.memory(), "memory.stat"));
 
+    write_uncached(&file, 300);
     cgroup.spawn(&format!(
-        "exec dd if=/dev/zero of={} bs=1M count=300",
+        "exec dd if={} of=/dev/null bs=1M status=none",
         file.display()
     ));
     let child = cgroup.children.last_mut().expect("child");
     let status = child.wait().expect("wait dd");
-    assert!(status.success(), "dd failed: {status}");
+    assert!(
+        status.success(),
+        "dd (read into the cgroup) failed: {status}"
+    );
 
     let after = observer.read(&observed).expect("read").reclaim;
     let stat_text = TestCgroup::read(&cgroup.memory(), "memory.stat");
