@@ -170,3 +170,24 @@ fn sanitize_to(s: &str, limit: usize) -> String {
     }
     out
 }
+
+/// Helpers shared by the annotation parsers' tests.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::collections::BTreeMap;
+
+    use super::CONTAINER_POLICY_PREFIX;
+
+    /// Pod annotations from `(key, value)` pairs.
+    pub(crate) fn ann(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+            .collect()
+    }
+
+    /// The per-container resize-policy annotation key of container `name`.
+    pub(crate) fn ckey(name: &str) -> String {
+        format!("{CONTAINER_POLICY_PREFIX}{name}")
+    }
+}

@@ -234,13 +234,7 @@ pub fn not_reclaimable_reason(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn ann(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
-            .collect()
-    }
+    use crate::policy::annotation::test_support::ann;
 
     #[test]
     fn container_annotation_wins_over_pod_and_node() {

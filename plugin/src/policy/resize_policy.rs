@@ -412,18 +412,8 @@ pub fn parse_effective_policy(
 #[allow(clippy::unwrap_used, reason = "tests fail loudly on unexpected errors")]
 mod tests {
     use super::*;
+    use crate::policy::annotation::test_support::{ann, ckey};
     use RestartPolicy::{NotRequired as NR, RestartContainer as RC};
-
-    fn ann(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
-            .collect()
-    }
-
-    fn ckey(name: &str) -> String {
-        format!("{CONTAINER_POLICY_PREFIX}{name}")
-    }
 
     fn policy(
         cpu: (RestartPolicy, RestartPolicy),

@@ -49,17 +49,7 @@ pub fn validate_annotations(annotations: &BTreeMap<String, String>) -> Vec<Annot
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn ann(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
-            .collect()
-    }
-
-    fn ckey(name: &str) -> String {
-        format!("{CONTAINER_POLICY_PREFIX}{name}")
-    }
+    use crate::policy::annotation::test_support::{ann, ckey};
 
     #[test]
     fn validate_reports_unknown_and_bad_annotations() {
