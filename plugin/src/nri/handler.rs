@@ -189,11 +189,14 @@ pub trait Handler: Send + Sync + 'static {
     async fn start_container(&self, pod: Pod, container: Container) {}
     async fn post_start_container(&self, pod: Pod, container: Container) {}
     /// `resources` is what the update asks for; `container` still holds the current resources.
+    /// Work that outlives the call checks `deadline` before acting on its answer (see
+    /// [`Deadline`](super::Deadline)).
     async fn update_container(
         &self,
         pod: Pod,
         container: Container,
         resources: LinuxResources,
+        deadline: super::Deadline,
     ) -> Result<UpdateReply, Rejection> {
         Ok(UpdateReply::default())
     }

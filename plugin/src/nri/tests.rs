@@ -87,6 +87,7 @@ impl Handler for Recorder {
         _pod: Pod,
         c: Container,
         r: LinuxResources,
+        _deadline: Deadline,
     ) -> Result<UpdateReply, Rejection> {
         self.log(format!(
             "update_container {} mem={:?}",

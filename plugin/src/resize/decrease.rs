@@ -25,12 +25,18 @@ use crate::clock::now_ms;
 use crate::config::Mode;
 use crate::metrics::DecreaseOutcome;
 use crate::model::{Container, LinuxResources, MemoryResources, Pod};
-use crate::nri::{ContainerUpdate, Rejection, UpdateReply};
+use crate::nri::{ContainerUpdate, Deadline, Rejection, UpdateReply};
 use crate::policy::{
     bytes_text, effective_decrease_strategy, memory_limit_text, mib, not_reclaimable_reason,
     plan_decrease, DecreasePlan, MemoryDecreaseStrategy, ResizeState,
 };
 use crate::sync::Locked as _;
+
+/// What one pass of the inline reclaim asks for.
+const INLINE_CHUNK: u64 = 64 << 20;
+/// The most the inline reclaim may take of the runtime's deadline (it takes half of what is
+/// left, at most this).
+const INLINE_TIME: Duration = Duration::from_millis(500);
 
 /// A staged decrease in flight.
 #[derive(Debug)]
@@ -167,6 +173,7 @@ impl Engine {
         ctr: &Container,
         allocated: &LinuxResources,
         desired: &LinuxResources,
+        deadline: &Deadline,
     ) -> DecreaseVerdict {
         let Some(target) = memory_limit(desired) else {
             return DecreaseVerdict::Direct;
@@ -210,7 +217,7 @@ impl Engine {
         );
         if strategy == MemoryDecreaseStrategy::Reclaim
             && cfg.resize.mode == Mode::Enforce
-            && self.reclaim_inline(ctr, target, &usage, md.inline_max)
+            && self.reclaim_inline(ctr, target, &usage, md.inline_max, deadline)
         {
             return DecreaseVerdict::Direct;
         }
@@ -236,16 +243,20 @@ impl Engine {
     }
 
     /// The fast path: when what must go is page cache (anonymous and shared memory fit under
-    /// the target) and is at most `inline_max`, one reclaim inside the update — v1: the target
-    /// limit written directly (the kernel reclaims inside the write or refuses with `EBUSY`,
-    /// never an OOM kill), v2: one `memory.reclaim`. `true`: usage fits the target now, and the
-    /// runtime writes the limit as asked.
+    /// the target), reclaim inside the update, bounded by time: half of what is left of the
+    /// runtime's deadline, at most [`INLINE_TIME`]. It reclaims in [`INLINE_CHUNK`] passes —
+    /// v1: the limit lowered a chunk at a time (the kernel reclaims inside the write or refuses
+    /// with `EBUSY`, never an OOM kill), v2: `memory.reclaim` a chunk at a time — and stops when
+    /// usage fits or the time is spent; the decrease then continues as a staged one. `inline_max`
+    /// (0: off) caps the bytes tried. `true`: usage fits the target now, and the runtime writes
+    /// the limit as asked.
     fn reclaim_inline(
         &self,
         ctr: &Container,
         target: u64,
         usage: &crate::policy::MemoryUse,
         inline_max: u64,
+        deadline: &Deadline,
     ) -> bool {
         let need = usage.usage.saturating_sub(target);
         if need == 0 || need > inline_max || usage.unreclaimable() >= target {
@@ -256,19 +267,47 @@ impl Engine {
             return false;
         };
         let started = Instant::now();
-        let fits = match cg.version() {
-            crate::cgroup::CgroupVersion::V1 => cg.set_memory_limit(&path, Some(target)).is_ok(),
-            crate::cgroup::CgroupVersion::V2 => {
-                let _ = cg.reclaim(&path, crate::policy::reclaim_request(usage.usage, target));
-                cg.memory_use(&path).is_ok_and(|u| u.usage <= target)
+        let until = started + (deadline.remaining() / 2).min(INLINE_TIME);
+        let mut now_usage = usage.usage;
+        let fits = loop {
+            if now_usage <= target {
+                break match cg.version() {
+                    // The target itself, now that usage fits: the runtime's write is then a no-op.
+                    crate::cgroup::CgroupVersion::V1 => {
+                        cg.set_memory_limit(&path, Some(target)).is_ok()
+                    }
+                    crate::cgroup::CgroupVersion::V2 => true,
+                };
+            }
+            if Instant::now() >= until {
+                break false;
+            }
+            let step = match cg.version() {
+                crate::cgroup::CgroupVersion::V1 => {
+                    let next = now_usage.saturating_sub(INLINE_CHUNK).max(target);
+                    cg.set_memory_limit(&path, Some(next))
+                }
+                crate::cgroup::CgroupVersion::V2 => cg.reclaim(
+                    &path,
+                    crate::policy::reclaim_request(now_usage, target).min(INLINE_CHUNK),
+                ),
+            };
+            match (step, cg.memory_use(&path)) {
+                (Ok(()) | Err(crate::cgroup::CgroupError::Again { .. }), Ok(u))
+                    if u.usage < now_usage =>
+                {
+                    now_usage = u.usage;
+                }
+                // Nothing more comes out (or the cgroup is unreadable): staged, which waits.
+                _ => break false,
             }
         };
+        let took = started.elapsed();
         if fits {
-            info!(container = %ctr.name, target_mib = mib(target), reclaimed_mib = mib(need), took_ms = started.elapsed().as_millis(), "page cache reclaimed inside the update");
-            self.state
-                .metrics
-                .decrease
-                .inline(need, started.elapsed().as_secs_f64());
+            info!(container = %ctr.name, target_mib = mib(target), reclaimed_mib = mib(need), took_ms = took.as_millis(), "page cache reclaimed inside the update");
+            self.state.metrics.decrease.inline(need, took.as_secs_f64());
+        } else {
+            info!(container = %ctr.name, target_mib = mib(target), left_mib = mib(now_usage.saturating_sub(target)), took_ms = took.as_millis(), "inline reclaim ran out of its share of the deadline; the decrease continues staged");
         }
         fits
     }

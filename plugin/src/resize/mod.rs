@@ -17,6 +17,7 @@
 
 pub mod checkpoint;
 mod decrease;
+mod late;
 pub mod node;
 pub mod reclaim;
 pub mod reevaluate;
@@ -32,13 +33,14 @@ use serde::{Deserialize, Serialize};
 use tracing::{error, info, warn};
 
 use self::checkpoint::CheckpointStore;
+use self::late::too_late;
 use self::node::NodeReader;
 use crate::cgroup::{container_path, pod_path, CgroupIo, CgroupVersion, Cgroups, CpuLimit};
 use crate::clock::now_ms;
 use crate::config::{Config, Mode};
 use crate::metrics::RestartOutcome;
 use crate::model::{Container, CpuResources, LinuxResources, MemoryResources, Pod};
-use crate::nri::{ContainerUpdate, Eviction, Rejection, RuntimeLink, UpdateReply};
+use crate::nri::{ContainerUpdate, Deadline, Eviction, Rejection, RuntimeLink, UpdateReply};
 use crate::policy::{
     admit, changes, check_invariants, decide, parse_effective_policy, plan, plan_single, Admission,
     Allocated, ContainerAllocation, CpuSet, Decision, Limit, Limits, LimitsUpdate, PlanOptions,
@@ -406,7 +408,8 @@ impl Engine {
         desired: &BTreeMap<String, Quantities>,
     ) -> Admission {
         let cfg = self.config();
-        let node = match self.node.capacity(&cfg.resize) {
+        let snapshot = self.state.capacity.read_locked().clone();
+        let node = match self.node.capacity_with(snapshot.as_ref(), &cfg.resize) {
             Ok(n) => n,
             Err(e) => {
                 warn!(error = %e, "node capacity unknown; admitting without node checks");
@@ -544,6 +547,7 @@ impl Engine {
         pod: &Pod,
         ctr: &Container,
         requested: &LinuxResources,
+        deadline: &Deadline,
     ) -> Result<UpdateReply, Rejection> {
         let cfg = self.config();
         let enforce = cfg.resize.mode == Mode::Enforce;
@@ -572,11 +576,13 @@ impl Engine {
                 return Ok(UpdateReply::default());
             }
             Decision::Restart { reason } => {
+                too_late(&subject, deadline)?;
                 let reason = format!("restart required: {reason}");
                 timer.finish("restart");
                 return Ok(self.restart_reply(pod, ctr, &desired, allocated, &reason, enforce));
             }
             Decision::Reject { reason } => {
+                too_late(&subject, deadline)?;
                 info!(container = %subject, %reason, enforce, "resize rejected by policy");
                 self.record(pod, ctr, Some(&desired), Some(ResizeState::Error), &reason);
                 self.state.metrics.resize_outcome("rejected");
@@ -590,6 +596,7 @@ impl Engine {
         }
         let verdict = self.admission(pod, &BTreeMap::from([(ctr.name.clone(), to)]));
         if let Admission::Deferred { reason } | Admission::Infeasible { reason } = &verdict {
+            too_late(&subject, deadline)?;
             let state = verdict.resize_status().state;
             info!(container = %subject, ?state, %reason, enforce, "resize not admitted");
             self.record(pod, ctr, Some(&desired), Some(state), reason);
@@ -608,10 +615,11 @@ impl Engine {
             return Ok(UpdateReply::default());
         }
         let mut interim = None;
-        match self.decide_decrease(pod, ctr, &allocated, &desired) {
+        match self.decide_decrease(pod, ctr, &allocated, &desired, deadline) {
             decrease::DecreaseVerdict::Direct => {}
             decrease::DecreaseVerdict::Interim(limit) => interim = Some(limit),
             decrease::DecreaseVerdict::Reject(reason) => {
+                too_late(&subject, deadline)?;
                 info!(container = %subject, %reason, enforce, "memory decrease rejected");
                 self.record(
                     pod,
@@ -628,11 +636,12 @@ impl Engine {
                 return Ok(UpdateReply::default());
             }
             decrease::DecreaseVerdict::Restart(reason) => {
+                too_late(&subject, deadline)?;
                 timer.finish("restart");
                 return Ok(self.restart_reply(pod, ctr, &desired, allocated, &reason, enforce));
             }
         }
-        if enforce && self.cgroups.is_some() {
+        if enforce && self.cgroups.is_some() && !deadline.expired() {
             match self.current_pod(pod) {
                 Ok(current) => match plan_single(
                     &current,
@@ -660,6 +669,7 @@ impl Engine {
                 }
             }
         }
+        too_late(&subject, deadline)?;
         if let Some(limit) = interim {
             timer.finish("in_place");
             return Ok(self.start_staged_decrease(pod, ctr, &desired, limit));

@@ -1,10 +1,14 @@
-//! Node capacity as admission sees it: online CPUs (sysfs) and total memory (procfs), read
-//! under an injectable root so tests use a fixture.
+//! Node capacity as admission sees it: the capacity watcher's live snapshot (no file read on
+//! an update), or, before the watcher's first reading or without a watcher, online CPUs
+//! (sysfs) and `MemTotal` (procfs, through [`SysReader`]) read under an injectable root so
+//! tests use a fixture.
 
 use std::path::{Path, PathBuf};
 
+use crate::capacity::SysReader;
 use crate::config::ResizeConfig;
 use crate::policy::{CpuSet, NodeCapacity};
+use crate::state::NodeStatus;
 
 /// Node capacity could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -16,9 +20,11 @@ pub enum NodeError {
     },
     #[error("cannot parse {path}: {message}")]
     Parse { path: PathBuf, message: String },
+    #[error(transparent)]
+    Memory(#[from] crate::capacity::snapshot::ReadError),
 }
 
-/// Reads node capacity from `<root>/sys/devices/system/cpu/online` and `<root>/proc/meminfo`.
+/// See the module docs.
 #[derive(Debug, Clone)]
 pub struct NodeReader {
     root: PathBuf,
@@ -32,46 +38,53 @@ impl NodeReader {
         }
     }
 
-    fn read(&self, rel: &str) -> Result<(PathBuf, String), NodeError> {
-        let path = self.root.join(rel);
-        let text = std::fs::read_to_string(&path).map_err(|source| NodeError::Read {
-            path: path.clone(),
-            source,
+    /// The capacity from the watcher's `snapshot` when there is one, else read now; with the
+    /// `[resize]` reserves kept back for the system.
+    pub fn capacity_with(
+        &self,
+        snapshot: Option<&NodeStatus>,
+        reserve: &ResizeConfig,
+    ) -> Result<NodeCapacity, NodeError> {
+        let Some(s) = snapshot.filter(|s| s.memory_bytes > 0) else {
+            return self.capacity(reserve);
+        };
+        let online_cpus = CpuSet::parse(&s.online_cpus).map_err(|e| NodeError::Parse {
+            path: PathBuf::from("the capacity watcher's online CPUs"),
+            message: e.to_string(),
         })?;
-        Ok((path, text))
+        Ok(node_capacity(online_cpus, s.memory_bytes, reserve))
     }
 
-    /// The node's capacity with the `[resize]` reserves kept back for the system.
+    /// The node's capacity read now, with the `[resize]` reserves kept back for the system.
     pub fn capacity(&self, reserve: &ResizeConfig) -> Result<NodeCapacity, NodeError> {
-        let (cpu_path, online) = self.read("sys/devices/system/cpu/online")?;
+        let cpu_path = self.root.join("sys/devices/system/cpu/online");
+        let online = std::fs::read_to_string(&cpu_path).map_err(|source| NodeError::Read {
+            path: cpu_path.clone(),
+            source,
+        })?;
         let online_cpus = CpuSet::parse(online.trim()).map_err(|e| NodeError::Parse {
             path: cpu_path,
             message: e.to_string(),
         })?;
-        let (mem_path, meminfo) = self.read("proc/meminfo")?;
-        let memory_bytes = meminfo
-            .lines()
-            .find_map(|l| l.strip_prefix("MemTotal:"))
-            .and_then(|v| v.trim().strip_suffix("kB"))
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(|kb| kb * 1024)
-            .ok_or_else(|| NodeError::Parse {
-                path: mem_path,
-                message: "no MemTotal line in kB".into(),
-            })?;
-        Ok(NodeCapacity {
-            online_cpus_millis: u64::from(online_cpus.count()) * 1000,
-            memory_bytes,
-            reserved_memory_bytes: reserve.reserved_memory,
-            online_cpus,
-            reserved_cpu_millis: reserve.reserved_cpu_millicores,
-        })
+        let memory_bytes = SysReader::new(&self.root).mem_total()?;
+        Ok(node_capacity(online_cpus, memory_bytes, reserve))
+    }
+}
+
+fn node_capacity(online_cpus: CpuSet, memory_bytes: u64, reserve: &ResizeConfig) -> NodeCapacity {
+    NodeCapacity {
+        online_cpus_millis: u64::from(online_cpus.count()) * 1000,
+        memory_bytes,
+        reserved_memory_bytes: reserve.reserved_memory,
+        online_cpus,
+        reserved_cpu_millis: reserve.reserved_cpu_millicores,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::capacity::snapshot::fixture::meminfo;
 
     fn reserve(memory: u64) -> ResizeConfig {
         ResizeConfig {
@@ -92,7 +105,7 @@ mod tests {
 
     #[test]
     fn reads_cpus_and_memory() {
-        let dir = fixture("0-3,6\n", "MemTotal:       24576000 kB\nMemFree: 1 kB\n");
+        let dir = fixture("0-3,6\n", &meminfo(24_576_000));
         let cap = NodeReader::new(dir.path())
             .capacity(&reserve(1 << 30))
             .unwrap();
@@ -103,8 +116,29 @@ mod tests {
     }
 
     #[test]
+    fn the_watchers_snapshot_is_used_without_reading() {
+        let snapshot = NodeStatus {
+            online_cpus: "0-7".into(),
+            memory_bytes: 32 << 30,
+            ..NodeStatus::default()
+        };
+        let cap = NodeReader::new("/nonexistent")
+            .capacity_with(Some(&snapshot), &reserve(1 << 30))
+            .unwrap();
+        assert_eq!(cap.online_cpus_millis, 8000);
+        assert_eq!(cap.memory_bytes, 32 << 30);
+        assert_eq!(cap.reserved_memory_bytes, 1 << 30);
+        // No snapshot yet (the watcher's first reading pending): read the files.
+        let dir = fixture("0-1\n", &meminfo(1024));
+        let cap = NodeReader::new(dir.path())
+            .capacity_with(Some(&NodeStatus::default()), &reserve(0))
+            .unwrap();
+        assert_eq!((cap.online_cpus_millis, cap.memory_bytes), (2000, 1 << 20));
+    }
+
+    #[test]
     fn bad_files_are_clear_errors() {
-        let dir = fixture("zero\n", "MemTotal: 5 MB\n");
+        let dir = fixture("zero\n", &meminfo(5));
         let err = NodeReader::new(dir.path())
             .capacity(&reserve(0))
             .unwrap_err()
@@ -115,7 +149,7 @@ mod tests {
             .capacity(&reserve(0))
             .unwrap_err()
             .to_string();
-        assert!(err.contains("meminfo") && err.contains("MemTotal"), "{err}");
+        assert!(err.contains("meminfo"), "{err}");
         let err = NodeReader::new("/nonexistent")
             .capacity(&reserve(0))
             .unwrap_err()

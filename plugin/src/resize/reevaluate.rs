@@ -237,7 +237,7 @@ mod tests {
             .expect("write");
             std::fs::write(
                 self.dir.path().join("proc/meminfo"),
-                format!("MemTotal: {} kB\n", mem_gib * 1024 * 1024),
+                crate::capacity::snapshot::fixture::meminfo(mem_gib * 1024 * 1024),
             )
             .expect("write");
         }
@@ -286,7 +286,9 @@ mod tests {
                 m.container("c1").cloned().expect("ctr"),
             )
         });
-        engine.on_update(&pod, &ctr, res).map(|_| ())
+        engine
+            .on_update(&pod, &ctr, res, &crate::nri::Deadline::none())
+            .map(|_| ())
     }
 
     fn record(engine: &Engine) -> (Option<ResizeState>, String) {
