@@ -66,7 +66,6 @@ pub enum Exit {
     Disconnected,
 }
 
-/// Runs the daemon until `cancel` fires (or the runtime goes away with `exit_on_disconnect`).
 /// The node's cgroup I/O (in test builds, slowed on demand: `cgroup/fault.rs`).
 fn node_cgroups(opts: &RunOptions) -> Cgroups {
     let cgroups = Cgroups::from_layout(&opts.observer.settings.cgroups);
@@ -100,6 +99,7 @@ fn open_checkpoints(dir: &std::path::Path, state: &NodeState) -> Option<Checkpoi
     checkpoints
 }
 
+/// Runs the daemon until `cancel` fires (or the runtime goes away with `exit_on_disconnect`).
 pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<Exit> {
     nri::validate_idx(&opts.identity.idx).map_err(anyhow::Error::msg)?;
     let file_config = match &opts.config_path {
