@@ -19,10 +19,6 @@ use crate::policy::{
 impl Engine {
     /// A kubelet-driven `UpdateContainer`: see the module docs. Runs inside the NRI handler:
     /// in-memory decisions and at most two cgroupfs writes, well within the deadline.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "one decision, read top to bottom: policy, admission, ordering"
-    )]
     pub fn on_update(
         self: &Arc<Self>,
         pod: &Pod,
@@ -117,32 +113,7 @@ impl Engine {
             }
         }
         if enforce && self.cgroups.is_some() {
-            match self.current_pod(pod) {
-                Ok(current) => match plan_single(
-                    &current,
-                    &ctr.name,
-                    &Limits::from_linux(&desired),
-                    &self.plan_options(),
-                ) {
-                    Ok(Some(Step::SetPod(raise))) => {
-                        if let Err(e) = self.write_pod(pod, &raise) {
-                            error!(container = %subject, error = %e, "raising the pod cgroup before the container failed");
-                            self.record(pod, ctr, Some(&desired), Some(ResizeState::Error), &e);
-                            return Err(Rejection(format!(
-                                "resize of {subject}: raising the pod cgroup first failed: {e}"
-                            )));
-                        }
-                        info!(container = %subject, step = %Step::SetPod(raise), "pod cgroup raised before the container (KEP ordering)");
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        warn!(container = %subject, error = %e, "no ordering plan; the runtime writes as asked");
-                    }
-                },
-                Err(e) => {
-                    warn!(container = %subject, error = %e, "pod cgroup unreadable; the runtime writes as asked");
-                }
-            }
+            self.raise_pod_first(pod, ctr, &desired, &subject)?;
         }
         if let Some(limit) = interim {
             timer.finish("in_place");
@@ -152,5 +123,45 @@ impl Engine {
         self.state.metrics.resize_outcome("in_place");
         timer.finish("in_place");
         Ok(UpdateReply::default())
+    }
+
+    /// KEP ordering on the kubelet path: when the container's new limit needs a larger pod
+    /// cgroup first (cgroup v1 `EINVAL`, kubernetes/kubernetes#127356), the pod cgroup is raised
+    /// before the runtime writes the container. A pod cgroup that cannot be read, or no plan,
+    /// leaves the runtime to write as asked; a failed raise refuses the update.
+    fn raise_pod_first(
+        &self,
+        pod: &Pod,
+        ctr: &Container,
+        desired: &LinuxResources,
+        subject: &str,
+    ) -> Result<(), Rejection> {
+        match self.current_pod(pod) {
+            Ok(current) => match plan_single(
+                &current,
+                &ctr.name,
+                &Limits::from_linux(desired),
+                &self.plan_options(),
+            ) {
+                Ok(Some(Step::SetPod(raise))) => {
+                    if let Err(e) = self.write_pod(pod, &raise) {
+                        error!(container = %subject, error = %e, "raising the pod cgroup before the container failed");
+                        self.record(pod, ctr, Some(desired), Some(ResizeState::Error), &e);
+                        return Err(Rejection(format!(
+                            "resize of {subject}: raising the pod cgroup first failed: {e}"
+                        )));
+                    }
+                    info!(container = %subject, step = %Step::SetPod(raise), "pod cgroup raised before the container (KEP ordering)");
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    warn!(container = %subject, error = %e, "no ordering plan; the runtime writes as asked");
+                }
+            },
+            Err(e) => {
+                warn!(container = %subject, error = %e, "pod cgroup unreadable; the runtime writes as asked");
+            }
+        }
+        Ok(())
     }
 }
