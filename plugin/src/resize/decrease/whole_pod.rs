@@ -21,10 +21,6 @@ use crate::sync::Locked as _;
 impl Engine {
     /// Whole-pod resizes: brings container `ctr` under `target` before the runtime writes it.
     /// `Ok` when the limit can be written now.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "one staged decrease read top to bottom: strategy, reclaim, outcome"
-    )]
     pub(in crate::resize) async fn reclaim_before_step(
         &self,
         pod: &Pod,
@@ -118,6 +114,21 @@ impl Engine {
             }
         }
         let secs = started.elapsed().as_secs_f64();
+        self.reclaim_step_result(ctr, target, interim, md.timeout_ms / 1000, outcome, secs)
+            .await
+    }
+
+    /// A whole-pod step's reclaim as the step's result: done, Deferred (the limit kept applied
+    /// through the runtime), superseded or failed; the decrease metrics follow.
+    async fn reclaim_step_result(
+        &self,
+        ctr: &Container,
+        target: u64,
+        interim: u64,
+        timeout_secs: u64,
+        outcome: ReclaimOutcome,
+        secs: f64,
+    ) -> Result<(), StepFailure> {
         let dec = &self.state.metrics.decrease;
         match outcome {
             ReclaimOutcome::Reached { start, end, .. } => {
@@ -140,13 +151,8 @@ impl Engine {
                 if kept < interim {
                     let _ = self.apply_memory_limit(&ctr.id, kept).await;
                 }
-                let reason = not_reclaimable_reason(
-                    &end,
-                    target,
-                    kept,
-                    md.timeout_ms / 1000,
-                    node_has_swap(),
-                );
+                let reason =
+                    not_reclaimable_reason(&end, target, kept, timeout_secs, node_has_swap());
                 Err(StepFailure::Deferred(format!("{}: {reason}", ctr.name)))
             }
             ReclaimOutcome::Cancelled => {
