@@ -32,6 +32,7 @@ pub mod reclaim;
 mod records;
 pub mod reevaluate;
 pub mod restart;
+mod runtime_update;
 mod update;
 mod whole_pod;
 
@@ -40,7 +41,9 @@ use std::sync::{Arc, Mutex};
 
 use self::checkpoint::CheckpointStore;
 use self::node::NodeReader;
+pub use self::pod_cgroup::PodCgroupError;
 pub use self::records::{ContainerResize, LimitPair, PodResize, SnapshotLimits, StepRecord};
+pub use self::runtime_update::UpdateError;
 pub use self::whole_pod::{ContainerTarget, PodResizeRequest, ResizeError};
 use crate::cgroup::{CgroupIo as _, CgroupVersion, Cgroups};
 use crate::config::Config;

@@ -1,12 +1,31 @@
 //! Pod cgroup I/O of the engine: the pod's limits as cgroupfs holds them, read back after a
 //! step, and written by a `SetPod` step; and a container step as the resources the runtime applies.
 
-use std::path::Path;
-
 use super::Engine;
-use crate::cgroup::{container_path, pod_path, CgroupIo, CpuLimit};
+use crate::cgroup::{container_path, pod_path, CgroupError, CgroupIo, CpuLimit};
 use crate::model::{CpuResources, LinuxResources, MemoryResources, Pod};
 use crate::policy::{Limit, Limits, LimitsUpdate, PodResources, DEFAULT_CFS_PERIOD_US};
+
+/// Why the engine could not read or write a pod's cgroups.
+#[derive(Debug, thiserror::Error)]
+pub enum PodCgroupError {
+    /// The plugin runs without cgroup access.
+    #[error("cgroup access is off")]
+    Off,
+    /// The pod cgroup's path, a read or a write.
+    #[error("pod cgroup: {source}")]
+    Pod {
+        #[source]
+        source: CgroupError,
+    },
+    /// A container's cgroup could not be read back.
+    #[error("cgroup of container {container}: {source}")]
+    Container {
+        container: String,
+        #[source]
+        source: CgroupError,
+    },
+}
 
 /// A step's update as the Linux resources the runtime applies.
 pub(super) fn update_resources(u: &LimitsUpdate) -> LinuxResources {
@@ -36,10 +55,12 @@ pub(super) fn update_resources(u: &LimitsUpdate) -> LinuxResources {
 
 impl Engine {
     /// The pod's current limits: the pod cgroup as cgroupfs says, containers as the model says.
-    pub(super) fn current_pod(&self, pod: &Pod) -> Result<PodResources, String> {
-        let cg = self.cgroups.as_ref().ok_or("cgroup access is off")?;
-        let path = pod_path(&pod.cgroup_parent).map_err(|e| e.to_string())?;
-        let pod_limits = limits_of(&cg.read_actual(&path).map_err(|e| e.to_string())?);
+    pub(super) fn current_pod(&self, pod: &Pod) -> Result<PodResources, PodCgroupError> {
+        let cg = self.cgroups.as_ref().ok_or(PodCgroupError::Off)?;
+        let pod_limits = pod_path(&pod.cgroup_parent)
+            .and_then(|path| cg.read_actual(&path))
+            .map(|a| limits_of(&a))
+            .map_err(|source| PodCgroupError::Pod { source })?;
         let containers = self.state.read_model(|m| {
             m.containers()
                 .filter(|c| c.pod_id == pod.id)
@@ -61,32 +82,44 @@ impl Engine {
         })
     }
 
-    /// Reads back the actual limits of the pod and its containers from cgroupfs.
-    pub(super) fn actual_pod(&self, pod: &Pod) -> Option<PodResources> {
-        let cg = self.cgroups.as_ref()?;
-        let read = |p: &Path| cg.read_actual(p).ok().map(|a| limits_of(&a));
-        let pod_limits = read(&pod_path(&pod.cgroup_parent).ok()?)?;
+    /// Reads back the actual limits of the pod and its containers from cgroupfs. A container
+    /// without a cgroup to read (its path does not resolve, or the cgroup is gone because it
+    /// exited and its stop is not seen yet) is left out; any other failure is an error: what a
+    /// step left cannot be checked.
+    pub(super) fn actual_pod(&self, pod: &Pod) -> Result<PodResources, PodCgroupError> {
+        let cg = self.cgroups.as_ref().ok_or(PodCgroupError::Off)?;
+        let pod_limits = pod_path(&pod.cgroup_parent)
+            .and_then(|path| cg.read_actual(&path))
+            .map(|a| limits_of(&a))
+            .map_err(|source| PodCgroupError::Pod { source })?;
         let containers = self.state.read_model(|m| {
             m.containers()
                 .filter(|c| c.pod_id == pod.id)
                 .filter(|c| !matches!(c.state, crate::model::ContainerState::Stopped))
                 .filter_map(|c| {
-                    Some((
-                        c.name.clone(),
-                        read(&container_path(&c.cgroups_path).ok()?)?,
-                    ))
+                    let path = container_path(&c.cgroups_path).ok()?;
+                    match cg.read_actual(&path) {
+                        Ok(a) => Some(Ok((c.name.clone(), limits_of(&a)))),
+                        Err(CgroupError::Missing { .. }) => None,
+                        Err(source) => Some(Err(PodCgroupError::Container {
+                            container: c.name.clone(),
+                            source,
+                        })),
+                    }
                 })
-                .collect()
-        });
-        Some(PodResources {
+                .collect::<Result<_, _>>()
+        })?;
+        Ok(PodResources {
             pod: pod_limits,
             containers,
         })
     }
 
-    pub(super) fn write_pod(&self, pod: &Pod, u: &LimitsUpdate) -> Result<(), String> {
-        let cg = self.cgroups.as_ref().ok_or("cgroup access is off")?;
-        let path = pod_path(&pod.cgroup_parent).map_err(|e| e.to_string())?;
+    /// Writes a `SetPod` step to the pod cgroup.
+    pub(super) fn write_pod(&self, pod: &Pod, u: &LimitsUpdate) -> Result<(), PodCgroupError> {
+        let cg = self.cgroups.as_ref().ok_or(PodCgroupError::Off)?;
+        let pod_error = |source| PodCgroupError::Pod { source };
+        let path = pod_path(&pod.cgroup_parent).map_err(pod_error)?;
         if let Some(cpu) = u.cpu {
             let quota = cpu.value().map(|m| m * DEFAULT_CFS_PERIOD_US / 1000);
             cg.set_cpu_limit(
@@ -96,11 +129,10 @@ impl Engine {
                     period: DEFAULT_CFS_PERIOD_US,
                 },
             )
-            .map_err(|e| e.to_string())?;
+            .map_err(pod_error)?;
         }
         if let Some(mem) = u.memory {
-            cg.set_memory_limit(&path, mem.value())
-                .map_err(|e| e.to_string())?;
+            cg.set_memory_limit(&path, mem.value()).map_err(pod_error)?;
         }
         Ok(())
     }

@@ -146,7 +146,13 @@ impl Engine {
                 Ok(Some(Step::SetPod(raise))) => {
                     if let Err(e) = self.write_pod(pod, &raise) {
                         error!(container = %subject, error = %e, "raising the pod cgroup before the container failed");
-                        self.record(pod, ctr, Some(desired), Some(ResizeState::Error), &e);
+                        self.record(
+                            pod,
+                            ctr,
+                            Some(desired),
+                            Some(ResizeState::Error),
+                            &e.to_string(),
+                        );
                         return Err(Rejection(format!(
                             "resize of {subject}: raising the pod cgroup first failed: {e}"
                         )));

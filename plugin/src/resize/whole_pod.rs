@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use super::pod_cgroup::PodCgroupError;
 use super::records::{from_snapshot, snapshot};
 use super::{Engine, PodResize};
 use crate::config::Mode;
@@ -42,8 +43,12 @@ pub enum ResizeError {
     Invalid(String),
     #[error("{state:?}: {reason}")]
     Refused { state: ResizeState, reason: String },
-    #[error("cgroup access for pod {pod}: {message}")]
-    Cgroup { pod: String, message: String },
+    #[error("cgroup access for pod {pod}: {source}")]
+    Cgroup {
+        pod: String,
+        #[source]
+        source: PodCgroupError,
+    },
     #[error("{0}")]
     Failed(String),
 }
@@ -73,9 +78,9 @@ impl Engine {
         }
         let current = self
             .current_pod(&pod)
-            .map_err(|message| ResizeError::Cgroup {
+            .map_err(|source| ResizeError::Cgroup {
                 pod: full.clone(),
-                message,
+                source,
             })?;
         // A resize in flight: the new request builds on its target (the latest desired state),
         // not on the transient values of a half-done plan.

@@ -11,9 +11,9 @@ use super::{memory_only, node_has_swap, Engine};
 use crate::cgroup::CgroupIo;
 use crate::clock::now_ms;
 use crate::metrics::DecreaseOutcome;
-use crate::nri::ContainerUpdate;
 use crate::policy::{bytes_text, memory_limit_text, mib, not_reclaimable_reason, ResizeState};
 use crate::resize::reclaim::{self, reclaim_to, ReclaimJob, ReclaimOutcome};
+use crate::resize::runtime_update::UpdateError;
 use crate::sync::Locked as _;
 
 impl Engine {
@@ -186,25 +186,8 @@ impl Engine {
 
     /// Asks the runtime to set the memory limit of `id` (its spec follows, so `ContainerStatus`
     /// reports it) and records it as allocated.
-    pub(super) async fn apply_memory_limit(&self, id: &str, limit: u64) -> Result<(), String> {
-        let resources = memory_only(limit);
-        let failed = self
-            .link
-            .update_containers(
-                &[ContainerUpdate {
-                    container_id: id.to_string(),
-                    resources: resources.clone(),
-                    ignore_failure: false,
-                }],
-                &[],
-            )
-            .await
-            .map_err(|e| e.to_string())?;
-        if !failed.is_empty() {
-            return Err("the runtime refused the update".into());
-        }
-        self.state
-            .write_model(|m| m.apply_resources(id, &resources));
+    pub(super) async fn apply_memory_limit(&self, id: &str, limit: u64) -> Result<(), UpdateError> {
+        self.update_through_runtime(id, &memory_only(limit)).await?;
         let allocated = self
             .state
             .read_model(|m| m.container(id).and_then(|c| c.resources.clone()));

@@ -14,7 +14,7 @@ use crate::policy::{
     bytes_text, effective_decrease_strategy, not_reclaimable_reason, plan_decrease, DecreasePlan,
     MemoryDecreaseStrategy,
 };
-use crate::resize::executor::StepFailure;
+use crate::resize::executor::{StepError, StepFailure};
 use crate::resize::reclaim::{reclaim_to, ReclaimJob, ReclaimOutcome};
 use crate::sync::Locked as _;
 
@@ -161,7 +161,7 @@ impl Engine {
             }
             ReclaimOutcome::Failed(e) => {
                 dec.finished(DecreaseOutcome::Error, secs, 0);
-                Err(StepFailure::Failed(e))
+                Err(StepError::Reclaim(e).into())
             }
         }
     }
