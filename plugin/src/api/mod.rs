@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 pub use client::{ApiClient, ClientError};
-pub use resize_spec::parse_target;
+pub use resize_spec::{parse_target, TargetSpecError};
 pub use table::render_status;
 
 use crate::cgroup::ActualResources;

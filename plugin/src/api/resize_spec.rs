@@ -2,27 +2,52 @@
 
 use crate::resize::ContainerTarget;
 
+/// Why a `resize` target could not be parsed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TargetSpecError {
+    #[error("{part:?}: expected key=value")]
+    NotKeyValue { part: String },
+    #[error("unknown resource {resource:?} (cpu, memory)")]
+    UnknownResource { resource: String },
+    #[error("{spec:?}: give cpu= and/or memory=")]
+    Empty { spec: String },
+    #[error("bad CPU quantity {value:?} (e.g. 1500m or 1.5)")]
+    Cpu { value: String },
+    #[error("bad memory quantity {value:?} (e.g. 512Mi, 2Gi, 1048576)")]
+    Memory { value: String },
+}
+
 /// Parses the CLI's `cpu=1500m,memory=512Mi` into a target.
-pub fn parse_target(spec: &str) -> Result<ContainerTarget, String> {
+pub fn parse_target(spec: &str) -> Result<ContainerTarget, TargetSpecError> {
     let mut t = ContainerTarget::default();
     for part in spec.split(',').filter(|p| !p.is_empty()) {
         let (k, v) = part
             .split_once('=')
-            .ok_or_else(|| format!("{part:?}: expected key=value"))?;
+            .ok_or_else(|| TargetSpecError::NotKeyValue {
+                part: part.to_string(),
+            })?;
         match k {
             "cpu" => t.cpu_millis = Some(parse_cpu(v)?),
             "memory" => t.memory_bytes = Some(parse_memory(v)?),
-            other => return Err(format!("unknown resource {other:?} (cpu, memory)")),
+            other => {
+                return Err(TargetSpecError::UnknownResource {
+                    resource: other.to_string(),
+                })
+            }
         }
     }
     if t.cpu_millis.is_none() && t.memory_bytes.is_none() {
-        return Err(format!("{spec:?}: give cpu= and/or memory="));
+        return Err(TargetSpecError::Empty {
+            spec: spec.to_string(),
+        });
     }
     Ok(t)
 }
 
-fn parse_cpu(v: &str) -> Result<u64, String> {
-    let bad = || format!("bad CPU quantity {v:?} (e.g. 1500m or 1.5)");
+fn parse_cpu(v: &str) -> Result<u64, TargetSpecError> {
+    let bad = || TargetSpecError::Cpu {
+        value: v.to_string(),
+    };
     if let Some(m) = v.strip_suffix('m') {
         return m.parse().map_err(|_| bad());
     }
@@ -38,8 +63,10 @@ fn parse_cpu(v: &str) -> Result<u64, String> {
     Ok((f * 1000.0).round() as u64)
 }
 
-fn parse_memory(v: &str) -> Result<u64, String> {
-    let bad = || format!("bad memory quantity {v:?} (e.g. 512Mi, 2Gi, 1048576)");
+fn parse_memory(v: &str) -> Result<u64, TargetSpecError> {
+    let bad = || TargetSpecError::Memory {
+        value: v.to_string(),
+    };
     let (num, mult) = [
         ("Ki", 1u64 << 10),
         ("Mi", 1 << 20),
