@@ -3,7 +3,7 @@
 
 use super::Engine;
 use crate::cgroup::{container_path, pod_path, CgroupError, CgroupIo, CpuLimit};
-use crate::model::{CpuResources, LinuxResources, MemoryResources, Pod};
+use crate::model::{limited_bytes, CpuResources, LinuxResources, MemoryResources, Pod};
 use crate::policy::{Limit, Limits, LimitsUpdate, PodResources, DEFAULT_CFS_PERIOD_US};
 
 /// Why the engine could not read or write a pod's cgroups.
@@ -142,13 +142,7 @@ impl Engine {
 fn limits_of(a: &crate::cgroup::ActualResources) -> Limits {
     Limits::new(
         Limit::from_option(a.cpu_limit_millis()),
-        Limit::from_option(
-            a.memory_limit
-                .filter(|&m| {
-                    m > 0 && u64::try_from(m).is_ok_and(|b| b < crate::policy::UNLIMITED_BYTES)
-                })
-                .and_then(|m| u64::try_from(m).ok()),
-        ),
+        Limit::from_option(a.memory_limit.and_then(limited_bytes)),
     )
 }
 

@@ -28,7 +28,7 @@ use tracing::{info, warn};
 pub(super) use self::decide::DecreaseVerdict;
 use self::resume::checkpoint_key;
 use super::Engine;
-use crate::model::{LinuxResources, MemoryResources};
+use crate::model::{limited_bytes, LinuxResources, MemoryResources};
 use crate::policy::mib;
 use crate::sync::Locked as _;
 
@@ -48,8 +48,7 @@ fn memory_limit(r: &LinuxResources) -> Option<u64> {
     r.memory
         .as_ref()
         .and_then(|m| m.limit)
-        .filter(|&l| l > 0 && u64::try_from(l).is_ok_and(|b| b < crate::policy::UNLIMITED_BYTES))
-        .and_then(|l| u64::try_from(l).ok())
+        .and_then(limited_bytes)
 }
 
 fn memory_only(limit: u64) -> LinuxResources {
