@@ -184,6 +184,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::capacity::snapshot::fixture::meminfo;
     use crate::config::Config;
     use crate::model::{ContainerState, CpuResources, MemoryResources};
     use crate::nri::{Rejection, RuntimeLink};
@@ -230,7 +231,7 @@ mod tests {
             .expect("write");
             std::fs::write(
                 self.dir.path().join("proc/meminfo"),
-                format!("MemTotal: {} kB\n", mem_gib * 1024 * 1024),
+                meminfo(mem_gib * 1024 * 1024),
             )
             .expect("write");
         }
