@@ -1,7 +1,9 @@
 //! The whole-pod executor: drives a pod to its target one planned step at a time (pod cgroup
 //! through cgroupfs, containers through NRI `UpdateContainers`), re-planning from the cgroups'
 //! actual values after every step, so a newer request takes over mid-resize and a resumed resize
-//! never applies a step twice.
+//! never applies a step twice. What a step leaves is read back and checked against the pod's
+//! invariants: a step whose result breaks one, or cannot be read back, failed like a step the
+//! runtime refused (a new plan from the actual state after a backoff, at most `max_attempts`).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -19,7 +19,7 @@ use crate::policy::{
 };
 use crate::sync::Locked as _;
 
-/// The engine's answer for a memory decrease below usage (`None`: not one, carry on).
+/// The engine's answer for a memory decrease (`Direct`: not below usage, or reclaimed inline).
 pub(in crate::resize) enum DecreaseVerdict {
     /// The limit is above usage: the runtime writes it as asked.
     Direct,
