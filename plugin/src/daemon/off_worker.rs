@@ -28,7 +28,7 @@ mod tests {
         // One worker thread: had the sleep run on it, the work would be done (`Ok`) by the time
         // the timer was polled.
         let slow = off_worker("test", || {
-            std::thread::sleep(std::time::Duration::from_secs(2));
+            std::thread::sleep(std::time::Duration::from_millis(500));
         });
         let out = tokio::time::timeout(std::time::Duration::from_millis(50), slow).await;
         assert!(out.is_err(), "the timeout fired while the work blocked");

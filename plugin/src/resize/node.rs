@@ -1,13 +1,13 @@
 //! Node capacity as admission sees it: the capacity watcher's live snapshot (no file read on
 //! an update), or, before the watcher's first reading or without a watcher, online CPUs
-//! (sysfs) and `MemTotal` (procfs, through [`SysReader`]) read under an injectable root so
-//! tests use a fixture.
+//! (sysfs) and total memory (procfs) read under an injectable root so tests use a fixture.
 
 use std::path::{Path, PathBuf};
 
+use crate::capacity::snapshot::ReadError;
 use crate::capacity::SysReader;
 use crate::config::ResizeConfig;
-use crate::policy::{CpuSet, NodeCapacity};
+use crate::policy::{AdmissionError, CpuSet, NodeCapacity};
 use crate::state::NodeStatus;
 
 /// Node capacity could not be read.
@@ -16,15 +16,24 @@ pub enum NodeError {
     #[error("reading {path}: {source}")]
     Read {
         path: PathBuf,
+        #[source]
         source: std::io::Error,
     },
-    #[error("cannot parse {path}: {message}")]
-    Parse { path: PathBuf, message: String },
-    #[error(transparent)]
-    Memory(#[from] crate::capacity::snapshot::ReadError),
+    #[error("cannot parse {path}: {source}")]
+    Cpus {
+        path: PathBuf,
+        #[source]
+        source: AdmissionError,
+    },
+    /// `MemTotal`, read through procfs as the capacity watcher reads it.
+    #[error("cannot read MemTotal: {source}")]
+    Memory {
+        #[source]
+        source: ReadError,
+    },
 }
 
-/// See the module docs.
+/// Reads node capacity from `<root>/sys/devices/system/cpu/online` and `<root>/proc/meminfo`.
 #[derive(Debug, Clone)]
 pub struct NodeReader {
     root: PathBuf,
@@ -38,6 +47,15 @@ impl NodeReader {
         }
     }
 
+    fn read(&self, rel: &str) -> Result<(PathBuf, String), NodeError> {
+        let path = self.root.join(rel);
+        let text = std::fs::read_to_string(&path).map_err(|source| NodeError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        Ok((path, text))
+    }
+
     /// The capacity from the watcher's `snapshot` when there is one, else read now; with the
     /// `[resize]` reserves kept back for the system.
     pub fn capacity_with(
@@ -48,36 +66,36 @@ impl NodeReader {
         let Some(s) = snapshot.filter(|s| s.memory_bytes > 0) else {
             return self.capacity(reserve);
         };
-        let online_cpus = CpuSet::parse(&s.online_cpus).map_err(|e| NodeError::Parse {
+        let online_cpus = CpuSet::parse(&s.online_cpus).map_err(|source| NodeError::Cpus {
             path: PathBuf::from("the capacity watcher's online CPUs"),
-            message: e.to_string(),
+            source,
         })?;
-        Ok(node_capacity(online_cpus, s.memory_bytes, reserve))
+        Ok(NodeCapacity {
+            online_cpus_millis: u64::from(online_cpus.count()) * 1000,
+            memory_bytes: s.memory_bytes,
+            reserved_memory_bytes: reserve.reserved_memory,
+            online_cpus,
+            reserved_cpu_millis: reserve.reserved_cpu_millicores,
+        })
     }
 
     /// The node's capacity read now, with the `[resize]` reserves kept back for the system.
     pub fn capacity(&self, reserve: &ResizeConfig) -> Result<NodeCapacity, NodeError> {
-        let cpu_path = self.root.join("sys/devices/system/cpu/online");
-        let online = std::fs::read_to_string(&cpu_path).map_err(|source| NodeError::Read {
-            path: cpu_path.clone(),
+        let (cpu_path, online) = self.read("sys/devices/system/cpu/online")?;
+        let online_cpus = CpuSet::parse(online.trim()).map_err(|source| NodeError::Cpus {
+            path: cpu_path,
             source,
         })?;
-        let online_cpus = CpuSet::parse(online.trim()).map_err(|e| NodeError::Parse {
-            path: cpu_path,
-            message: e.to_string(),
-        })?;
-        let memory_bytes = SysReader::new(&self.root).mem_total()?;
-        Ok(node_capacity(online_cpus, memory_bytes, reserve))
-    }
-}
-
-fn node_capacity(online_cpus: CpuSet, memory_bytes: u64, reserve: &ResizeConfig) -> NodeCapacity {
-    NodeCapacity {
-        online_cpus_millis: u64::from(online_cpus.count()) * 1000,
-        memory_bytes,
-        reserved_memory_bytes: reserve.reserved_memory,
-        online_cpus,
-        reserved_cpu_millis: reserve.reserved_cpu_millicores,
+        let memory_bytes = SysReader::new(&self.root)
+            .mem_total()
+            .map_err(|source| NodeError::Memory { source })?;
+        Ok(NodeCapacity {
+            online_cpus_millis: u64::from(online_cpus.count()) * 1000,
+            memory_bytes,
+            reserved_memory_bytes: reserve.reserved_memory,
+            online_cpus,
+            reserved_cpu_millis: reserve.reserved_cpu_millicores,
+        })
     }
 }
 
@@ -138,7 +156,7 @@ mod tests {
 
     #[test]
     fn bad_files_are_clear_errors() {
-        let dir = fixture("zero\n", &meminfo(5));
+        let dir = fixture("zero\n", "MemTotal: 5 MB\n");
         let err = NodeReader::new(dir.path())
             .capacity(&reserve(0))
             .unwrap_err()
@@ -149,7 +167,7 @@ mod tests {
             .capacity(&reserve(0))
             .unwrap_err()
             .to_string();
-        assert!(err.contains("meminfo"), "{err}");
+        assert!(err.contains("meminfo") && err.contains("MemTotal"), "{err}");
         let err = NodeReader::new("/nonexistent")
             .capacity(&reserve(0))
             .unwrap_err()
