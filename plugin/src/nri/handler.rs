@@ -8,8 +8,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use super::service::DEFAULT_REQUEST_TIMEOUT;
 use crate::model::{Container, EventKind, LinuxResources, Pod};
+
+/// Default per-request deadline of NRI runtimes (used until `Configure` says otherwise).
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A set of subscribed events.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -25,10 +25,11 @@ use ttrpc::r#async::{Client, Server};
 pub use deadline::Deadline;
 pub use handler::{
     ContainerUpdate, CreateReply, EventSet, Eviction, Handler, Rejection, RuntimeInfo, UpdateReply,
+    DEFAULT_REQUEST_TIMEOUT,
 };
 pub use mux::{Mux, MuxError, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
 pub use runtime::{LinkError, LinkStatus, RuntimeLink};
-pub use service::{HandlerObserver, DEFAULT_REQUEST_TIMEOUT};
+pub use service::HandlerObserver;
 
 use service::{PluginService, SessionSignal};
 

@@ -29,9 +29,6 @@ use crate::sync::Locked as _;
 /// buffer). Beyond it the synchronize is refused with the reason and nothing is kept.
 pub const MAX_SYNC_OBJECTS: usize = 100_000;
 
-/// Default per-request deadline of NRI runtimes (used until `Configure` says otherwise).
-pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
-
 /// Things the service tells the session about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SessionSignal {

@@ -87,11 +87,7 @@ impl Engine {
             too_late(&subject, deadline)?;
             let state = verdict.resize_status().state;
             info!(container = %subject, ?state, %reason, enforce, "resize not admitted");
-            let outcome = if state == ResizeState::Deferred {
-                "deferred"
-            } else {
-                "infeasible"
-            };
+            let outcome = verdict.outcome().unwrap_or("deferred");
             timer.finish(outcome);
             let message = format!("resize of {subject} is {state:?}: {reason}");
             return refuse(state, reason, outcome, message);

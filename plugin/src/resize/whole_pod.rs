@@ -139,11 +139,7 @@ impl Engine {
         let enforce = self.config().resize.mode == Mode::Enforce;
         if let Admission::Deferred { reason } | Admission::Infeasible { reason } = &verdict {
             let state = verdict.resize_status().state;
-            let outcome = if state == ResizeState::Deferred {
-                "deferred"
-            } else {
-                "infeasible"
-            };
+            let outcome = verdict.outcome().unwrap_or("deferred");
             self.state.metrics.resize_outcome(outcome);
             timer.finish(outcome);
             return Err(ResizeError::Refused {

@@ -37,6 +37,41 @@ pub(in crate::resize) enum DecreaseVerdict {
     Reject(String),
 }
 
+impl DecreaseVerdict {
+    /// What the memory-decrease `strategy` says about a decrease below usage (`what` says how
+    /// far below), for the kubelet path and for whole-pod steps alike. `can_restart`: false for
+    /// a whole-pod step, which cannot restart a container, so `restart` refuses the step.
+    pub(in crate::resize) fn of_strategy(
+        strategy: MemoryDecreaseStrategy,
+        what: &str,
+        interim: u64,
+        can_restart: bool,
+    ) -> Self {
+        match strategy {
+            MemoryDecreaseStrategy::Reject => {
+                Self::Reject(format!("{what} (memory-decrease strategy reject)"))
+            }
+            MemoryDecreaseStrategy::Restart if can_restart => Self::Restart(format!(
+                "{what}: restarting under the new limit (memory-decrease strategy restart)"
+            )),
+            MemoryDecreaseStrategy::Restart => Self::Reject(format!(
+                "{what}: memory-decrease strategy restart, and a whole-pod resize cannot restart a container"
+            )),
+            MemoryDecreaseStrategy::Reclaim => Self::Interim(interim),
+        }
+    }
+
+    /// The outcome counted in `nri_resize_memory_decrease_outcomes_total` when the verdict ends the
+    /// decrease here (`None`: it goes on, directly or staged).
+    pub(in crate::resize) fn outcome(&self) -> Option<DecreaseOutcome> {
+        match self {
+            Self::Direct | Self::Interim(_) => None,
+            Self::Restart(_) => Some(DecreaseOutcome::Restarted),
+            Self::Reject(_) => Some(DecreaseOutcome::Rejected),
+        }
+    }
+}
+
 impl Engine {
     /// Decides a kubelet-driven memory decrease from `allocated` to `desired` (see the module
     /// docs). Reads the container's usage, and reclaims page cache inline within a share of the
@@ -95,25 +130,11 @@ impl Engine {
         {
             return DecreaseVerdict::Direct;
         }
-        match strategy {
-            MemoryDecreaseStrategy::Reject => {
-                self.state
-                    .metrics
-                    .decrease
-                    .outcome(DecreaseOutcome::Rejected);
-                DecreaseVerdict::Reject(format!("{what} (memory-decrease strategy reject)"))
-            }
-            MemoryDecreaseStrategy::Restart => {
-                self.state
-                    .metrics
-                    .decrease
-                    .outcome(DecreaseOutcome::Restarted);
-                DecreaseVerdict::Restart(format!(
-                    "{what}: restarting under the new limit (memory-decrease strategy restart)"
-                ))
-            }
-            MemoryDecreaseStrategy::Reclaim => DecreaseVerdict::Interim(interim),
+        let verdict = DecreaseVerdict::of_strategy(strategy, &what, interim, true);
+        if let Some(o) = verdict.outcome() {
+            self.state.metrics.decrease.outcome(o);
         }
+        verdict
     }
 
     /// The fast path: when what must go is page cache (anonymous and shared memory fit under
@@ -258,5 +279,35 @@ impl Engine {
         Some(Rejection(format!(
             "memory decrease of {subject} deferred: {reason}; reclaiming again"
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_mapping_from_strategy_to_verdict_and_outcome() {
+        let v = |s, can_restart| {
+            DecreaseVerdict::of_strategy(
+                s,
+                "usage 300Mi above requested limit 100Mi",
+                400 << 20,
+                can_restart,
+            )
+        };
+        let reject = v(MemoryDecreaseStrategy::Reject, true);
+        assert!(matches!(&reject, DecreaseVerdict::Reject(r) if r.contains("strategy reject")));
+        assert_eq!(reject.outcome(), Some(DecreaseOutcome::Rejected));
+        let restart = v(MemoryDecreaseStrategy::Restart, true);
+        assert!(matches!(&restart, DecreaseVerdict::Restart(r) if r.contains("restarting")));
+        assert_eq!(restart.outcome(), Some(DecreaseOutcome::Restarted));
+        // A whole-pod step cannot restart: refused, and counted as what happened (rejected).
+        let whole_pod = v(MemoryDecreaseStrategy::Restart, false);
+        assert!(matches!(&whole_pod, DecreaseVerdict::Reject(r) if r.contains("cannot restart")));
+        assert_eq!(whole_pod.outcome(), Some(DecreaseOutcome::Rejected));
+        let reclaim = v(MemoryDecreaseStrategy::Reclaim, false);
+        assert!(matches!(reclaim, DecreaseVerdict::Interim(b) if b == 400 << 20));
+        assert_eq!(reclaim.outcome(), None);
     }
 }
