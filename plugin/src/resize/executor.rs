@@ -5,6 +5,7 @@
 //! invariants: a step whose result breaks one, or cannot be read back, failed like a step the
 //! runtime refused (a new plan from the actual state after a backoff, at most `max_attempts`).
 
+use crate::backoff::Backoff;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -130,7 +131,7 @@ impl Engine {
         let cfg = self.config();
         let opts = self.plan_options();
         let full = pod.full_name();
-        let mut backoff = Duration::from_millis(100);
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         let mut attempts = 0u32;
         let mut record = PodResize {
             pod_id: pod.id.clone(),
@@ -213,8 +214,7 @@ impl Engine {
                             cfg.resize.max_attempts
                         );
                         self.pods.locked().insert(pod.id.clone(), record.clone());
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                        tokio::time::sleep(backoff.next_delay()).await;
                         continue 'replan;
                     }
                 }
