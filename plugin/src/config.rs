@@ -42,7 +42,7 @@ pub enum ConfigError {
 /// headroom = 16777216           # bytes above usage the interim limit keeps
 /// step_interval_ms = 100        # first pause between reclaim passes (doubles up to 1 s)
 /// inline_max = 1073741824       # page cache up to this is tried inside the update (0: off);
-///                               # bounded by time: half the runtime's deadline left, <= 500 ms
+///                               # bounded by time: half of the runtime's deadline left
 ///
 /// [policy]                      # node defaults; see docs/annotations.md
 /// action = "LiveResizePreferred"
@@ -81,7 +81,8 @@ pub struct MemoryDecreaseConfig {
     pub step_interval_ms: u64,
     /// Up to this many bytes to reclaim, when what must go is page cache, a reclaim is tried
     /// inside the update itself; 0 turns it off. Time bounds it, not bytes: it stops at half of
-    /// what is left of the runtime's deadline (at most 500 ms), and the decrease continues
+    /// what is left of the runtime's deadline (about 750 ms of containerd's default 2 s), and the
+    /// decrease continues
     /// staged.
     pub inline_max: u64,
 }

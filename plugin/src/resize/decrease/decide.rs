@@ -3,7 +3,7 @@
 //! asking again for a decrease that is staged or was deferred.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tracing::{info, warn};
 
@@ -21,9 +21,6 @@ use crate::sync::Locked as _;
 
 /// What one pass of the inline reclaim asks for.
 const INLINE_CHUNK: u64 = 64 << 20;
-/// The most the inline reclaim may take of the runtime's deadline (it takes half of what is
-/// left, at most this).
-const INLINE_TIME: Duration = Duration::from_millis(500);
 
 /// The engine's answer for a memory decrease (`Direct`: not below usage, or reclaimed inline).
 pub(in crate::resize) enum DecreaseVerdict {
@@ -139,7 +136,7 @@ impl Engine {
 
     /// The fast path: when what must go is page cache (anonymous and shared memory fit under
     /// the target), reclaim inside the update, bounded by time: half of what is left of the
-    /// runtime's deadline, at most [`INLINE_TIME`]. It reclaims in [`INLINE_CHUNK`] passes —
+    /// runtime's deadline (750 ms with containerd's default 2 s). It reclaims in [`INLINE_CHUNK`] passes —
     /// v1: the limit lowered a chunk at a time (the kernel reclaims inside the write or refuses
     /// with `EBUSY`, never an OOM kill), v2: `memory.reclaim` a chunk at a time — and stops when
     /// usage fits or the time is spent; the decrease then continues as a staged one. `inline_max`
@@ -162,7 +159,7 @@ impl Engine {
             return false;
         };
         let started = Instant::now();
-        let until = started + (deadline.remaining() / 2).min(INLINE_TIME);
+        let until = started + deadline.remaining() / 2;
         let mut now_usage = usage.usage;
         let fits = loop {
             if now_usage <= target {
