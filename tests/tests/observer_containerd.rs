@@ -11,7 +11,11 @@
 //!   container and not in its sibling;
 //! - (b) 300 MiB of page cache written under a 100 MiB limit shows reclaim whose pages agree
 //!   with the kernel's own counters within 5 %;
-//! - (d) the fallbacks give the same answers within tolerance.
+//! - (d) the fallbacks give the same answers within tolerance;
+//! - (e) pressure: on cgroup v2 (VM tier) every instance reads PSI, and the starved busy loop's
+//!   `nri_resize_container_pressure_stalled_seconds_total{resource="cpu",kind="some"}` appears
+//!   and grows, with a cpu stall share in `/v1/status`; on cgroup v1 the series is absent and the
+//!   strategy metric and `/readyz` say why.
 //!
 //! Needs root, the containerd binaries (`cargo xtask test` installs them), kernel BTF and the eBPF
 //! object built into the plugin (`cargo xtask build-ebpf`). Missing pieces fail loudly.
@@ -21,8 +25,8 @@ use std::time::{Duration, Instant};
 
 use nri_resize::api::{ApiClient, ContainerObserved, Status};
 use nri_resize_tests::{
-    ContainerSpec, Containerd, ContainerdOptions, ContainerdVersion, PluginProcess, PodSpec,
-    Resources,
+    CgroupMode, ContainerSpec, Containerd, ContainerdOptions, ContainerdVersion, PluginProcess,
+    PodSpec, Resources,
 };
 
 const MIB: i64 = 1 << 20;
@@ -315,7 +319,8 @@ async fn throttling(ctrd: &Containerd, plugins: &Plugins) {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    eprintln!("--- (e) pressure of the starved container");
+    pressure(ctrd, plugins, &pod.name, &id).await;
 
     // Raise to 2 CPUs, as kubelet does for an in-place resize.
     ctrd.update_container_resources(&id, &Resources::limits(200_000, 64 * MIB))
@@ -442,8 +447,125 @@ async fn throttling(ctrd: &Containerd, plugins: &Plugins) {
         .expect("RemovePodSandbox");
 }
 
+/// The `resource`/`kind` pressure series of one container, if it exists.
+fn stalled_seconds(
+    p: &Instance,
+    pod: &str,
+    container: &str,
+    resource: &str,
+    kind: &str,
+) -> Option<f64> {
+    let (code, body) = p.http("/metrics");
+    assert_eq!(code, 200, "{}: /metrics answered {code}", p.name);
+    let labels = [
+        format!("pod=\"{pod}\""),
+        format!("container=\"{container}\""),
+        format!("resource=\"{resource}\""),
+        format!("kind=\"{kind}\""),
+    ];
+    body.lines()
+        .filter(|l| l.starts_with("nri_resize_container_pressure_stalled_seconds_total{"))
+        .find(|l| labels.iter().all(|want| l.contains(want.as_str())))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// (e) While the busy loop runs at 0.1 CPU. On cgroup v2 every instance reads its pressure
+/// files: the cpu `some` series appears, grows over 3 s by more than half the wall time (the
+/// loop waits for CPU ~90 % of the time) and the status shows a cpu stall share; memory and io
+/// series exist too. On cgroup v1 there is no series, and the strategy and `/readyz` say why.
+async fn pressure(ctrd: &Containerd, plugins: &Plugins, pod: &str, id: &str) {
+    if ctrd.cgroups().mode() == CgroupMode::V1 {
+        for p in &plugins.all {
+            let s = p.status().await.observer.expect("observer");
+            assert_eq!(s.strategies.pressure, "unavailable_cgroup_v1", "{}", p.name);
+            let (_, metrics) = p.http("/metrics");
+            assert!(
+                metrics.contains(
+                    r#"nri_resize_observer_strategy{program="pressure",strategy="unavailable_cgroup_v1"} 1"#
+                ),
+                "{}: the strategy metric says why there is no pressure",
+                p.name
+            );
+            assert!(
+                !metrics.contains("nri_resize_container_pressure_stalled_seconds_total{"),
+                "{}: pressure series on cgroup v1",
+                p.name
+            );
+            let (_, ready) = p.http("/readyz");
+            assert!(
+                ready.contains("pressure: cgroup v1"),
+                "{}: /readyz: {ready}",
+                p.name
+            );
+        }
+        eprintln!("cgroup v1: no pressure series; every instance says why");
+        return;
+    }
+    for p in &plugins.all {
+        let s = p.status().await.observer.expect("observer");
+        assert_eq!(
+            s.strategies.pressure, "pressure_files",
+            "{}: no PSI on cgroup v2 (fallbacks {:?})",
+            p.name, s.fallbacks
+        );
+    }
+    let first = wait_all(
+        plugins,
+        bound(Duration::from_secs(5)),
+        "cpu pressure series",
+        async |p| stalled_seconds(p, pod, "busy", "cpu", "some"),
+    )
+    .await;
+    let wall = Duration::from_secs(3);
+    tokio::time::sleep(wall).await;
+    let later = wait_all(
+        plugins,
+        bound(Duration::from_secs(5)),
+        "cpu pressure series",
+        async |p| stalled_seconds(p, pod, "busy", "cpu", "some"),
+    )
+    .await;
+    let shares = wait_all(
+        plugins,
+        bound(Duration::from_secs(5)),
+        "cpu stall share in /v1/status",
+        async |p| {
+            p.observed(id)
+                .await
+                .and_then(|o| o.stall)
+                .map(|s| s.cpu_some)
+        },
+    )
+    .await;
+    eprintln!(
+        "cpu some stalled seconds {first:?} then {later:?} {wall:?} later; stall shares {shares:?}"
+    );
+    for ((p, a), (b, share)) in plugins
+        .all
+        .iter()
+        .zip(&first)
+        .zip(later.iter().zip(&shares))
+    {
+        assert!(
+            b - a > wall.as_secs_f64() / 2.0,
+            "{}: cpu some grew by {:.2} s in {wall:?} of a loop starved at 0.1 CPU",
+            p.name,
+            b - a
+        );
+        assert!(*share > 0.5, "{}: cpu stall share {share}", p.name);
+        for (resource, kind) in [("memory", "some"), ("memory", "full"), ("io", "some")] {
+            assert!(
+                stalled_seconds(p, pod, "busy", resource, kind).is_some(),
+                "{}: no {resource} {kind} series",
+                p.name
+            );
+        }
+    }
+}
+
 fn kernel_oom_kills(ctrd: &Containerd, id: &str) -> u64 {
-    let text = if ctrd.cgroups().mode() == nri_resize_tests::CgroupMode::V2 {
+    let text = if ctrd.cgroups().mode() == CgroupMode::V2 {
         ctrd.read_container_cgroup(id, "memory.events")
     } else {
         ctrd.read_container_cgroup(id, "memory.oom_control")

@@ -1187,9 +1187,11 @@ fn run_vm(
     }
     let console = run.join("console.log");
     let qmp_socket = run.join("qmp.sock");
+    // `psi=1`: pressure stall information on, whatever the kernel's build default
+    // (`CONFIG_PSI_DEFAULT_DISABLED`); the observer's pressure series need it.
     let mut append = format!(
-        "console=ttyS0 loglevel=5 cgroup_no_v1=all panic=-1 memhp_default_state=online mitigations=off \
-         nri_resize_run={}",
+        "console=ttyS0 loglevel=5 cgroup_no_v1=all psi=1 panic=-1 memhp_default_state=online \
+         mitigations=off nri_resize_run={}",
         run.display()
     );
     // The guest mounts its own disk on /tmp: a checkout below it is bound back over the disk.

@@ -7,6 +7,10 @@ use super::{ContainerStatus, Resizes, Status};
 use crate::model::LinuxResources;
 use crate::policy::{bytes_text, UNLIMITED_BYTES};
 
+/// One line of the table: POD, CONTAINER, DESIRED, ALLOCATED, ACTUAL, STATE, THROTTLED,
+/// RECLAIMED, STALL, REASON.
+pub type Row = [String; 10];
+
 /// `500m/128Mi`; `-` when unknown, `max` for unlimited.
 fn compact(cpu_millis: Option<u64>, cpu_limited: bool, memory: Option<i64>) -> String {
     let cpu = match (cpu_millis, cpu_limited) {
@@ -93,8 +97,30 @@ fn reclaim(c: &ContainerStatus, page_size: u64) -> String {
     s
 }
 
+/// `mem 3% cpu 31%`: the memory and cpu `some` stall shares of the observer's last interval;
+/// `-` without PSI (cgroup v1, `psi=0`) or before the second reading.
+fn stall(c: &ContainerStatus) -> String {
+    c.observed
+        .as_ref()
+        .and_then(|o| o.stall.as_ref())
+        .map_or_else(
+            || "-".to_string(),
+            |s| format!("mem {} cpu {}", percent(s.memory_some), percent(s.cpu_some)),
+        )
+}
+
+/// `31%`, `0.4%` below one percent, `0%` for none.
+fn percent(share: f64) -> String {
+    let p = share * 100.0;
+    if p == 0.0 || p >= 1.0 {
+        format!("{p:.0}%")
+    } else {
+        format!("{p:.1}%")
+    }
+}
+
 /// One row per container (a pod without containers: one row of dashes).
-fn rows(s: &Status, resizes: &Resizes, page_size: u64) -> Vec<[String; 9]> {
+fn rows(s: &Status, resizes: &Resizes, page_size: u64) -> Vec<Row> {
     s.pods
         .iter()
         .flat_map(|p| {
@@ -102,6 +128,7 @@ fn rows(s: &Status, resizes: &Resizes, page_size: u64) -> Vec<[String; 9]> {
             if p.containers.is_empty() {
                 return vec![[
                     pod,
+                    "-".into(),
                     "-".into(),
                     "-".into(),
                     "-".into(),
@@ -146,6 +173,7 @@ fn rows(s: &Status, resizes: &Resizes, page_size: u64) -> Vec<[String; 9]> {
                         state,
                         throttling(c),
                         reclaim(c, page_size),
+                        stall(c),
                         reason,
                     ]
                 })
@@ -206,6 +234,7 @@ pub fn render_status(s: &Status, resizes: &Resizes, page_size: u64, now_ms: u64)
         "STATE",
         "THROTTLED",
         "RECLAIMED",
+        "STALL",
         "REASON",
     ];
     let mut widths = header.map(str::len);
@@ -240,7 +269,8 @@ pub fn render_status(s: &Status, resizes: &Resizes, page_size: u64, now_ms: u64)
 mod tests {
     use super::*;
     use crate::api::{
-        ContainerObserved, LinkStatusView, OomView, PodStatus, ReclaimView, ThrottlingView,
+        ContainerObserved, LinkStatusView, OomView, PodStatus, ReclaimView, StallView,
+        ThrottlingView,
     };
     use crate::cgroup::ActualResources;
     use crate::model::{Container, ContainerState, CpuResources, MemoryResources, Pod};
@@ -322,6 +352,12 @@ mod tests {
                                 kills: 1,
                                 ..OomView::default()
                             }),
+                            stall: Some(StallView {
+                                cpu_some: 0.31,
+                                memory_some: 0.004,
+                                io_some: 0.0,
+                                interval_ms: 1000,
+                            }),
                             ..ContainerObserved::default()
                         }),
                     },
@@ -372,6 +408,7 @@ mod tests {
             "STATE",
             "THROTTLED",
             "RECLAIMED",
+            "STALL",
             "REASON",
         ] {
             assert!(header.contains(col), "{col} in {header}");
@@ -391,6 +428,10 @@ mod tests {
                 "10Mi",
                 "1",
                 "oom",
+                "mem",
+                "0.4%",
+                "cpu",
+                "31%",
                 "node",
                 "has",
                 "1",
@@ -407,6 +448,7 @@ mod tests {
                 "sidecar",
                 "200m/64Mi",
                 "200m/64Mi",
+                "-",
                 "-",
                 "-",
                 "-",

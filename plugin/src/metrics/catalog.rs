@@ -40,6 +40,7 @@ pub struct Entry {
 
 const C: &[&str] = &["namespace", "pod", "container"];
 const P: &[&str] = &["namespace", "pod"];
+const PSI: &[&str] = &["namespace", "pod", "container", "resource", "kind"];
 
 const fn e(
     name: &'static str,
@@ -90,6 +91,7 @@ pub const CATALOG: &[Entry] = &[
     e("nri_resize_container_reclaimed_bytes_total", Kind::Counter, "bytes", C, "memory reclaimed from the container's memcg (kswapd + direct pgsteal × page size); absent where the strategy cannot tell"),
     e("nri_resize_container_direct_reclaim_seconds_total", Kind::Counter, "seconds", C, "time the container's tasks spent in memcg direct reclaim (eBPF only)"),
     e("nri_resize_container_oom_kills_total", Kind::Counter, "kills", C, "OOM kills of processes in the container's memcg"),
+    e("nri_resize_container_pressure_stalled_seconds_total", Kind::Counter, "seconds", PSI, "time some (`kind=\"some\"`) or all (`full`) of the container's tasks were stalled waiting for `resource` (`cpu`, `memory`, `io`): the `total=` of its cgroup v2 `*.pressure` files; absent on cgroup v1 and on kernels without PSI (`nri_resize_observer_strategy{program=\"pressure\"}` and `/readyz` say why)"),
     // Safe memory decrease (issue 5).
     e("nri_resize_memory_decrease_outcomes_total", Kind::Counter, "decreases", &["outcome"], "memory limit decreases by outcome: `direct`, `inline`, `converged`, `deferred_anonymous`, `deferred_timeout`, `superseded`, `rejected`, `restarted`, `error`"),
     e("nri_resize_memory_decrease_reclaimed_bytes_total", Kind::Counter, "bytes", &[], "bytes by which memory decreases brought container usage down"),
@@ -104,7 +106,7 @@ pub const CATALOG: &[Entry] = &[
     e("nri_resize_node_offline_pinned_containers", Kind::Gauge, "containers", &[], "containers whose cpuset names an offline CPU"),
     e("nri_resize_capacity_reevaluations_total", Kind::Counter, "resizes", &["outcome"], "Deferred and Infeasible resizes re-evaluated after a capacity change (`applied`, `would_apply`, `deferred`, `infeasible`, `failed`)"),
     // Observer.
-    e("nri_resize_observer_strategy", Kind::Gauge, "0/1", &["program", "strategy"], "1 for the strategy in effect per observer measurement (`throttle`, `reclaim`, `oom`, `hotplug`), 0 for the others"),
+    e("nri_resize_observer_strategy", Kind::Gauge, "0/1", &["program", "strategy"], "1 for the strategy in effect per observer measurement (`throttle`, `reclaim`, `oom`, `hotplug`, `pressure`), 0 for the others; `pressure` is `pressure_files`, or says why not: `unavailable_cgroup_v1`, `unavailable_no_psi`"),
 ];
 
 /// Looks a family name up; `name` may be a sample name (`_bucket`, `_sum`, `_count` of a

@@ -9,7 +9,7 @@ use super::NodeState;
 use crate::cgroup::ActualResources;
 use crate::metrics::ContainerLabels;
 use crate::model::{Container, LinuxResources, Pod};
-use crate::observer::{Fallback, Observation, Strategies};
+use crate::observer::{Fallback, Observation, StallShare, Strategies};
 use crate::sync::Locked as _;
 
 /// A container the observer watches.
@@ -44,6 +44,9 @@ impl Target {
 pub struct ContainerObservation {
     pub observation: Observation,
     pub at_ms: u64,
+    /// Stalled time over the interval before this reading (`None` without PSI, or at the first
+    /// reading).
+    pub stall: Option<StallShare>,
 }
 
 /// Desired vs actual after a resize (or when the container was first seen).
