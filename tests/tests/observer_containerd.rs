@@ -15,7 +15,11 @@
 //! - (e) pressure: on cgroup v2 (VM tier) every instance reads PSI, and the starved busy loop's
 //!   `nri_resize_container_pressure_stalled_seconds_total{resource="cpu",kind="some"}` appears
 //!   and grows, with a cpu stall share in `/v1/status`; on cgroup v1 the series is absent and the
-//!   strategy metric and `/readyz` say why.
+//!   strategy metric and `/readyz` say why;
+//! - (f) verdicts (`[verdict] window = "4s"` in every instance's config): a CPU decrease
+//!   1000m → 100m of a busy loop is `harmful` (the reason names the cpu stall share on v2 and
+//!   the throttling on both, with the change), a decrease 1000m → 500m of an idle container is
+//!   `healthy`; both in `/v1/resizes` and in `nri_resize_resize_verdicts_total`.
 //!
 //! Needs root, the containerd binaries (`cargo xtask test` installs them), kernel BTF and the eBPF
 //! object built into the plugin (`cargo xtask build-ebpf`). Missing pieces fail loudly.
@@ -185,14 +189,26 @@ struct Plugins {
     all: Vec<Instance>,
 }
 
+/// The verdict window of every instance (f): short, so the test waits seconds, not minutes.
+const VERDICT_WINDOW: Duration = Duration::from_secs(4);
+
 impl Plugins {
     async fn start(ctrd: &Containerd) -> Self {
-        let ebpf = Instance::start(ctrd, "obs-ebpf", "10", &[]).await;
+        let config = ctrd.base_dir().join("observer-plugins.toml");
+        std::fs::write(
+            &config,
+            format!("[verdict]\nwindow = \"{}s\"\n", VERDICT_WINDOW.as_secs()),
+        )
+        .expect("write the plugins' config");
+        let config = config.to_str().expect("UTF-8 path");
+        let ebpf = Instance::start(ctrd, "obs-ebpf", "10", &["--config", config]).await;
         let forced = Instance::start(
             ctrd,
             "obs-forced",
             "11",
             &[
+                "--config",
+                config,
                 "--observer-interval",
                 "250ms",
                 "--observer-force-throttle=cpu_stat_polling",
@@ -205,7 +221,13 @@ impl Plugins {
             ctrd,
             "obs-noebpf",
             "12",
-            &["--observer-interval", "250ms", "--no-ebpf"],
+            &[
+                "--config",
+                config,
+                "--observer-interval",
+                "250ms",
+                "--no-ebpf",
+            ],
         )
         .await;
         let s = ebpf.status().await.observer.expect("observer").strategies;
@@ -811,6 +833,105 @@ async fn reclaim(ctrd: &Containerd, plugins: &Plugins) {
         .expect("RemovePodSandbox");
 }
 
+/// (f) Two containers at 1000m: a busy loop and an idle one. Both are lowered at once, the busy
+/// loop to 100m (starved: ~0.9 s/s throttled, cpu stall ~90 % on v2), the idle one to 500m. After
+/// the window every instance records `harmful` for the first, with the reason, and `healthy`
+/// for the second.
+async fn verdicts(ctrd: &Containerd, plugins: &Plugins) {
+    let mut spec = PodSpec::new("verdict");
+    spec.resources = Resources::limits(200_000, 0);
+    let pod = Box::pin(ctrd.run_pod(spec)).await.expect("RunPodSandbox");
+    let mut ids = Vec::new();
+    for (name, cmd) in [("busy", "while :; do :; done"), ("idle", "sleep 3600")] {
+        let mut c = ContainerSpec::new(name, &["sh", "-c", cmd]);
+        c.resources = Resources::limits(100_000, 64 * MIB);
+        let id = Box::pin(ctrd.create_container(&pod, c))
+            .await
+            .expect("CreateContainer");
+        ctrd.start_container(&id).await.expect("StartContainer");
+        ids.push(id);
+    }
+    // A window of history before the resize.
+    tokio::time::sleep(VERDICT_WINDOW + Duration::from_secs(2)).await;
+    ctrd.update_container_resources(&ids[0], &Resources::limits(10_000, 64 * MIB))
+        .await
+        .expect("UpdateContainerResources busy");
+    ctrd.update_container_resources(&ids[1], &Resources::limits(50_000, 64 * MIB))
+        .await
+        .expect("UpdateContainerResources idle");
+    let v2 = ctrd.cgroups().mode() == CgroupMode::V2;
+    let judged = wait_all(
+        plugins,
+        bound(VERDICT_WINDOW + Duration::from_secs(5)),
+        "verdicts on both resizes",
+        async |p| {
+            let r = p.api.resizes().await.expect("/v1/resizes");
+            let busy = r.verdicts.get(&ids[0])?.clone();
+            let idle = r.verdicts.get(&ids[1])?.clone();
+            (busy.verdict.is_some() && idle.verdict.is_some()).then_some((busy, idle))
+        },
+    )
+    .await;
+    for (p, (busy, idle)) in plugins.all.iter().zip(&judged) {
+        eprintln!(
+            "{}: busy {:?}: {}; idle {:?}: {}",
+            p.name, busy.verdict, busy.reason, idle.verdict, idle.reason
+        );
+        assert_eq!(
+            busy.verdict.map(|v| v.as_str()),
+            Some("harmful"),
+            "{}: {busy:?}",
+            p.name
+        );
+        assert!(
+            busy.reason.ends_with("after cpu 1000m → 100m") && busy.reason.contains("throttled"),
+            "{}: {}",
+            p.name,
+            busy.reason
+        );
+        if v2 {
+            assert!(
+                busy.reason.starts_with("cpu stall "),
+                "{}: {}",
+                p.name,
+                busy.reason
+            );
+        }
+        assert_eq!(
+            idle.verdict.map(|v| v.as_str()),
+            Some("healthy"),
+            "{}: {idle:?}",
+            p.name
+        );
+        assert!(
+            idle.reason.ends_with("after cpu 1000m → 500m"),
+            "{}: {}",
+            p.name,
+            idle.reason
+        );
+        let (_, metrics) = p.http("/metrics");
+        for verdict in ["harmful", "healthy"] {
+            let series = format!(
+                r#"nri_resize_resize_verdicts_total{{direction="decrease",resource="cpu",verdict="{verdict}"}} "#
+            );
+            let count: f64 = metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(series.as_str()))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0.0);
+            assert!(count >= 1.0, "{}: {series}is {count}", p.name);
+        }
+    }
+    for id in &ids {
+        ctrd.stop_container(id, 0).await.expect("StopContainer");
+        ctrd.remove_container(id).await.expect("RemoveContainer");
+    }
+    ctrd.stop_pod(&pod).await.expect("StopPodSandbox");
+    Box::pin(ctrd.remove_pod(&pod))
+        .await
+        .expect("RemovePodSandbox");
+}
+
 async fn observe(version: ContainerdVersion) {
     let _serial = SERIAL.lock().await;
     let ctrd = Containerd::start(version, ContainerdOptions::default()).await;
@@ -825,6 +946,8 @@ async fn observe(version: ContainerdVersion) {
     oom(&ctrd, &plugins).await;
     eprintln!("--- (b) page cache reclaim");
     reclaim(&ctrd, &plugins).await;
+    eprintln!("--- (f) verdicts on a starving and a harmless CPU decrease");
+    verdicts(&ctrd, &plugins).await;
     for mut p in plugins.all {
         p.plugin.stop();
     }

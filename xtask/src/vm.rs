@@ -1405,10 +1405,7 @@ fn run_vm(
         eprintln!("    run directory kept: {}", run.display());
     } else if std::env::var_os(KEEP_RUN_ENV).is_some() {
         // Passing suites' full logs (measured figures) stay for reading.
-        eprintln!(
-            "    run directory kept ({KEEP_RUN_ENV}): {}",
-            run.display()
-        );
+        eprintln!("    run directory kept ({KEEP_RUN_ENV}): {}", run.display());
     } else {
         let _ = std::fs::remove_dir_all(&run);
     }

@@ -37,7 +37,9 @@ use crate::model::{Container, EventRecord, LinuxResources, Pod, PodView};
 use crate::nri::{ContainerUpdate, LinkError, LinkStatus, RuntimeLink};
 use crate::observer::Strategies;
 use crate::resize::{ContainerResize, Engine, PodResize, PodResizeRequest, ResizeError};
-use crate::state::{Confirmation, ContainerObservation, NodeState, ObserverInfo, PodLevelStatus};
+use crate::state::{
+    Confirmation, ContainerObservation, NodeState, ObserverInfo, PodLevelStatus, ResizeVerdict,
+};
 use crate::sync::{Locked as _, ReadWriteLocked as _};
 
 /// `GET /v1/status`.
@@ -420,22 +422,33 @@ fn router(state: Arc<NodeState>, link: RuntimeLink, engine: Option<Arc<Engine>>)
         })
 }
 
-/// `GET /v1/resizes`: per container (by id) and per whole-pod resize.
+/// `GET /v1/resizes`: per container (by id) and per whole-pod resize, and the verdict on each
+/// container's last applied resize.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Resizes {
     pub containers: std::collections::BTreeMap<String, ContainerResize>,
     pub pods: Vec<PodResize>,
+    /// By container id: `verdict` is `healthy`, `harmful` or absent while the window runs.
+    #[serde(default)]
+    pub verdicts: std::collections::BTreeMap<String, ResizeVerdict>,
 }
 
 async fn resizes(State(ctx): State<Ctx>) -> Json<Resizes> {
-    Json(
-        ctx.engine
-            .as_ref()
-            .map_or_else(Resizes::default, |e| Resizes {
-                containers: e.container_resizes().into_iter().collect(),
-                pods: e.pod_resizes(),
-            }),
-    )
+    let mut r = ctx
+        .engine
+        .as_ref()
+        .map_or_else(Resizes::default, |e| Resizes {
+            containers: e.container_resizes().into_iter().collect(),
+            pods: e.pod_resizes(),
+            verdicts: std::collections::BTreeMap::new(),
+        });
+    r.verdicts = ctx.state.verdicts(|v| {
+        v.records
+            .iter()
+            .map(|(id, r)| (id.clone(), r.clone()))
+            .collect()
+    });
+    Json(r)
 }
 
 async fn resize_pod(

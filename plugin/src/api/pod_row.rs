@@ -43,6 +43,7 @@ pub fn pod_row(p: &PodStatus) -> Option<Row> {
         "-".into(),
         "-".into(),
         "-".into(),
+        "-".into(),
         reason,
     ])
 }
@@ -174,7 +175,7 @@ mod tests {
         let s = status(level);
         let row = pod_row(&s.pods[0]).expect("a row");
         assert_eq!(row[2], "500m/max");
-        assert_eq!(row[9], "actual differs from desired");
+        assert_eq!(row[10], "actual differs from desired");
         let mut none = s.clone();
         none.pods[0].pod_level = None;
         assert!(pod_row(&none.pods[0]).is_none());

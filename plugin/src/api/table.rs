@@ -5,11 +5,11 @@ use std::fmt::Write as _;
 
 use super::{ContainerStatus, Resizes, Status};
 use crate::model::LinuxResources;
-use crate::policy::{bytes_text, UNLIMITED_BYTES};
+use crate::policy::{bytes_text, Verdict, UNLIMITED_BYTES};
 
 /// One line of the table: POD, CONTAINER, DESIRED, ALLOCATED, ACTUAL, STATE, THROTTLED,
-/// RECLAIMED, STALL, REASON.
-pub type Row = [String; 10];
+/// RECLAIMED, STALL, VERDICT, REASON.
+pub type Row = [String; 11];
 
 /// `500m/128Mi`; `-` when unknown, `max` for unlimited.
 fn compact(cpu_millis: Option<u64>, cpu_limited: bool, memory: Option<i64>) -> String {
@@ -136,6 +136,7 @@ fn rows(s: &Status, resizes: &Resizes, page_size: u64) -> Vec<Row> {
                     "-".into(),
                     "-".into(),
                     "-".into(),
+                    "-".into(),
                     String::new(),
                 ]];
             }
@@ -155,6 +156,13 @@ fn rows(s: &Status, resizes: &Resizes, page_size: u64) -> Vec<Row> {
                         )
                     });
                     let mut reason = reason;
+                    let verdict = resizes.verdicts.get(&c.id);
+                    if let Some(v) = verdict.filter(|v| v.verdict == Some(Verdict::Harmful)) {
+                        if !reason.is_empty() {
+                            reason.push_str("; ");
+                        }
+                        let _ = write!(reason, "harmful: {}", v.reason);
+                    }
                     if let Some(o) = &c.observed {
                         if o.matches == Some(false) && reason.is_empty() {
                             reason = if o.differences.is_empty() {
@@ -174,6 +182,10 @@ fn rows(s: &Status, resizes: &Resizes, page_size: u64) -> Vec<Row> {
                         throttling(c),
                         reclaim(c, page_size),
                         stall(c),
+                        verdict.map_or_else(
+                            || "-".to_string(),
+                            |v| v.verdict.map_or("judging", Verdict::as_str).to_string(),
+                        ),
                         reason,
                     ]
                 })
@@ -235,6 +247,7 @@ pub fn render_status(s: &Status, resizes: &Resizes, page_size: u64, now_ms: u64)
         "THROTTLED",
         "RECLAIMED",
         "STALL",
+        "VERDICT",
         "REASON",
     ];
     let mut widths = header.map(str::len);
@@ -391,6 +404,19 @@ mod tests {
                 deferred_target: None,
             },
         );
+        resizes.verdicts.insert(
+            "c1".into(),
+            crate::state::ResizeVerdict {
+                verdict: Some(Verdict::Harmful),
+                change: "cpu 1000m → 500m".into(),
+                reason: "cpu stall 31 % (was 2 %) after cpu 1000m → 500m".into(),
+                applied_ms: 0,
+                judged_ms: Some(30_000),
+                window_ms: 30_000,
+                before: None,
+                after: None,
+            },
+        );
         let text = render_status(&status(), &resizes, 4096, 0);
         let lines: Vec<&str> = text.lines().collect();
         assert!(
@@ -409,6 +435,7 @@ mod tests {
             "THROTTLED",
             "RECLAIMED",
             "STALL",
+            "VERDICT",
             "REASON",
         ] {
             assert!(header.contains(col), "{col} in {header}");
@@ -432,11 +459,25 @@ mod tests {
                 "0.4%",
                 "cpu",
                 "31%",
+                "harmful",
                 "node",
                 "has",
                 "1",
                 "CPU",
-                "free"
+                "free;",
+                "harmful:",
+                "cpu",
+                "stall",
+                "31",
+                "%",
+                "(was",
+                "2",
+                "%)",
+                "after",
+                "cpu",
+                "1000m",
+                "→",
+                "500m"
             ],
             "{text}"
         );
@@ -448,6 +489,7 @@ mod tests {
                 "sidecar",
                 "200m/64Mi",
                 "200m/64Mi",
+                "-",
                 "-",
                 "-",
                 "-",

@@ -168,6 +168,12 @@ impl Loop {
                 }
             }
         });
+        // Verdicts on applied resizes compare these counters over time.
+        self.state.verdict_tick(
+            watched
+                .iter()
+                .filter_map(|(id, w)| Some((id.as_str(), w.last.as_ref()?))),
+        );
         // First sight of a container's cgroup: record its actual limits next to its spec.
         for id in self.newly_resolved.drain(..) {
             self.state.confirm(&id, None);

@@ -13,6 +13,7 @@ mod openmetrics;
 mod pod;
 mod restart;
 mod server;
+mod verdict;
 
 use std::fmt;
 use std::time::Instant;
@@ -28,6 +29,7 @@ pub use decrease::{DecreaseMetrics, DecreaseOutcome};
 pub use pod::PodMetrics;
 pub use restart::{RestartMetrics, RestartOutcome};
 pub use server::{serve, MetricsServer, Readiness};
+pub use verdict::VerdictMetrics;
 
 use crate::cgroup::ActualResources;
 use crate::model::LinuxResources;
@@ -103,6 +105,8 @@ pub struct Metrics {
     pub confirmation: ConfirmationMetrics,
     /// Pod-level resources (desired vs actual per pod).
     pub pod: PodMetrics,
+    /// Verdicts on applied resizes.
+    pub verdict: VerdictMetrics,
     page_size: u64,
 }
 
@@ -290,6 +294,7 @@ impl Metrics {
             restart: RestartMetrics::new(r)?,
             confirmation: ConfirmationMetrics::new(r)?,
             pod: PodMetrics::new(r)?,
+            verdict: VerdictMetrics::new(r)?,
             page_size,
             registry,
         })
@@ -336,6 +341,11 @@ impl Metrics {
     #[cfg(test)]
     pub(crate) fn touch_all_for_catalog(&self) {
         self.decrease.outcome(DecreaseOutcome::Direct);
+        self.verdict.verdict(
+            Resource::Cpu,
+            Direction::Decrease,
+            crate::policy::Verdict::Harmful,
+        );
         let l = ContainerLabels::default();
         let mut s = self.container(&l);
         s.update(

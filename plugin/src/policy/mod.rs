@@ -81,8 +81,10 @@ mod planner;
 mod pod_level;
 mod quantity;
 mod resize_policy;
+mod share;
 mod units;
 mod validate;
+mod verdict;
 
 pub use admission::{
     admit, holds_exclusive_cpus, qos_class, Admission, AdmissionError, Allocated,
@@ -115,5 +117,10 @@ pub use resize_policy::{
     EffectivePolicy, PolicyAnnotation, PolicyDefaults, ResizeAction, ResizePolicy, Resolved,
     RestartPolicy,
 };
+pub use share::Share;
 pub use units::{bytes_text, cpu_quota_text, cpu_text, memory_limit_text, UNLIMITED_BYTES};
 pub use validate::validate_annotations;
+pub use verdict::{
+    bounds, judge, limit_changes, CounterSample, LimitChange, Verdict, VerdictThresholds,
+    WindowStats,
+};
