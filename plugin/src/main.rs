@@ -367,7 +367,7 @@ async fn resize_command(api: &ApiArgs, pod: &str, containers: &[String]) -> anyh
         let (container, target) = spec
             .split_once('=')
             .ok_or_else(|| anyhow::anyhow!("{spec:?}: expected container=cpu=..,memory=.."))?;
-        let target = nri_resize::resize::parse_target(target)
+        let target = nri_resize::api::parse_target(target)
             .map_err(|e| anyhow::anyhow!("{container}: {e}"))?;
         req.containers.insert(container.to_string(), target);
     }

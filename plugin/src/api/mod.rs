@@ -12,6 +12,7 @@
 
 mod client;
 mod pod_row;
+mod resize_spec;
 mod table;
 
 use std::ops::Deref;
@@ -30,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 pub use client::{ApiClient, ClientError};
+pub use resize_spec::{parse_target, TargetSpecError};
 pub use table::render_status;
 
 use crate::cgroup::ActualResources;

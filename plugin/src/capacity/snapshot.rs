@@ -279,13 +279,15 @@ pub(crate) mod fixture {
         }
 
         pub fn set_mem_total_kib(&self, kib: u64) {
-            self.write(
-                "proc/meminfo",
-                &format!(
-                    "MemTotal:       {kib} kB\nMemFree:        1024 kB\nMemAvailable:   2048 kB\nBuffers: 0 kB\nCached: 0 kB\nSwapCached: 0 kB\nActive: 0 kB\nInactive: 0 kB\nActive(anon): 0 kB\nInactive(anon): 0 kB\nActive(file): 0 kB\nInactive(file): 0 kB\nUnevictable: 0 kB\nMlocked: 0 kB\nSwapTotal: 0 kB\nSwapFree: 0 kB\nDirty: 0 kB\nWriteback: 0 kB\nAnonPages: 0 kB\nMapped: 0 kB\nShmem: 0 kB\nSlab: 0 kB\nSReclaimable: 0 kB\nSUnreclaim: 0 kB\nKernelStack: 0 kB\nPageTables: 0 kB\nNFS_Unstable: 0 kB\nBounce: 0 kB\nWritebackTmp: 0 kB\nCommitLimit: 0 kB\nCommitted_AS: 0 kB\nVmallocTotal: 0 kB\nVmallocUsed: 0 kB\nVmallocChunk: 0 kB\n"
-                ),
-            );
+            self.write("proc/meminfo", &meminfo(kib));
         }
+    }
+
+    /// A `/proc/meminfo` with every line procfs requires, `MemTotal` as given.
+    pub fn meminfo(kib: u64) -> String {
+        format!(
+            "MemTotal:       {kib} kB\nMemFree:        1024 kB\nMemAvailable:   2048 kB\nBuffers: 0 kB\nCached: 0 kB\nSwapCached: 0 kB\nActive: 0 kB\nInactive: 0 kB\nActive(anon): 0 kB\nInactive(anon): 0 kB\nActive(file): 0 kB\nInactive(file): 0 kB\nUnevictable: 0 kB\nMlocked: 0 kB\nSwapTotal: 0 kB\nSwapFree: 0 kB\nDirty: 0 kB\nWriteback: 0 kB\nAnonPages: 0 kB\nMapped: 0 kB\nShmem: 0 kB\nSlab: 0 kB\nSReclaimable: 0 kB\nSUnreclaim: 0 kB\nKernelStack: 0 kB\nPageTables: 0 kB\nNFS_Unstable: 0 kB\nBounce: 0 kB\nWritebackTmp: 0 kB\nCommitLimit: 0 kB\nCommitted_AS: 0 kB\nVmallocTotal: 0 kB\nVmallocUsed: 0 kB\nVmallocChunk: 0 kB\n"
+        )
     }
 }
 

@@ -11,7 +11,9 @@ use serde::{Deserialize, Serialize};
 
 pub use journal::{EventKind, EventRecord, Journal};
 pub use pod_limits::PodLimits;
-pub use resources::{CpuResources, HugepageLimit, LinuxResources, MemoryResources};
+pub use resources::{
+    limited_bytes, CpuResources, HugepageLimit, LinuxResources, MemoryResources, UNLIMITED_BYTES,
+};
 
 /// A pod sandbox.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

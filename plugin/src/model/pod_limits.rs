@@ -3,10 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::LinuxResources;
-
-/// Memory limits at or above this are "unlimited" (cgroup v1 reports `PAGE_COUNTER_MAX` pages).
-const UNLIMITED_MEMORY: i64 = 1 << 62;
+use super::{limited_bytes, LinuxResources};
 
 /// CPU and memory limits of a pod; `None` = unlimited.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -38,9 +35,7 @@ impl PodLimits {
 }
 
 fn memory(limit: Option<i64>) -> Option<u64> {
-    limit
-        .filter(|l| *l > 0 && *l < UNLIMITED_MEMORY)
-        .map(i64::unsigned_abs)
+    limit.and_then(limited_bytes)
 }
 
 #[cfg(test)]

@@ -5,6 +5,18 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+/// Memory limits at or above this are unlimited (cgroup v1 reports `PAGE_COUNTER_MAX` pages in
+/// bytes, v2 `max`): the one such constant of the crate.
+pub const UNLIMITED_BYTES: u64 = 1 << 62;
+
+/// A memory limit as the runtime or a cgroup gives it, in bytes; `None` when it is unlimited
+/// (`-1`, 0, or at or above [`UNLIMITED_BYTES`]).
+pub fn limited_bytes(limit: i64) -> Option<u64> {
+    u64::try_from(limit)
+        .ok()
+        .filter(|&b| b > 0 && b < UNLIMITED_BYTES)
+}
+
 /// CPU part of [`LinuxResources`].
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

@@ -1,9 +1,7 @@
 //! Quantities as people read them, in Kubernetes' notation: `500m`, `128Mi`, `66.6Mi`, `2Gi`,
 //! `unlimited`. Every text a person reads (status, reasons, logs, the demo) uses these.
 
-/// Memory limits at or above this are unlimited (cgroup v1 reports `PAGE_COUNTER_MAX` pages in
-/// bytes, v2 `max`): the one such constant of the crate.
-pub const UNLIMITED_BYTES: u64 = 1 << 62;
+pub use crate::model::UNLIMITED_BYTES;
 
 const KI: u64 = 1 << 10;
 const MI: u64 = 1 << 20;

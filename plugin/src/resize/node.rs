@@ -3,8 +3,10 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::capacity::snapshot::ReadError;
+use crate::capacity::SysReader;
 use crate::config::ResizeConfig;
-use crate::policy::{CpuSet, NodeCapacity};
+use crate::policy::{AdmissionError, CpuSet, NodeCapacity};
 
 /// Node capacity could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -12,10 +14,21 @@ pub enum NodeError {
     #[error("reading {path}: {source}")]
     Read {
         path: PathBuf,
+        #[source]
         source: std::io::Error,
     },
-    #[error("cannot parse {path}: {message}")]
-    Parse { path: PathBuf, message: String },
+    #[error("cannot parse {path}: {source}")]
+    Cpus {
+        path: PathBuf,
+        #[source]
+        source: AdmissionError,
+    },
+    /// `MemTotal`, read through procfs as the capacity watcher reads it.
+    #[error("cannot read MemTotal: {source}")]
+    Memory {
+        #[source]
+        source: ReadError,
+    },
 }
 
 /// Reads node capacity from `<root>/sys/devices/system/cpu/online` and `<root>/proc/meminfo`.
@@ -44,21 +57,13 @@ impl NodeReader {
     /// The node's capacity with the `[resize]` reserves kept back for the system.
     pub fn capacity(&self, reserve: &ResizeConfig) -> Result<NodeCapacity, NodeError> {
         let (cpu_path, online) = self.read("sys/devices/system/cpu/online")?;
-        let online_cpus = CpuSet::parse(online.trim()).map_err(|e| NodeError::Parse {
+        let online_cpus = CpuSet::parse(online.trim()).map_err(|source| NodeError::Cpus {
             path: cpu_path,
-            message: e.to_string(),
+            source,
         })?;
-        let (mem_path, meminfo) = self.read("proc/meminfo")?;
-        let memory_bytes = meminfo
-            .lines()
-            .find_map(|l| l.strip_prefix("MemTotal:"))
-            .and_then(|v| v.trim().strip_suffix("kB"))
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(|kb| kb * 1024)
-            .ok_or_else(|| NodeError::Parse {
-                path: mem_path,
-                message: "no MemTotal line in kB".into(),
-            })?;
+        let memory_bytes = SysReader::new(&self.root)
+            .mem_total()
+            .map_err(|source| NodeError::Memory { source })?;
         Ok(NodeCapacity {
             online_cpus_millis: u64::from(online_cpus.count()) * 1000,
             memory_bytes,
@@ -72,6 +77,7 @@ impl NodeReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::capacity::snapshot::fixture::meminfo;
 
     fn reserve(memory: u64) -> ResizeConfig {
         ResizeConfig {
@@ -92,7 +98,7 @@ mod tests {
 
     #[test]
     fn reads_cpus_and_memory() {
-        let dir = fixture("0-3,6\n", "MemTotal:       24576000 kB\nMemFree: 1 kB\n");
+        let dir = fixture("0-3,6\n", &meminfo(24_576_000));
         let cap = NodeReader::new(dir.path())
             .capacity(&reserve(1 << 30))
             .unwrap();

@@ -16,15 +16,25 @@ use std::collections::BTreeMap;
 
 use tracing::{info, warn};
 
-use super::Engine;
+use super::{Engine, PodCgroupError, UpdateError};
 use crate::capacity::OnCapacityChange;
 use crate::clock::now_ms;
 use crate::config::Mode;
 use crate::model::{Container, LinuxResources, Pod};
-use crate::nri::ContainerUpdate;
 use crate::policy::{plan_single, Admission, Limits, Quantities, ResizeState, Step};
 use crate::state::{Reevaluation, ReevaluationOutcome};
 use crate::sync::Locked as _;
+
+/// Why a waiting resize that fits now could not be applied.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("{0}")]
+    ReadPod(#[source] PodCgroupError),
+    #[error("raising the pod cgroup first: {0}")]
+    RaisePod(#[source] PodCgroupError),
+    #[error(transparent)]
+    Update(#[from] UpdateError),
+}
 
 /// The capacity watcher's hook: a capacity change re-evaluates the waiting resizes.
 #[async_trait::async_trait]
@@ -89,7 +99,7 @@ impl Engine {
                 ),
                 Admission::Fits => match self.apply_waiting(&pod, &ctr, &desired).await {
                     Ok(()) => (ReevaluationOutcome::Applied, String::new()),
-                    Err(e) => (ReevaluationOutcome::Failed, e),
+                    Err(e) => (ReevaluationOutcome::Failed, e.to_string()),
                 },
                 Admission::Deferred { reason } => (ReevaluationOutcome::Deferred, reason),
                 Admission::Infeasible { reason } => (ReevaluationOutcome::Infeasible, reason),
@@ -150,36 +160,19 @@ impl Engine {
         pod: &Pod,
         ctr: &Container,
         desired: &LinuxResources,
-    ) -> Result<(), String> {
+    ) -> Result<(), ApplyError> {
         if self.cgroups.is_some() {
-            let current = self.current_pod(pod)?;
+            let current = self.current_pod(pod).map_err(ApplyError::ReadPod)?;
             if let Ok(Some(Step::SetPod(raise))) = plan_single(
                 &current,
                 &ctr.name,
                 &Limits::from_linux(desired),
                 &self.plan_options(),
             ) {
-                self.write_pod(pod, &raise)
-                    .map_err(|e| format!("raising the pod cgroup first: {e}"))?;
+                self.write_pod(pod, &raise).map_err(ApplyError::RaisePod)?;
             }
         }
-        let failed = self
-            .link
-            .update_containers(
-                &[ContainerUpdate {
-                    container_id: ctr.id.clone(),
-                    resources: desired.clone(),
-                    ignore_failure: false,
-                }],
-                &[],
-            )
-            .await
-            .map_err(|e| format!("runtime UpdateContainers: {e}"))?;
-        if !failed.is_empty() {
-            return Err("the runtime could not update the container".into());
-        }
-        self.state
-            .write_model(|m| m.apply_resources(&ctr.id, desired));
+        self.update_through_runtime(&ctr.id, desired).await?;
         self.note_applied_update(&ctr.id, desired);
         self.state.metrics.resize_outcome("in_place");
         Ok(())
@@ -191,6 +184,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::capacity::snapshot::fixture::meminfo;
     use crate::config::Config;
     use crate::model::{ContainerState, CpuResources, MemoryResources};
     use crate::nri::{Rejection, RuntimeLink};
@@ -237,7 +231,7 @@ mod tests {
             .expect("write");
             std::fs::write(
                 self.dir.path().join("proc/meminfo"),
-                format!("MemTotal: {} kB\n", mem_gib * 1024 * 1024),
+                meminfo(mem_gib * 1024 * 1024),
             )
             .expect("write");
         }

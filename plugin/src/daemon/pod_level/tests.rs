@@ -12,6 +12,7 @@ use ttrpc::r#async::transport::Socket;
 use ttrpc::r#async::{Client, Server, TtrpcContext};
 
 use super::*;
+use crate::capacity::snapshot::fixture::meminfo;
 use crate::cgroup::{Cgroups, V2};
 use crate::config::Config;
 use crate::model::{Container, CpuResources, MemoryResources};
@@ -40,8 +41,7 @@ impl Fixture {
         std::fs::create_dir_all(&cpu).expect("mkdir");
         std::fs::write(cpu.join("online"), "0-1\n").expect("write");
         std::fs::create_dir_all(f.node.path().join("proc")).expect("mkdir");
-        std::fs::write(f.node.path().join("proc/meminfo"), "MemTotal: 8388608 kB\n")
-            .expect("write");
+        std::fs::write(f.node.path().join("proc/meminfo"), meminfo(8_388_608)).expect("write");
         f.pod_cgroup("max 100000", "max", 50 * MI);
         f
     }

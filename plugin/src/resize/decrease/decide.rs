@@ -1,0 +1,222 @@
+//! Deciding a kubelet-driven memory decrease: direct, staged (with an interim limit), restart
+//! or reject, after a page-cache reclaim inside the update where that is enough; and kubelet
+//! asking again for a decrease that is staged or was deferred.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tracing::{info, warn};
+
+use super::{memory_limit, Engine};
+use crate::cgroup::{container_path, CgroupIo};
+use crate::config::Mode;
+use crate::metrics::DecreaseOutcome;
+use crate::model::{Container, LinuxResources, MemoryResources, Pod};
+use crate::nri::Rejection;
+use crate::policy::{
+    bytes_text, effective_decrease_strategy, mib, plan_decrease, DecreasePlan,
+    MemoryDecreaseStrategy, ResizeState,
+};
+use crate::sync::Locked as _;
+
+/// The engine's answer for a memory decrease (`Direct`: not below usage, or reclaimed inline).
+pub(in crate::resize) enum DecreaseVerdict {
+    /// The limit is above usage: the runtime writes it as asked.
+    Direct,
+    /// Accept with this memory limit now (the interim); reclaim runs.
+    Interim(u64),
+    /// Restart (evict) with this reason.
+    Restart(String),
+    /// Fail the update with this reason (`Deferred`).
+    Reject(String),
+}
+
+impl Engine {
+    /// Decides a kubelet-driven memory decrease from `allocated` to `desired` (see the module
+    /// docs). Reads the container's usage: one cgroupfs read, within the NRI deadline.
+    pub(in crate::resize) fn decide_decrease(
+        &self,
+        pod: &Pod,
+        ctr: &Container,
+        allocated: &LinuxResources,
+        desired: &LinuxResources,
+    ) -> DecreaseVerdict {
+        let Some(target) = memory_limit(desired) else {
+            return DecreaseVerdict::Direct;
+        };
+        let old = memory_limit(allocated);
+        if old.is_some_and(|o| o <= target) {
+            return DecreaseVerdict::Direct;
+        }
+        let Some(cg) = self.cgroups.as_ref() else {
+            return DecreaseVerdict::Direct;
+        };
+        let usage = match container_path(&ctr.cgroups_path).and_then(|p| cg.memory_use(&p)) {
+            Ok(u) => u,
+            Err(e) => {
+                warn!(container = %ctr.name, pod = %pod.full_name(), error = %e, "memory usage unreadable; the runtime writes the decrease as asked");
+                return DecreaseVerdict::Direct;
+            }
+        };
+        let cfg = self.config();
+        let md = &cfg.memory_decrease;
+        let DecreasePlan::Staged { interim, .. } =
+            plan_decrease(old, target, usage.usage, md.headroom)
+        else {
+            self.state.metrics.decrease.outcome(DecreaseOutcome::Direct);
+            return DecreaseVerdict::Direct;
+        };
+        let (strategy, errors) = effective_decrease_strategy(
+            &pod.annotations,
+            &ctr.name,
+            md.strategy,
+            cfg.policy.allow_annotations,
+        );
+        for e in &errors {
+            warn!(pod = %pod.full_name(), container = %ctr.name, error = %e, "memory-decrease annotation ignored");
+            self.state.metrics.annotation_error();
+        }
+        let what = format!(
+            "usage {} above requested limit {}",
+            bytes_text(usage.usage),
+            bytes_text(target)
+        );
+        if strategy == MemoryDecreaseStrategy::Reclaim
+            && cfg.resize.mode == Mode::Enforce
+            && self.reclaim_inline(ctr, target, &usage, md.inline_max)
+        {
+            return DecreaseVerdict::Direct;
+        }
+        match strategy {
+            MemoryDecreaseStrategy::Reject => {
+                self.state
+                    .metrics
+                    .decrease
+                    .outcome(DecreaseOutcome::Rejected);
+                DecreaseVerdict::Reject(format!("{what} (memory-decrease strategy reject)"))
+            }
+            MemoryDecreaseStrategy::Restart => {
+                self.state
+                    .metrics
+                    .decrease
+                    .outcome(DecreaseOutcome::Restarted);
+                DecreaseVerdict::Restart(format!(
+                    "{what}: restarting under the new limit (memory-decrease strategy restart)"
+                ))
+            }
+            MemoryDecreaseStrategy::Reclaim => DecreaseVerdict::Interim(interim),
+        }
+    }
+
+    /// The fast path: when what must go is page cache (anonymous and shared memory fit under
+    /// the target) and is at most `inline_max`, one reclaim inside the update — v1: the target
+    /// limit written directly (the kernel reclaims inside the write or refuses with `EBUSY`,
+    /// never an OOM kill), v2: one `memory.reclaim`. `true`: usage fits the target now, and the
+    /// runtime writes the limit as asked.
+    fn reclaim_inline(
+        &self,
+        ctr: &Container,
+        target: u64,
+        usage: &crate::policy::MemoryUse,
+        inline_max: u64,
+    ) -> bool {
+        let need = usage.usage.saturating_sub(target);
+        if need == 0 || need > inline_max || usage.unreclaimable() >= target {
+            return false;
+        }
+        let (Some(cg), Ok(path)) = (self.cgroups.as_ref(), container_path(&ctr.cgroups_path))
+        else {
+            return false;
+        };
+        let started = Instant::now();
+        let fits = match cg.version() {
+            crate::cgroup::CgroupVersion::V1 => cg.set_memory_limit(&path, Some(target)).is_ok(),
+            crate::cgroup::CgroupVersion::V2 => {
+                let _ = cg.reclaim(&path, crate::policy::reclaim_request(usage.usage, target));
+                cg.memory_use(&path).is_ok_and(|u| u.usage <= target)
+            }
+        };
+        if fits {
+            info!(container = %ctr.name, target_mib = mib(target), reclaimed_mib = mib(need), took_ms = started.elapsed().as_millis(), "page cache reclaimed inside the update");
+            self.state
+                .metrics
+                .decrease
+                .inline(need, started.elapsed().as_secs_f64());
+        }
+        fits
+    }
+
+    /// kubelet shows the error text of `UpdateContainerResources` in the pod's
+    /// `PodResizeInProgress` condition, and re-sends the update while `ContainerStatus` differs
+    /// from what it asked. So the same decrease asked again is answered with an error carrying:
+    /// - while it is staged: its progress (the reclaim goes on);
+    /// - once it was deferred: the reason, and the reclaim starts again from the limit kept.
+    ///
+    /// Nothing else of the request differs from what is allocated (a request that changes
+    /// anything else is a newer one: it supersedes the staged decrease and is decided anew).
+    /// `None`: not a repeat.
+    pub(in crate::resize) fn repeated_decrease(
+        self: &Arc<Self>,
+        pod: &Pod,
+        ctr: &Container,
+        requested: &LinuxResources,
+        desired: &LinuxResources,
+        allocated: &LinuxResources,
+    ) -> Option<Rejection> {
+        let asked = memory_limit(requested);
+        let subject = format!("{}/{}", pod.full_name(), ctr.name);
+        let same_but_memory = |kept: u64| {
+            let mut same = desired.clone();
+            same.memory
+                .get_or_insert_with(MemoryResources::default)
+                .limit = Some(i64::try_from(kept).unwrap_or(i64::MAX));
+            same == *allocated
+        };
+        if let Some((interim, target)) = self.reclaim_in_flight(&ctr.id) {
+            if asked == Some(target) && same_but_memory(interim) {
+                let progress = self
+                    .containers
+                    .locked()
+                    .get(&ctr.id)
+                    .map(|r| r.reason.clone())
+                    .unwrap_or_default();
+                return Some(Rejection(format!(
+                    "memory decrease of {subject} in progress, not yet in place: {progress}"
+                )));
+            }
+            self.supersede_reclaim(&ctr.id);
+            return None;
+        }
+        let (deferred, reason) = {
+            let all = self.containers.locked();
+            let r = all.get(&ctr.id)?;
+            (r.deferred_target?, r.reason.clone())
+        };
+        let kept = memory_limit(allocated)?;
+        if asked != Some(deferred)
+            || deferred >= kept
+            || !same_but_memory(kept)
+            || self.config().resize.mode != Mode::Enforce
+        {
+            return None;
+        }
+        info!(container = %subject, target = %bytes_text(deferred), kept = %bytes_text(kept), "deferred memory decrease asked again: reclaiming again");
+        self.record(
+            pod,
+            ctr,
+            Some(desired),
+            Some(ResizeState::InProgress),
+            &format!(
+                "reclaiming again: limit {} requested; the cgroup holds {} until usage fits (was deferred: {reason})",
+                bytes_text(deferred),
+                bytes_text(kept)
+            ),
+        );
+        self.spawn_reclaim(pod.id.clone(), ctr, deferred, kept, Instant::now());
+        // The runtime applies nothing (the answer is an error): start at once.
+        self.notify_reclaim_applied(&ctr.id);
+        Some(Rejection(format!(
+            "memory decrease of {subject} deferred: {reason}; reclaiming again"
+        )))
+    }
+}

@@ -1,0 +1,150 @@
+//! Safe memory decrease inside the engine: when an update lowers a container's memory limit
+//! below its usage, the strategy (`reclaim`, `restart`, `reject`; see
+//! [`crate::policy::MemoryDecreaseStrategy`]) decides. `reclaim` accepts the update with a safe
+//! interim limit, reclaims on a blocking thread ([`super::reclaim`]) and applies the requested
+//! limit through NRI `UpdateContainers` once usage fits, so the runtime's spec — what kubelet
+//! reads back as actual — says the new limit only when it is really in place.
+//!
+//! One staged decrease per container: a newer update for the container cancels it at once (a
+//! repeat of the same request keeps it). Each is checkpointed in the state directory and resumed
+//! after a plugin restart.
+//!
+//! [`decide`]: what a decrease below usage becomes (and a repeat of one); [`staged`]: accepting
+//! one and its reclaim task, driven by [`drive`]; [`whole_pod`]: a whole-pod step's decrease;
+//! [`resume`]: the checkpoints and their resumption.
+
+mod decide;
+mod drive;
+mod resume;
+mod staged;
+mod whole_pod;
+
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+pub(super) use self::decide::DecreaseVerdict;
+use self::resume::checkpoint_key;
+use super::Engine;
+use crate::model::{limited_bytes, LinuxResources, MemoryResources};
+use crate::policy::mib;
+use crate::sync::Locked as _;
+
+/// A staged decrease in flight.
+#[derive(Debug)]
+pub(in crate::resize) struct ReclaimHandle {
+    pub(super) cancel: CancellationToken,
+    /// Signalled when the runtime has applied the interim limit (`PostUpdateContainer`).
+    pub(super) applied: Arc<Notify>,
+    pub(super) pod_id: String,
+    pub(super) target: u64,
+    pub(super) interim: u64,
+    generation: u64,
+}
+
+fn memory_limit(r: &LinuxResources) -> Option<u64> {
+    r.memory
+        .as_ref()
+        .and_then(|m| m.limit)
+        .and_then(limited_bytes)
+}
+
+fn memory_only(limit: u64) -> LinuxResources {
+    LinuxResources {
+        memory: Some(MemoryResources {
+            limit: Some(i64::try_from(limit).unwrap_or(i64::MAX)),
+            ..MemoryResources::default()
+        }),
+        ..LinuxResources::default()
+    }
+}
+
+/// Whether a resize record lowers the memory limit (desired below allocated).
+pub(in crate::resize) fn is_memory_decrease(r: &super::ContainerResize) -> bool {
+    let (Some(d), Some(a)) = (&r.desired, &r.allocated) else {
+        return false;
+    };
+    match (memory_limit(d), memory_limit(a)) {
+        (Some(d), Some(a)) => d < a,
+        (Some(_), None) => true,
+        _ => false,
+    }
+}
+
+/// Whether the node has swap (anonymous memory is then reclaimable), from `/proc/meminfo`.
+fn node_has_swap() -> bool {
+    use procfs::Current as _;
+    procfs::Meminfo::current().is_ok_and(|m| m.swap_total > 0)
+}
+
+impl Engine {
+    /// Cancels the staged decrease of `container_id`, if any.
+    pub(in crate::resize) fn supersede_reclaim(&self, container_id: &str) {
+        if let Some(h) = self.reclaims.locked().remove(container_id) {
+            info!(
+                container_id,
+                target_mib = mib(h.target),
+                "newer update: staged memory decrease superseded"
+            );
+            h.cancel.cancel();
+            // It must not be resumed after a restart; a newer staged decrease writes its own.
+            if let Some(store) = &self.checkpoints {
+                if let Err(e) = store.remove(&checkpoint_key(container_id)) {
+                    warn!(container_id, error = %e, "cannot remove the reclaim checkpoint");
+                }
+            }
+        }
+    }
+
+    /// Cancels the staged decreases of every container of `pod_id` (a newer whole-pod request).
+    pub(in crate::resize) fn supersede_pod_reclaims(&self, pod_id: &str) {
+        let ids: Vec<String> = self
+            .reclaims
+            .locked()
+            .iter()
+            .filter(|(_, h)| h.pod_id == pod_id)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in ids {
+            self.supersede_reclaim(&id);
+        }
+    }
+
+    /// The runtime applied an update of `container_id`: a staged decrease waiting for its interim
+    /// limit may start.
+    pub(in crate::resize) fn notify_reclaim_applied(&self, container_id: &str) {
+        if let Some(h) = self.reclaims.locked().get(container_id) {
+            h.applied.notify_one();
+        }
+    }
+
+    /// The staged decrease in flight for `container_id` with this target: `(interim, target)`.
+    pub(in crate::resize) fn reclaim_in_flight(&self, container_id: &str) -> Option<(u64, u64)> {
+        self.reclaims
+            .locked()
+            .get(container_id)
+            .map(|h| (h.interim, h.target))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::ResizeState;
+    use crate::resize::ContainerResize;
+
+    #[test]
+    fn a_waiting_memory_decrease_is_told_apart_from_other_waiting_resizes() {
+        let rec = |desired: u64, allocated: Option<u64>| ContainerResize {
+            desired: Some(memory_only(desired)),
+            allocated: allocated.map(memory_only),
+            state: Some(ResizeState::Deferred),
+            ..ContainerResize::default()
+        };
+        assert!(is_memory_decrease(&rec(100 << 20, Some(317 << 20))));
+        assert!(!is_memory_decrease(&rec(512 << 20, Some(256 << 20))));
+        assert!(!is_memory_decrease(&ContainerResize::default()));
+    }
+}

@@ -1,0 +1,168 @@
+//! A whole-pod step that lowers a container's memory below its usage: reclaim first (within the
+//! step), or stop the resize Deferred when the strategy or the memory does not allow it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use super::{memory_limit, node_has_swap, Engine, ReclaimHandle};
+use crate::cgroup::{container_path, CgroupIo};
+use crate::metrics::DecreaseOutcome;
+use crate::model::{Container, Pod};
+use crate::policy::{
+    bytes_text, effective_decrease_strategy, not_reclaimable_reason, plan_decrease, DecreasePlan,
+    MemoryDecreaseStrategy,
+};
+use crate::resize::executor::{StepError, StepFailure};
+use crate::resize::reclaim::{reclaim_to, ReclaimJob, ReclaimOutcome};
+use crate::sync::Locked as _;
+
+impl Engine {
+    /// Whole-pod resizes: brings container `ctr` under `target` before the runtime writes it.
+    /// `Ok` when the limit can be written now.
+    pub(in crate::resize) async fn reclaim_before_step(
+        &self,
+        pod: &Pod,
+        ctr: &Container,
+        target: u64,
+    ) -> Result<(), StepFailure> {
+        let Some(cg) = self.cgroups.clone() else {
+            return Ok(());
+        };
+        let Ok(cgroup) = container_path(&ctr.cgroups_path) else {
+            return Ok(());
+        };
+        let Ok(usage) = cg.memory_use(&cgroup) else {
+            return Ok(());
+        };
+        let cfg = self.config();
+        let md = &cfg.memory_decrease;
+        let current = ctr.resources.as_ref().and_then(memory_limit);
+        let DecreasePlan::Staged { interim, .. } =
+            plan_decrease(current, target, usage.usage, md.headroom)
+        else {
+            return Ok(());
+        };
+        let (strategy, _) = effective_decrease_strategy(
+            &pod.annotations,
+            &ctr.name,
+            md.strategy,
+            cfg.policy.allow_annotations,
+        );
+        let what = format!(
+            "{}: usage {} above requested limit {}",
+            ctr.name,
+            bytes_text(usage.usage),
+            bytes_text(target)
+        );
+        match strategy {
+            MemoryDecreaseStrategy::Reject => {
+                self.state
+                    .metrics
+                    .decrease
+                    .outcome(DecreaseOutcome::Rejected);
+                return Err(StepFailure::Deferred(format!(
+                    "{what} (memory-decrease strategy reject)"
+                )));
+            }
+            MemoryDecreaseStrategy::Restart => {
+                self.state
+                    .metrics
+                    .decrease
+                    .outcome(DecreaseOutcome::Rejected);
+                return Err(StepFailure::Deferred(format!("{what}: memory-decrease strategy restart, and a whole-pod resize cannot restart a container")));
+            }
+            MemoryDecreaseStrategy::Reclaim => {}
+        }
+        // The container keeps its current limit (the interim is never above it) while reclaiming.
+        let interim = current.unwrap_or(interim);
+        let cancel = self.shutdown.child_token();
+        let generation = self
+            .reclaim_generation
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.reclaims.locked().insert(
+            ctr.id.clone(),
+            ReclaimHandle {
+                cancel: cancel.clone(),
+                applied: Arc::new(Notify::new()),
+                pod_id: pod.id.clone(),
+                target,
+                interim,
+                generation,
+            },
+        );
+        self.state.metrics.decrease.started();
+        let started = Instant::now();
+        let job = ReclaimJob {
+            cgroup,
+            target,
+            interim,
+            headroom: md.headroom,
+            timeout: Duration::from_millis(md.timeout_ms),
+            step_interval: Duration::from_millis(md.step_interval_ms),
+            force_memory_high: false,
+        };
+        let cancel2 = cancel.clone();
+        let outcome = tokio::task::spawn_blocking(move || reclaim_to(&cg, &job, &cancel2, |_| {}))
+            .await
+            .unwrap_or_else(|e| ReclaimOutcome::Failed(format!("reclaim thread: {e}")));
+        {
+            let mut all = self.reclaims.locked();
+            if all.get(&ctr.id).is_some_and(|h| h.generation == generation) {
+                all.remove(&ctr.id);
+            }
+        }
+        let secs = started.elapsed().as_secs_f64();
+        self.reclaim_step_result(ctr, target, interim, md.timeout_ms / 1000, outcome, secs)
+            .await
+    }
+
+    /// A whole-pod step's reclaim as the step's result: done, Deferred (the limit kept applied
+    /// through the runtime), superseded or failed; the decrease metrics follow.
+    async fn reclaim_step_result(
+        &self,
+        ctr: &Container,
+        target: u64,
+        interim: u64,
+        timeout_secs: u64,
+        outcome: ReclaimOutcome,
+        secs: f64,
+    ) -> Result<(), StepFailure> {
+        let dec = &self.state.metrics.decrease;
+        match outcome {
+            ReclaimOutcome::Reached { start, end, .. } => {
+                dec.finished(
+                    DecreaseOutcome::Converged,
+                    secs,
+                    start.usage.saturating_sub(end.usage),
+                );
+                Ok(())
+            }
+            ReclaimOutcome::TimedOut {
+                start, end, kept, ..
+            } => {
+                let o = if end.unreclaimable() > target {
+                    DecreaseOutcome::DeferredAnonymous
+                } else {
+                    DecreaseOutcome::DeferredTimeout
+                };
+                dec.finished(o, secs, start.usage.saturating_sub(end.usage));
+                if kept < interim {
+                    let _ = self.apply_memory_limit(&ctr.id, kept).await;
+                }
+                let reason =
+                    not_reclaimable_reason(&end, target, kept, timeout_secs, node_has_swap());
+                Err(StepFailure::Deferred(format!("{}: {reason}", ctr.name)))
+            }
+            ReclaimOutcome::Cancelled => {
+                dec.finished(DecreaseOutcome::Superseded, secs, 0);
+                Err(StepFailure::Superseded)
+            }
+            ReclaimOutcome::Failed(e) => {
+                dec.finished(DecreaseOutcome::Error, secs, 0);
+                Err(StepError::Reclaim(e).into())
+            }
+        }
+    }
+}

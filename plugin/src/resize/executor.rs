@@ -1,0 +1,424 @@
+//! The whole-pod executor: drives a pod to its target one planned step at a time (pod cgroup
+//! through cgroupfs, containers through NRI `UpdateContainers`), re-planning from the cgroups'
+//! actual values after every step, so a newer request takes over mid-resize and a resumed resize
+//! never applies a step twice. What a step leaves is read back and checked against the pod's
+//! invariants: a step whose result breaks one, or cannot be read back, failed like a step the
+//! runtime refused (a new plan from the actual state after a backoff, at most `max_attempts`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+use super::pod_cgroup::{update_resources, PodCgroupError};
+use super::pod_checkpoint::checkpoint_key;
+use super::records::{from_snapshot, snapshot};
+use super::runtime_update::UpdateError;
+use super::{Engine, PodResize, ResizeError, SnapshotLimits, StepRecord};
+use crate::model::Pod;
+use crate::policy::{check_invariants, plan, Limit, PlanOptions, ResizeState, Step, Violation};
+use crate::sync::Locked as _;
+
+/// Why a step of a whole-pod resize did not complete.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum StepFailure {
+    /// Retried from a new plan, with backoff, up to `max_attempts`.
+    #[error(transparent)]
+    Failed(#[from] StepError),
+    /// Cannot be done now (e.g. memory that cannot be reclaimed): the resize stops, Deferred.
+    #[error("{0}")]
+    Deferred(String),
+    /// A newer request took over: re-plan at once.
+    #[error("superseded by a newer request")]
+    Superseded,
+}
+
+/// A step that failed, or whose result the executor cannot accept.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum StepError {
+    #[error("{source}")]
+    WritePod {
+        #[source]
+        source: PodCgroupError,
+    },
+    #[error("container {name} is gone")]
+    ContainerGone { name: String },
+    #[error("{name}: {source}")]
+    Update {
+        name: String,
+        #[source]
+        source: UpdateError,
+    },
+    /// Reclaim before a memory decrease failed ([`super::reclaim`] says why in words).
+    #[error("{0}")]
+    Reclaim(String),
+    /// The step was applied, but the cgroups cannot be read back to check it.
+    #[error("applied, but the result cannot be read back: {source}")]
+    Unreadable {
+        #[source]
+        source: PodCgroupError,
+    },
+    /// The step was applied, and the cgroups read back break an invariant.
+    #[error("applied, but the result breaks an invariant: {violation}")]
+    Broken { violation: Violation },
+}
+
+impl Engine {
+    /// Drives `pod` to `target` (the latest target wins if another request arrives meanwhile).
+    pub(super) async fn run(
+        self: &Arc<Self>,
+        pod: Pod,
+        target: SnapshotLimits,
+        resumed: bool,
+    ) -> Result<PodResize, ResizeError> {
+        let running = {
+            let mut targets = self.targets.locked();
+            let running = targets.get(&pod.id).is_some_and(|(_, r)| *r);
+            targets.insert(pod.id.clone(), (target.clone(), true));
+            running
+        };
+        if running {
+            // A reclaim for the older target must not hold the newer one up.
+            self.supersede_pod_reclaims(&pod.id);
+            return self.wait_for(&pod.id, &target).await;
+        }
+        let result = self.execute(&pod, resumed).await.and_then(|r| {
+            if r.target == target {
+                Ok(r)
+            } else {
+                Err(ResizeError::Failed(
+                    "superseded by a newer resize request, which was applied instead".into(),
+                ))
+            }
+        });
+        self.targets.locked().remove(&pod.id);
+        if let Some(store) = &self.checkpoints {
+            if let Err(e) = store.remove(&checkpoint_key(&pod.id)) {
+                warn!(pod = %pod.full_name(), error = %e, "cannot remove the resize checkpoint");
+            }
+        }
+        result
+    }
+
+    /// Another executor runs for this pod and picked up `target`: wait until it is done.
+    async fn wait_for(
+        &self,
+        pod_id: &str,
+        target: &SnapshotLimits,
+    ) -> Result<PodResize, ResizeError> {
+        loop {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if !self.targets.locked().contains_key(pod_id) {
+                let r = self.pods.locked().get(pod_id).cloned().unwrap_or_default();
+                return if r.state.is_none() && &r.target == target {
+                    Ok(r)
+                } else {
+                    Err(ResizeError::Failed(format!(
+                        "superseded or failed: {}",
+                        r.reason
+                    )))
+                };
+            }
+        }
+    }
+
+    /// Plans from the actual state, applies the steps one by one and checks each ([`Self::checked_step`]);
+    /// a failed step, or one whose result breaks an invariant or cannot be read back, stops the
+    /// plan and counts as a failed attempt: after a backoff the pod is planned again from where
+    /// it stands, until `max_attempts`.
+    async fn execute(self: &Arc<Self>, pod: &Pod, resumed: bool) -> Result<PodResize, ResizeError> {
+        let cfg = self.config();
+        let opts = self.plan_options();
+        let full = pod.full_name();
+        let mut backoff = Duration::from_millis(100);
+        let mut attempts = 0u32;
+        let mut record = PodResize {
+            pod_id: pod.id.clone(),
+            pod: full.clone(),
+            resumed,
+            state: Some(ResizeState::InProgress),
+            ..PodResize::default()
+        };
+        'replan: loop {
+            let target = self
+                .targets
+                .locked()
+                .get(&pod.id)
+                .map(|(t, _)| t.clone())
+                .unwrap_or_default();
+            record.target = target.clone();
+            self.pods.locked().insert(pod.id.clone(), record.clone());
+            let current = self
+                .current_pod(pod)
+                .map_err(|source| ResizeError::Cgroup {
+                    pod: full.clone(),
+                    source,
+                })?;
+            let steps = match plan(&current, &from_snapshot(&target), &opts) {
+                Ok(p) => p.steps,
+                Err(e) => {
+                    record.state = Some(ResizeState::Error);
+                    record.reason = format!("no safe plan: {e}");
+                    self.pods.locked().insert(pod.id.clone(), record.clone());
+                    return Err(ResizeError::Failed(record.reason));
+                }
+            };
+            if steps.is_empty() {
+                record.state = None;
+                record.reason.clear();
+                self.pods.locked().insert(pod.id.clone(), record.clone());
+                info!(pod = %full, steps = record.steps.len(), attempts, "whole-pod resize done");
+                self.state.metrics.resize_outcome("in_place");
+                return Ok(record);
+            }
+            for step in steps {
+                if self
+                    .targets
+                    .locked()
+                    .get(&pod.id)
+                    .is_some_and(|(t, _)| t != &target)
+                {
+                    info!(pod = %full, "newer resize request: re-planning from the current state");
+                    continue 'replan;
+                }
+                match self.checked_step(pod, &step, &opts, &mut record).await {
+                    Ok(()) => {}
+                    Err(StepFailure::Superseded) => continue 'replan,
+                    Err(StepFailure::Deferred(reason)) => {
+                        warn!(pod = %full, step = %step, %reason, "resize deferred");
+                        record.state = Some(ResizeState::Deferred);
+                        record.reason.clone_from(&reason);
+                        self.pods.locked().insert(pod.id.clone(), record.clone());
+                        self.state.metrics.resize_outcome("deferred");
+                        return Err(ResizeError::Refused {
+                            state: ResizeState::Deferred,
+                            reason,
+                        });
+                    }
+                    Err(StepFailure::Failed(e)) => {
+                        attempts += 1;
+                        record.attempts = attempts;
+                        warn!(pod = %full, step = %step, error = %e, attempts, "resize step failed; backing off");
+                        if attempts >= cfg.resize.max_attempts {
+                            record.state = Some(ResizeState::Error);
+                            record.reason = format!("step {step} failed {attempts} times: {e}");
+                            self.pods.locked().insert(pod.id.clone(), record.clone());
+                            self.state.metrics.resize_outcome("error");
+                            return Err(ResizeError::Failed(record.reason));
+                        }
+                        record.reason = format!(
+                            "step {step} failed (attempt {attempts} of {}): {e}; planning again from the actual state",
+                            cfg.resize.max_attempts
+                        );
+                        self.pods.locked().insert(pod.id.clone(), record.clone());
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                        continue 'replan;
+                    }
+                }
+                if cfg.resize.step_pause_ms > 0 {
+                    tokio::time::sleep(Duration::from_millis(cfg.resize.step_pause_ms)).await;
+                }
+            }
+        }
+    }
+
+    /// Applies one step, reads the pod's cgroups back and checks the invariants on them; the
+    /// step goes into the record with what was read. A step whose result breaks an invariant,
+    /// or cannot be read back, failed.
+    async fn checked_step(
+        &self,
+        pod: &Pod,
+        step: &Step,
+        opts: &PlanOptions,
+        record: &mut PodResize,
+    ) -> Result<(), StepFailure> {
+        let applied = self.apply_step(pod, step).await;
+        let (actual, unreadable) = match self.actual_pod(pod) {
+            Ok(a) => (Some(a), None),
+            Err(e) => (None, Some(e)),
+        };
+        let violation = actual
+            .as_ref()
+            .and_then(|a| check_invariants(a, opts).err());
+        let outcome = match (applied, unreadable, &violation) {
+            (Err(failure), _, _) => Err(failure),
+            (Ok(()), Some(source), _) => Err(StepError::Unreadable { source }.into()),
+            (Ok(()), None, Some(v)) => Err(StepError::Broken {
+                violation: v.clone(),
+            }
+            .into()),
+            (Ok(()), None, None) => Ok(()),
+        };
+        record.steps.push(StepRecord {
+            target: match step {
+                Step::SetPod(_) => "pod".to_string(),
+                Step::SetContainer { name, .. } => name.clone(),
+            },
+            step: step.to_string(),
+            ok: outcome.is_ok(),
+            error: outcome
+                .as_ref()
+                .err()
+                .map(ToString::to_string)
+                .unwrap_or_default(),
+            actual: actual.as_ref().map(snapshot),
+            violation: violation.map(|v| v.to_string()).unwrap_or_default(),
+        });
+        self.pods.locked().insert(pod.id.clone(), record.clone());
+        outcome
+    }
+
+    async fn apply_step(&self, pod: &Pod, step: &Step) -> Result<(), StepFailure> {
+        match step {
+            Step::SetPod(u) => self
+                .write_pod(pod, u)
+                .map_err(|source| StepError::WritePod { source }.into()),
+            Step::SetContainer { name, update } => {
+                let ctr = self
+                    .state
+                    .read_model(|m| {
+                        m.containers()
+                            .filter(|c| c.pod_id == pod.id)
+                            .find(|c| &c.name == name)
+                            .cloned()
+                    })
+                    .ok_or_else(|| StepError::ContainerGone { name: name.clone() })?;
+                // A memory decrease below usage: reclaim first (the pod cgroup, lowered by a
+                // later step, waits for it).
+                if let Some(Limit::Limited(target)) = update.memory {
+                    self.reclaim_before_step(pod, &ctr, target).await?;
+                }
+                let resources = update_resources(update);
+                self.update_through_runtime(&ctr.id, &resources)
+                    .await
+                    .map_err(|source| StepError::Update {
+                        name: name.clone(),
+                        source,
+                    })?;
+                self.note_applied_update(&ctr.id, &resources);
+                Ok(())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::cgroup::{Cgroups, V2};
+    use crate::config::Config;
+    use crate::model::{Container, ContainerState, LinuxResources, MemoryResources};
+    use crate::nri::RuntimeLink;
+    use crate::resize::node::NodeReader;
+    use crate::resize::{ContainerTarget, PodResizeRequest};
+    use crate::state::NodeState;
+
+    const MI: u64 = 1 << 20;
+
+    /// A v2 cgroup tree with pod `ns/web` (memory.max 512Mi) and its container `app` (256Mi in
+    /// the model; its cgroup's `memory.max` as given), and an engine without a runtime
+    /// connection (container steps fail) that gives up after two attempts.
+    fn engine(app_memory_max: &str) -> (tempfile::TempDir, Arc<Engine>) {
+        let root = tempfile::tempdir().expect("tempdir");
+        let write = |dir: &str, file: &str, value: &str| {
+            let dir = root.path().join(dir);
+            std::fs::create_dir_all(&dir).expect("mkdir");
+            std::fs::write(dir.join(file), format!("{value}\n")).expect("write");
+        };
+        write("kubepods/podA", "memory.max", &(512 * MI).to_string());
+        write("kubepods/podA/app", "memory.max", app_memory_max);
+        let mut cfg = Config::default();
+        cfg.resize.max_attempts = 2;
+        let cgroups = Cgroups::V2(V2 {
+            root: root.path().to_owned(),
+        });
+        let state = NodeState::with_cgroups(cfg, Some(cgroups.clone()));
+        state.write_model(|m| {
+            m.upsert_pod(Pod {
+                id: "pA".into(),
+                namespace: "ns".into(),
+                name: "web".into(),
+                cgroup_parent: "/kubepods/podA".into(),
+                ..Pod::default()
+            });
+            m.upsert_container(Container {
+                id: "cA".into(),
+                pod_id: "pA".into(),
+                name: "app".into(),
+                state: ContainerState::Running,
+                cgroups_path: "/kubepods/podA/app".into(),
+                resources: Some(LinuxResources {
+                    memory: Some(MemoryResources {
+                        limit: Some(256 << 20),
+                        ..MemoryResources::default()
+                    }),
+                    ..LinuxResources::default()
+                }),
+                ..Container::default()
+            });
+        });
+        let engine = Arc::new(Engine::new(
+            state,
+            RuntimeLink::default(),
+            Some(cgroups),
+            NodeReader::new(root.path().join("no-node")),
+            None,
+        ));
+        (root, engine)
+    }
+
+    /// `app` to 300Mi: the plan raises the pod cgroup first, then writes the container.
+    async fn grow_app(engine: &Arc<Engine>) -> (Result<PodResize, ResizeError>, PodResize) {
+        let req = PodResizeRequest {
+            containers: BTreeMap::from([(
+                "app".to_string(),
+                ContainerTarget {
+                    cpu_millis: None,
+                    memory_bytes: Some(300 * MI),
+                },
+            )]),
+        };
+        let result = engine.resize_pod("ns", "web", &req).await;
+        let record = engine.pod_resizes().pop().expect("a whole-pod record");
+        (result, record)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_step_that_leaves_an_invariant_broken_stops_the_plan_and_counts_as_an_attempt() {
+        // The container's cgroup holds 1Gi (not what the model says): raising the pod to 556Mi
+        // leaves the containers' sum above the pod.
+        let (_root, engine) = engine(&(1024 * MI).to_string());
+        let (result, record) = grow_app(&engine).await;
+        assert!(matches!(result, Err(ResizeError::Failed(_))), "{result:?}");
+        let first = &record.steps[0];
+        assert_eq!(first.target, "pod", "{record:?}");
+        assert!(!first.ok && first.error.contains("invariant"), "{first:?}");
+        assert!(first.violation.contains("above"), "{first:?}");
+        // The plan stopped there: the next step is the new plan's, counted as the second
+        // attempt (the runtime is not connected), and the resize gave up.
+        assert_eq!(record.steps.len(), 2, "{record:?}");
+        assert_eq!(record.steps[1].target, "app");
+        assert_eq!(record.attempts, 2);
+        assert_eq!(record.state, Some(ResizeState::Error));
+        assert!(record.reason.contains("failed 2 times"), "{record:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_step_whose_result_cannot_be_read_back_stops_the_plan() {
+        let (_root, engine) = engine("not a number");
+        let (result, record) = grow_app(&engine).await;
+        assert!(matches!(result, Err(ResizeError::Failed(_))), "{result:?}");
+        let first = &record.steps[0];
+        assert_eq!(first.target, "pod", "{record:?}");
+        assert!(
+            !first.ok && first.actual.is_none() && first.error.contains("read back"),
+            "{first:?}"
+        );
+        assert_eq!(record.steps.len(), 2, "{record:?}");
+        assert_eq!(record.attempts, 2);
+        assert_eq!(record.state, Some(ResizeState::Error));
+    }
+}

@@ -1,0 +1,210 @@
+//! The resize records `status` and `/v1/resizes` read: one per container (desired, allocated,
+//! state, reason, in the KEP's words) and one per whole-pod resize (its steps, each with the
+//! cgroups' actual values after it).
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+use super::{restart, Engine};
+use crate::clock::now_ms;
+use crate::model::{Container, LinuxResources, Pod};
+use crate::policy::{Limit, Limits, PodResources, ResizeState};
+use crate::sync::Locked as _;
+
+/// The resize record of one container, in the KEP's words.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerResize {
+    pub pod_id: String,
+    pub container: String,
+    /// What the latest request asks for.
+    pub desired: Option<LinuxResources>,
+    /// What the plugin accepted (what the container holds once actuated).
+    pub allocated: Option<LinuxResources>,
+    /// `None`: no resize pending.
+    pub state: Option<ResizeState>,
+    pub reason: String,
+    pub updated_ms: u64,
+    /// The memory limit a staged decrease was deferred at (kubelet asking for it again restarts
+    /// the reclaim); not part of the API.
+    #[serde(skip)]
+    pub deferred_target: Option<u64>,
+}
+
+/// One executed step of a whole-pod resize, with the cgroups' actual values after it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepRecord {
+    /// `pod` or the container's name.
+    pub target: String,
+    /// The step as people read it (`app cpu=1500m memory=512Mi`).
+    pub step: String,
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub error: String,
+    /// Pod and container limits read back from cgroupfs after the step.
+    pub actual: Option<SnapshotLimits>,
+    /// An invariant the actual state broke after this step (must never happen).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub violation: String,
+}
+
+/// Pod and container limits: CPU millicores and memory bytes, `None` = unlimited.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotLimits {
+    pub pod: LimitPair,
+    pub containers: BTreeMap<String, LimitPair>,
+}
+
+/// CPU millicores and memory bytes, `None` = unlimited.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitPair {
+    pub cpu_millis: Option<u64>,
+    pub memory_bytes: Option<u64>,
+}
+
+impl From<Limits> for LimitPair {
+    fn from(l: Limits) -> Self {
+        LimitPair {
+            cpu_millis: l.cpu.value(),
+            memory_bytes: l.memory.value(),
+        }
+    }
+}
+
+impl From<LimitPair> for Limits {
+    fn from(p: LimitPair) -> Self {
+        Limits::new(
+            Limit::from_option(p.cpu_millis),
+            Limit::from_option(p.memory_bytes),
+        )
+    }
+}
+
+/// The limits of `p` as records and checkpoints keep them.
+pub(super) fn snapshot(p: &PodResources) -> SnapshotLimits {
+    SnapshotLimits {
+        pod: p.pod.into(),
+        containers: p
+            .containers
+            .iter()
+            .map(|(n, l)| (n.clone(), (*l).into()))
+            .collect(),
+    }
+}
+
+/// The limits a record or checkpoint keeps, as the planner takes them.
+pub(super) fn from_snapshot(s: &SnapshotLimits) -> PodResources {
+    PodResources {
+        pod: s.pod.into(),
+        containers: s
+            .containers
+            .iter()
+            .map(|(n, l)| (n.clone(), (*l).into()))
+            .collect(),
+    }
+}
+
+/// The state of a whole-pod resize, as the API reports it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodResize {
+    pub pod_id: String,
+    pub pod: String,
+    pub target: SnapshotLimits,
+    pub state: Option<ResizeState>,
+    pub reason: String,
+    pub attempts: u32,
+    /// Every step executed, in order, with the actual cgroup values after it.
+    pub steps: Vec<StepRecord>,
+    /// The resize was picked up again from a checkpoint after a restart.
+    pub resumed: bool,
+}
+
+impl Engine {
+    pub(super) fn record(
+        &self,
+        pod: &Pod,
+        ctr: &Container,
+        desired: Option<&LinuxResources>,
+        state: Option<ResizeState>,
+        reason: &str,
+    ) {
+        let mut all = self.containers.locked();
+        let entry = all.entry(ctr.id.clone()).or_default();
+        entry.pod_id.clone_from(&pod.id);
+        entry.container.clone_from(&ctr.name);
+        if let Some(d) = desired {
+            entry.desired = Some(d.clone());
+        }
+        if entry.allocated.is_none() {
+            entry.allocated.clone_from(&ctr.resources);
+        }
+        entry.state = state;
+        entry.reason = reason.to_string();
+        entry.updated_ms = now_ms();
+        entry.deferred_target = None;
+    }
+
+    /// The resize records of every container (by container id).
+    pub fn container_resizes(&self) -> HashMap<String, ContainerResize> {
+        self.containers.locked().clone()
+    }
+
+    /// Whole-pod resizes, newest state of each.
+    pub fn pod_resizes(&self) -> Vec<PodResize> {
+        let mut v: Vec<PodResize> = self.pods.locked().values().cloned().collect();
+        v.sort_by(|a, b| a.pod.cmp(&b.pod));
+        v
+    }
+
+    /// An update the runtime applied on the plugin's request (`nri-resize update`, a whole-pod
+    /// step, a re-evaluation): what was asked is both desired and allocated now, and the cgroup
+    /// is read back against it.
+    pub fn note_applied_update(&self, container_id: &str, update: &LinuxResources) {
+        let Some(ctr) = self
+            .state
+            .read_model(|m| m.container(container_id).cloned())
+        else {
+            return;
+        };
+        let mut all = self.containers.locked();
+        let r = all.entry(container_id.to_string()).or_default();
+        r.pod_id.clone_from(&ctr.pod_id);
+        r.container.clone_from(&ctr.name);
+        // The model already holds the update: it is what is allocated and what was desired.
+        r.allocated.clone_from(&ctr.resources);
+        r.desired
+            .get_or_insert_with(LinuxResources::default)
+            .merge(update);
+        r.state = None;
+        r.reason.clear();
+        r.updated_ms = now_ms();
+        drop(all);
+        // Confirmation: the merged resources asked for vs the cgroup now (what `status` shows).
+        if let Some(r) = &ctr.resources {
+            self.state.runtime_applied(container_id, r);
+        }
+        self.state.confirm(container_id, ctr.resources.clone());
+    }
+
+    /// Forgets a removed container.
+    pub fn forget_container(&self, id: &str) {
+        self.restarts.note(id, restart::Seen::Stopped);
+        self.supersede_reclaim(id);
+        self.containers.locked().remove(id);
+    }
+
+    /// The runtime applied an update: what was desired is now allocated.
+    pub fn applied(&self, ctr: &Container) {
+        self.notify_reclaim_applied(&ctr.id);
+        self.restarts.note(&ctr.id, restart::Seen::Updated);
+        if let Some(r) = self.containers.locked().get_mut(&ctr.id) {
+            r.allocated.clone_from(&ctr.resources);
+            // An in-place resize is done; one waiting for a restart keeps its state and reason.
+            if r.state == Some(ResizeState::InProgress) && r.reason.is_empty() {
+                r.state = None;
+                r.reason.clear();
+            }
+            r.updated_ms = now_ms();
+        }
+    }
+}

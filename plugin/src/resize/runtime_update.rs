@@ -1,0 +1,48 @@
+//! Updates the engine asks the runtime to apply (NRI `UpdateContainers`): a whole-pod step, a
+//! staged decrease's limit, a waiting resize that fits after a capacity change. The runtime's
+//! spec follows (what kubelet reads back as actual), then the model.
+
+use super::Engine;
+use crate::model::LinuxResources;
+use crate::nri::{ContainerUpdate, LinkError};
+
+/// Why the runtime did not apply an update.
+#[derive(Debug, thiserror::Error)]
+pub enum UpdateError {
+    /// The call to the runtime failed.
+    #[error("runtime UpdateContainers: {source}")]
+    Link {
+        #[source]
+        source: LinkError,
+    },
+    /// The runtime answered, listing the container as not updated.
+    #[error("the runtime could not update the container")]
+    NotUpdated,
+}
+
+impl Engine {
+    /// Asks the runtime to apply `resources` to container `id`; once applied, the model holds them.
+    pub(super) async fn update_through_runtime(
+        &self,
+        id: &str,
+        resources: &LinuxResources,
+    ) -> Result<(), UpdateError> {
+        let failed = self
+            .link
+            .update_containers(
+                &[ContainerUpdate {
+                    container_id: id.to_string(),
+                    resources: resources.clone(),
+                    ignore_failure: false,
+                }],
+                &[],
+            )
+            .await
+            .map_err(|source| UpdateError::Link { source })?;
+        if !failed.is_empty() {
+            return Err(UpdateError::NotUpdated);
+        }
+        self.state.write_model(|m| m.apply_resources(id, resources));
+        Ok(())
+    }
+}

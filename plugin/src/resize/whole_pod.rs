@@ -1,0 +1,228 @@
+//! A whole-pod resize through the API: the request, the pod's target built from it, and
+//! admission; the executor ([`super::executor`]) then drives the pod there.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::pod_cgroup::PodCgroupError;
+use super::records::{from_snapshot, snapshot};
+use super::{Engine, PodResize};
+use crate::config::Mode;
+use crate::model::Pod;
+use crate::policy::{
+    changes, check_invariants, Admission, ContainerAllocation, CpuSet, Limit, Limits,
+    PodAllocation, PodResources, Quantities, ResizeState,
+};
+use crate::sync::Locked as _;
+
+/// A whole-pod resize request: new limits per container name (unnamed containers keep theirs).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PodResizeRequest {
+    pub containers: BTreeMap<String, ContainerTarget>,
+}
+
+/// New limits of one container; absent = unchanged.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContainerTarget {
+    pub cpu_millis: Option<u64>,
+    pub memory_bytes: Option<u64>,
+}
+
+/// Why a whole-pod resize was refused before it started.
+#[derive(Debug, thiserror::Error)]
+pub enum ResizeError {
+    #[error("no pod {0} known to the plugin")]
+    UnknownPod(String),
+    #[error("pod {pod} has no container {container}")]
+    UnknownContainer { pod: String, container: String },
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    #[error("{state:?}: {reason}")]
+    Refused { state: ResizeState, reason: String },
+    #[error("cgroup access for pod {pod}: {source}")]
+    Cgroup {
+        pod: String,
+        #[source]
+        source: PodCgroupError,
+    },
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl Engine {
+    fn find_pod(&self, namespace: &str, name: &str) -> Option<Pod> {
+        self.state.read_model(|m| {
+            m.pods()
+                .find(|p| p.namespace == namespace && p.name == name)
+                .cloned()
+        })
+    }
+
+    /// A whole-pod resize through the planner and executor; returns when it finished (or failed).
+    pub async fn resize_pod(
+        self: &Arc<Self>,
+        namespace: &str,
+        name: &str,
+        req: &PodResizeRequest,
+    ) -> Result<PodResize, ResizeError> {
+        let full = format!("{namespace}/{name}");
+        let pod = self
+            .find_pod(namespace, name)
+            .ok_or_else(|| ResizeError::UnknownPod(full.clone()))?;
+        if req.containers.is_empty() {
+            return Err(ResizeError::Invalid("no containers to resize".into()));
+        }
+        let current = self
+            .current_pod(&pod)
+            .map_err(|source| ResizeError::Cgroup {
+                pod: full.clone(),
+                source,
+            })?;
+        // A resize in flight: the new request builds on its target (the latest desired state),
+        // not on the transient values of a half-done plan.
+        let base = self
+            .targets
+            .locked()
+            .get(&pod.id)
+            .map_or_else(|| current.clone(), |(t, _)| from_snapshot(t));
+        let target = build_target(&base, req, &full)?;
+        check_invariants(&target, &self.plan_options())
+            .map_err(|v| ResizeError::Invalid(format!("the resulting pod is not allowed: {v}")))?;
+        let desired: BTreeMap<String, Quantities> = req
+            .containers
+            .keys()
+            .filter_map(|n| {
+                target
+                    .containers
+                    .get(n)
+                    .map(|l| (n.clone(), limits_quantities(l)))
+            })
+            .collect();
+        // Requests follow limits on both sides: containerd before 2.2 does not apply CPU shares
+        // from NRI updates, so shares-derived requests would drift from the limits the API set.
+        let this_pod = PodAllocation {
+            containers: current
+                .containers
+                .iter()
+                .map(|(n, l)| {
+                    (
+                        n.clone(),
+                        ContainerAllocation {
+                            quantities: limits_quantities(l),
+                            cpuset: CpuSet::default(),
+                        },
+                    )
+                })
+                .collect(),
+            overhead: Quantities::default(),
+        };
+        let mut changed: Vec<_> = desired
+            .iter()
+            .filter_map(|(n, to)| {
+                this_pod
+                    .containers
+                    .get(n)
+                    .map(|from| changes(&from.quantities, to))
+            })
+            .flatten()
+            .collect();
+        changed.sort_unstable_by_key(|(r, d)| (r.as_str(), d.as_str()));
+        changed.dedup();
+        let timer = self.state.metrics.resize_timer(&changed);
+        let verdict = self.admission_with(&pod, Some(&this_pod), &desired);
+        let enforce = self.config().resize.mode == Mode::Enforce;
+        if let Admission::Deferred { reason } | Admission::Infeasible { reason } = &verdict {
+            let state = verdict.resize_status().state;
+            let outcome = if state == ResizeState::Deferred {
+                "deferred"
+            } else {
+                "infeasible"
+            };
+            self.state.metrics.resize_outcome(outcome);
+            timer.finish(outcome);
+            return Err(ResizeError::Refused {
+                state,
+                reason: reason.clone(),
+            });
+        }
+        if !enforce {
+            return Err(ResizeError::Refused {
+                state: ResizeState::Proposed,
+                reason: "mode = observe: planned, not applied".into(),
+            });
+        }
+        let target = snapshot(&target);
+        self.checkpoint(&pod, &target);
+        let result = self.run(pod, target, false).await;
+        timer.finish(if result.is_ok() { "in_place" } else { "error" });
+        result
+    }
+}
+
+/// Quantities of a whole-pod API resize: requests follow limits.
+fn limits_quantities(l: &Limits) -> Quantities {
+    let mut q = Quantities::default();
+    q.cpu.limit = l.cpu;
+    q.cpu.request = l.cpu.value();
+    q.memory.limit = l.memory;
+    q.memory.request = l.memory.value();
+    q
+}
+
+/// The pod's target: the containers' new limits, and a pod limit that follows its containers and
+/// keeps its headroom (overhead), as kubelet sizes it.
+fn build_target(
+    current: &PodResources,
+    req: &PodResizeRequest,
+    full: &str,
+) -> Result<PodResources, ResizeError> {
+    let mut target = current.clone();
+    for (cname, t) in &req.containers {
+        let limits =
+            target
+                .containers
+                .get_mut(cname)
+                .ok_or_else(|| ResizeError::UnknownContainer {
+                    pod: full.to_string(),
+                    container: cname.clone(),
+                })?;
+        if t.cpu_millis.is_some_and(|m| m < 10) || t.memory_bytes.is_some_and(|b| b < (4 << 20)) {
+            return Err(ResizeError::Invalid(format!(
+                "{cname}: CPU below 10m or memory below 4Mi"
+            )));
+        }
+        if let Some(m) = t.cpu_millis {
+            limits.cpu = Limit::Limited(m);
+            limits.cpu_shares = Some(crate::policy::millis_to_shares(m));
+        }
+        if let Some(b) = t.memory_bytes {
+            limits.memory = Limit::Limited(b);
+        }
+    }
+    // The pod limit follows its containers and keeps its headroom (overhead), as kubelet sizes it.
+    for r in crate::policy::Resource::ALL {
+        let sum = |p: &PodResources| {
+            p.containers
+                .values()
+                .fold(Limit::Limited(0), |a, l| a.saturating_add(l.get(r)))
+        };
+        let (old_sum, new_sum) = (sum(current), sum(&target));
+        let pod_now = current.pod.get(r);
+        let next = match (pod_now, old_sum, new_sum) {
+            (Limit::Limited(p), Limit::Limited(o), Limit::Limited(n)) => {
+                Limit::Limited((p + n).saturating_sub(o).max(n))
+            }
+            (Limit::Unlimited, _, _) => Limit::Unlimited,
+            (_, _, n) => n,
+        };
+        match r {
+            crate::policy::Resource::Cpu => target.pod.cpu = next,
+            crate::policy::Resource::Memory => target.pod.memory = next,
+        }
+    }
+    Ok(target)
+}
