@@ -343,6 +343,8 @@ async fn throttling(ctrd: &Containerd, plugins: &Plugins) {
     }
     eprintln!("--- (e) pressure of the starved container");
     pressure(ctrd, plugins, &pod.name, &id).await;
+    // A few seconds of throttling to count (the pressure checks take 3 s more on v2 only).
+    tokio::time::sleep(Duration::from_secs(3)).await;
 
     // Raise to 2 CPUs, as kubelet does for an in-place resize.
     ctrd.update_container_resources(&id, &Resources::limits(200_000, 64 * MIB))
@@ -878,7 +880,7 @@ async fn verdicts(ctrd: &Containerd, plugins: &Plugins) {
             p.name, busy.verdict, busy.reason, idle.verdict, idle.reason
         );
         assert_eq!(
-            busy.verdict.map(|v| v.as_str()),
+            busy.verdict.map(nri_resize::policy::Verdict::as_str),
             Some("harmful"),
             "{}: {busy:?}",
             p.name
@@ -898,7 +900,7 @@ async fn verdicts(ctrd: &Containerd, plugins: &Plugins) {
             );
         }
         assert_eq!(
-            idle.verdict.map(|v| v.as_str()),
+            idle.verdict.map(nri_resize::policy::Verdict::as_str),
             Some("healthy"),
             "{}: {idle:?}",
             p.name

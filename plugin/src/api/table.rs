@@ -389,6 +389,10 @@ mod tests {
     }
 
     #[test]
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one table asserted row by row, cell by cell"
+    )]
     fn one_row_per_container_with_desired_allocated_actual_state_and_counters() {
         let mut resizes = Resizes::default();
         resizes.containers.insert(

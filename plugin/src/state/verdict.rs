@@ -285,7 +285,12 @@ mod tests {
         let state = NodeState::new(cfg);
         state.track(&pod("p1"), &ctr("c1", "p1", "app"));
         // History: 2 s before the resize at a 2 % cpu stall share.
-        state.verdicts(|v| v.epoch = Instant::now() - std::time::Duration::from_secs(2));
+        let ago = |secs| {
+            Instant::now()
+                .checked_sub(std::time::Duration::from_secs(secs))
+                .expect("the machine is up for more than a few seconds")
+        };
+        state.verdicts(|v| v.epoch = ago(2));
         feed(&state, "c1", 0, 0);
         feed(&state, "c1", 1_000, 20_000);
         feed(&state, "c1", 2_000, 40_000);
@@ -298,7 +303,7 @@ mod tests {
         // A second later, at a 31 % stall share: harmful.
         state.verdicts(|v| {
             v.pending.get_mut("c1").expect("pending").at_ms = 2_000;
-            v.epoch = Instant::now() - std::time::Duration::from_millis(3_000);
+            v.epoch = ago(3);
         });
         feed(&state, "c1", 3_000, 350_000);
         state.verdict_tick(std::iter::empty());
