@@ -42,6 +42,7 @@ pub enum ConfigError {
 /// headroom = 16777216           # bytes above usage the interim limit keeps
 /// step_interval_ms = 100        # first pause between reclaim passes (doubles up to 1 s)
 /// inline_max = 1073741824       # page cache up to this is reclaimed inside the update
+/// max_stall = 0.05              # staged reclaim slows down above this memory stall share (PSI)
 ///
 /// [policy]                      # node defaults; see docs/annotations.md
 /// action = "LiveResizePreferred"
@@ -127,6 +128,10 @@ pub struct MemoryDecreaseConfig {
     /// Up to this many bytes to reclaim, when what must go is page cache, one reclaim is tried
     /// inside the update itself (bounded: well within the runtime's deadline); 0 turns it off.
     pub inline_max: u64,
+    /// Staged reclaim's ceiling on the container's memory stall share (PSI `some`, cgroup v2):
+    /// above it the next step is smaller and later. Pods may lower it
+    /// (`memory-decrease.nri-resize.io/max-stall`); 1.0 turns pacing off.
+    pub max_stall: Share,
 }
 
 impl Default for MemoryDecreaseConfig {
@@ -137,6 +142,7 @@ impl Default for MemoryDecreaseConfig {
             headroom: 16 << 20,
             step_interval_ms: 100,
             inline_max: 1 << 30,
+            max_stall: Share::new(0.05),
         }
     }
 }

@@ -8,6 +8,9 @@
 
 use std::path::Path;
 
+/// The parser is cgroup I/O's too (paced reclaim reads `memory.pressure`).
+pub use crate::cgroup::{stall_totals, StallTotals};
+
 /// Whether the observer reads pressure, or why not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PressureStrategy {
@@ -67,16 +70,6 @@ impl PressureStrategy {
     }
 }
 
-/// Cumulative stalled time from one pressure file, in microseconds.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct StallTotals {
-    /// Time at least one task was stalled.
-    pub some_us: u64,
-    /// Time every non-idle task was stalled at once; `None` where the file has no `full` line
-    /// (`cpu.pressure` before 5.13).
-    pub full_us: Option<u64>,
-}
-
 /// The three pressure files of a cgroup.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Pressure {
@@ -113,36 +106,6 @@ impl Pressure {
             PressureResource::Io => self.io,
         }
     }
-}
-
-/// Parses a pressure file (`cpu.pressure`, `memory.pressure`, `io.pressure`, or
-/// `/proc/pressure/*`):
-///
-/// ```text
-/// some avg10=0.00 avg60=0.00 avg300=0.00 total=12345
-/// full avg10=0.00 avg60=0.00 avg300=0.00 total=678
-/// ```
-///
-/// `None` without a `some` total.
-#[must_use]
-pub fn stall_totals(text: &str) -> Option<StallTotals> {
-    let mut some = None;
-    let mut full = None;
-    for line in text.lines() {
-        let mut words = line.split_whitespace();
-        let slot = match words.next() {
-            Some("some") => &mut some,
-            Some("full") => &mut full,
-            _ => continue,
-        };
-        *slot = words
-            .find_map(|w| w.strip_prefix("total="))
-            .and_then(|t| t.parse::<u64>().ok());
-    }
-    Some(StallTotals {
-        some_us: some?,
-        full_us: full,
-    })
 }
 
 /// Stalled time (`some`) over wall time between two readings of a cgroup's pressure.

@@ -16,6 +16,13 @@
 //! Bounded in time: on timeout the limit kept is usage plus headroom (never above the interim,
 //! never below the target), and the caller reports why.
 //!
+//! Paced (cgroup v2 with PSI, `max_stall` below 1.0): each pass asks for one step of the
+//! difference, and the container's `memory.pressure` is read between passes; the
+//! [`Pacer`](crate::policy::Pacer) makes the next step smaller and later while the stall share
+//! since the last pass is over the ceiling, and larger and sooner while it is well under it.
+//! Pacing never ends the loop; a timeout that pacing contributed to says so in the outcome. On
+//! v1 and without PSI pacing is off, and a log line says why.
+//!
 //! The loop is synchronous (cgroupfs writes block while the kernel reclaims): run it on a
 //! blocking thread. It checks its cancellation token between passes, so a newer update for the
 //! same container takes over at once.
@@ -25,8 +32,8 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::cgroup::{CgroupError, CgroupIo, CgroupVersion};
-use crate::policy::{reclaim_request, safe_limit, MemoryUse};
+use crate::cgroup::{CgroupError, CgroupIo, CgroupVersion, StallTotals};
+use crate::policy::{pacing_off_reason, reclaim_request, safe_limit, MemoryUse, Pacer, Share};
 
 /// One staged decrease of one cgroup.
 #[derive(Debug, Clone)]
@@ -44,6 +51,8 @@ pub struct ReclaimJob {
     pub step_interval: Duration,
     /// v2: step `memory.high` even where `memory.reclaim` exists.
     pub force_memory_high: bool,
+    /// Ceiling on the container's memory stall share between passes (1.0: unpaced).
+    pub max_stall: Share,
 }
 
 /// How a staged decrease ended.
@@ -63,6 +72,8 @@ pub enum ReclaimOutcome {
         kept: u64,
         passes: u32,
         elapsed: Duration,
+        /// What pacing adds to the reason (empty unless it held the reclaim back).
+        stall_note: String,
     },
     /// A newer request took over.
     Cancelled,
@@ -95,12 +106,62 @@ fn pause(d: Duration, cancel: &CancellationToken) -> bool {
 }
 
 /// Where a staged decrease stands after one pass.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Pass {
     /// The container's memory use after the pass.
     pub usage: MemoryUse,
     /// The memory limit the cgroup holds now (v1: it follows usage down; v2: the interim).
     pub limit: u64,
+    /// Paced only: the most this pass asked the kernel to reclaim.
+    pub step: Option<u64>,
+    /// Paced only: the memory stall share measured between the previous two passes.
+    pub stall: Option<f64>,
+}
+
+/// Pacing of one staged decrease: the pacer and the last `memory.pressure` reading.
+struct Paced {
+    pacer: Pacer,
+    last: StallTotals,
+    at: Instant,
+}
+
+impl Paced {
+    /// On when `job` asks for it and the cgroup's `memory.pressure` reads; else logs why not.
+    fn start(io: &dyn CgroupIo, job: &ReclaimJob) -> Option<Self> {
+        if job.max_stall.get() >= 1.0 {
+            return None;
+        }
+        let v1 = io.version() == CgroupVersion::V1;
+        let first = if v1 {
+            None
+        } else {
+            io.memory_pressure(&job.cgroup).ok()
+        };
+        if let Some(why) = pacing_off_reason(job.max_stall, first.is_some(), v1) {
+            tracing::info!(cgroup = %job.cgroup.display(), reason = why, "staged memory decrease unpaced");
+            return None;
+        }
+        Some(Self {
+            pacer: Pacer::new(job.max_stall, job.step_interval),
+            last: first?,
+            at: Instant::now(),
+        })
+    }
+
+    /// Reads the stall since the last reading and adjusts the pacer (an unreadable file leaves
+    /// it as it was).
+    fn observe(&mut self, io: &dyn CgroupIo, job: &ReclaimJob) {
+        let Ok(now) = io.memory_pressure(&job.cgroup) else {
+            return;
+        };
+        let wall = u64::try_from(self.at.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let stalled = now.some_us.saturating_sub(self.last.some_us);
+        let share = crate::observer::pressure::share(stalled, wall);
+        let change = self.pacer.observe(share);
+        tracing::debug!(cgroup = %job.cgroup.display(), stall = share, ?change, next_step = self.pacer.step(u64::MAX), wait_ms = self.pacer.wait().as_millis(), "reclaim pacing");
+        self.last = now;
+        self.at = Instant::now();
+    }
 }
 
 /// Runs the staged decrease; `on_pass` sees where it stands after every pass.
@@ -129,6 +190,7 @@ pub fn reclaim_to(
     let mut limit_now = job.interim;
     let mut wait = job.step_interval;
     let mut passes = 0u32;
+    let mut paced = Paced::start(io, job);
     loop {
         if cancel.is_cancelled() {
             return match restore_high(high_set) {
@@ -137,10 +199,11 @@ pub fn reclaim_to(
             };
         }
         passes += 1;
+        let step = paced.as_ref().map(|p| p.pacer.step(u64::MAX));
         let pass = if v1 {
             v1_pass(io, job, &mut limit_now)
         } else {
-            v2_pass(io, job, &mut use_high, &mut high_set)
+            v2_pass(io, job, step, &mut use_high, &mut high_set)
         };
         let now = match pass.and_then(|()| read()) {
             Ok(u) => u,
@@ -152,6 +215,8 @@ pub fn reclaim_to(
         on_pass(&Pass {
             usage: now,
             limit: limit_now,
+            step,
+            stall: paced.as_ref().and_then(|p| p.pacer.last_stall),
         });
         let reached = if v1 {
             limit_now == job.target
@@ -186,13 +251,23 @@ pub fn reclaim_to(
                 kept: if v1 { limit_now } else { kept },
                 passes,
                 elapsed: started.elapsed(),
+                stall_note: paced
+                    .as_ref()
+                    .map(|p| p.pacer.deferred_note())
+                    .unwrap_or_default(),
             };
+        }
+        if let Some(p) = &mut paced {
+            p.observe(io, job);
+            wait = p.pacer.wait();
         }
         let left = job.timeout.saturating_sub(started.elapsed());
         if !pause(wait.min(left), cancel) {
             continue; // handled at the top of the loop
         }
-        wait = (wait * 2).min(MAX_PAUSE);
+        if paced.is_none() {
+            wait = (wait * 2).min(MAX_PAUSE);
+        }
     }
 }
 
@@ -220,10 +295,12 @@ fn v1_pass(io: &dyn CgroupIo, job: &ReclaimJob, limit_now: &mut u64) -> Result<(
     }
 }
 
-/// v2: `memory.reclaim`, or `memory.high` stepping where there is none.
+/// v2: `memory.reclaim`, or `memory.high` stepping where there is none. `step`: at most this
+/// much per pass (paced).
 fn v2_pass(
     io: &dyn CgroupIo,
     job: &ReclaimJob,
+    step: Option<u64>,
     use_high: &mut bool,
     high_set: &mut bool,
 ) -> Result<(), String> {
@@ -231,8 +308,9 @@ fn v2_pass(
     if usage <= job.target {
         return Ok(());
     }
+    let step = step.unwrap_or(u64::MAX);
     if !*use_high {
-        match io.reclaim(&job.cgroup, reclaim_request(usage, job.target)) {
+        match io.reclaim(&job.cgroup, reclaim_request(usage, job.target).min(step)) {
             Ok(()) | Err(CgroupError::Again { .. }) => return Ok(()),
             Err(CgroupError::Unsupported { .. }) => *use_high = true,
             Err(e) => return Err(e.to_string()),
@@ -241,11 +319,8 @@ fn v2_pass(
     // Halfway down each pass (the last 32 MiB at once): the kernel throttles allocations above
     // `memory.high` and reclaims, so one big step would stall the workload.
     let gap = usage - job.target;
-    let high = if gap <= 32 << 20 {
-        job.target
-    } else {
-        usage - gap / 2
-    };
+    let down = if gap <= 32 << 20 { gap } else { gap / 2 };
+    let high = usage - down.min(step);
     io.set_memory_high(&job.cgroup, Some(high))
         .map_err(|e| e.to_string())?;
     *high_set = true;
@@ -277,6 +352,10 @@ mod tests {
         limit: u64,
         high: Option<u64>,
         writes: Vec<String>,
+        /// `memory.pressure`'s `some` total (`None`: no PSI).
+        psi_us: Option<u64>,
+        /// Stall the workload suffers per MiB reclaimed.
+        stall_us_per_mib: u64,
     }
 
     impl FakeMemcg {
@@ -345,6 +424,10 @@ mod tests {
             }
             let mut s = self.state.lock().unwrap();
             s.writes.push(format!("reclaim {}", bytes / MIB));
+            let stall = s.stall_us_per_mib * (bytes / MIB);
+            if let Some(p) = &mut s.psi_us {
+                *p += stall;
+            }
             let want = s.usage.saturating_sub(bytes);
             s.usage = want.max(s.floor);
             if want < s.floor {
@@ -372,6 +455,18 @@ mod tests {
             s.high = high;
             Ok(())
         }
+        fn memory_pressure(&self, _: &std::path::Path) -> Result<StallTotals, CgroupError> {
+            let s = self.state.lock().unwrap();
+            s.psi_us
+                .map(|some_us| StallTotals {
+                    some_us,
+                    full_us: Some(0),
+                })
+                .ok_or(CgroupError::Unsupported {
+                    what: "memory.pressure",
+                    version: self.version,
+                })
+        }
     }
 
     fn job(target: u64, interim: u64) -> ReclaimJob {
@@ -383,6 +478,7 @@ mod tests {
             timeout: Duration::from_millis(200),
             step_interval: Duration::from_millis(1),
             force_memory_high: false,
+            max_stall: Share::new(1.0),
         }
     }
 
@@ -444,6 +540,103 @@ mod tests {
         let last = seen.last().expect("a pass");
         assert_eq!(last.usage.usage, s.usage);
         assert_eq!(last.limit, 466 * MIB, "v2: the cgroup keeps the interim");
+    }
+
+    fn paced(job: ReclaimJob) -> ReclaimJob {
+        ReclaimJob {
+            max_stall: Share::new(0.05),
+            timeout: Duration::from_secs(20),
+            ..job
+        }
+    }
+
+    /// Reclaim sizes asked for, in MiB.
+    fn reclaims(fake: &FakeMemcg) -> Vec<u64> {
+        let s = fake.state.lock().unwrap();
+        s.writes
+            .iter()
+            .filter_map(|w| w.strip_prefix("reclaim ")?.parse().ok())
+            .collect()
+    }
+
+    #[test]
+    fn paced_reclaim_shrinks_its_steps_while_the_workload_stalls_and_still_converges() {
+        let fake = FakeMemcg::new(CgroupVersion::V2, 200 * MIB, 0, 216 * MIB);
+        {
+            let mut s = fake.state.lock().unwrap();
+            s.psi_us = Some(0);
+            // 2 ms of stall per MiB: a 32 MiB step stalls for 64 ms, far over 5 % of a pause.
+            s.stall_us_per_mib = 2_000;
+        }
+        let out = reclaim_to(
+            &fake,
+            &paced(job(72 * MIB, 216 * MIB)),
+            &CancellationToken::new(),
+            |_| {},
+        );
+        assert!(matches!(out, ReclaimOutcome::Reached { .. }), "{out:?}");
+        let steps = reclaims(&fake);
+        assert_eq!(steps[0], 32, "the first paced step: {steps:?}");
+        assert!(steps.iter().all(|s| *s <= 32), "{steps:?}");
+        assert!(
+            steps.contains(&16) && steps.contains(&1),
+            "it slowed down: {steps:?}"
+        );
+        assert!(fake.state.lock().unwrap().usage <= 72 * MIB);
+    }
+
+    #[test]
+    fn paced_reclaim_grows_its_steps_while_the_stall_stays_low() {
+        let fake = FakeMemcg::new(CgroupVersion::V2, 400 * MIB, 0, 416 * MIB);
+        fake.state.lock().unwrap().psi_us = Some(0);
+        let out = reclaim_to(
+            &fake,
+            &paced(job(16 * MIB, 416 * MIB)),
+            &CancellationToken::new(),
+            |_| {},
+        );
+        assert!(matches!(out, ReclaimOutcome::Reached { .. }), "{out:?}");
+        // 32, 64, 128, then the rest (the request rounds up a little past the gap).
+        let steps = reclaims(&fake);
+        assert_eq!(&steps[..3], [32, 64, 128], "{steps:?}");
+        assert_eq!(steps.len(), 4, "{steps:?}");
+    }
+
+    #[test]
+    fn without_psi_a_paced_job_reclaims_unpaced() {
+        let fake = FakeMemcg::new(CgroupVersion::V2, 450 * MIB, 50 * MIB, 466 * MIB);
+        let out = reclaim_to(
+            &fake,
+            &paced(job(128 * MIB, 466 * MIB)),
+            &CancellationToken::new(),
+            |_| {},
+        );
+        assert!(matches!(out, ReclaimOutcome::Reached { .. }), "{out:?}");
+        assert_eq!(reclaims(&fake), [323]);
+    }
+
+    #[test]
+    fn pacing_never_gives_up_before_the_timeout_which_names_the_stall() {
+        // Anonymous memory above the target, and every step stalls the workload.
+        let fake = FakeMemcg::new(CgroupVersion::V2, 300 * MIB, 200 * MIB, 316 * MIB);
+        {
+            let mut s = fake.state.lock().unwrap();
+            s.psi_us = Some(0);
+            s.stall_us_per_mib = 50_000;
+        }
+        let mut j = paced(job(100 * MIB, 316 * MIB));
+        j.timeout = Duration::from_millis(300);
+        let started = Instant::now();
+        let out = reclaim_to(&fake, &j, &CancellationToken::new(), |_| {});
+        assert!(started.elapsed() >= Duration::from_millis(300));
+        let ReclaimOutcome::TimedOut { stall_note, .. } = out else {
+            panic!("{out:?}");
+        };
+        assert!(
+            stall_note.starts_with("; paced by the workload's memory stall (")
+                && stall_note.contains("up to 100 %, ceiling 5 %"),
+            "{stall_note}"
+        );
     }
 
     #[test]
