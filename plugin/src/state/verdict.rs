@@ -5,9 +5,11 @@
 //! A resize starts a verdict when it is applied: at `PostUpdateContainer` for an update through
 //! the runtime (kubelet's), when the runtime applied a plugin-initiated update (staged decreases,
 //! whole-pod resizes). Once `[verdict] window` has passed, the window after is compared with the
-//! same window before and the verdict is recorded and counted. A newer resize of the same
-//! container judges the older one over the part of its window that passed; a container that
-//! goes takes its verdicts with it.
+//! same window before and the verdict is recorded and counted. A resize applied while an
+//! earlier one's window runs folds into it: one verdict, from the limits before the first to
+//! the limits after the last (a staged decrease applies an interim limit, then the requested
+//! one), comparing the window before the first with the window after the last. A container
+//! that goes takes its verdicts with it.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
@@ -43,7 +45,12 @@ pub struct ResizeVerdict {
 
 #[derive(Debug)]
 struct Pending {
+    /// When the first resize of the verdict was applied (the window before ends here).
+    first_at_ms: u64,
+    /// When the last one was applied (the window after starts here).
     at_ms: u64,
+    /// The container's resources before the first.
+    before: LinuxResources,
     changes: Vec<LimitChange>,
 }
 
@@ -108,22 +115,25 @@ impl NodeState {
     }
 
     /// A resize of container `id` from `before` to `after` was applied now: a verdict starts
-    /// when it changed a CPU or memory limit.
+    /// when it changed a CPU or memory limit (or folds into the one whose window runs).
     pub fn resize_applied(&self, id: &str, before: &LinuxResources, after: &LinuxResources) {
-        let changes = limit_changes(before, after);
-        if changes.is_empty() {
-            return;
-        }
         let window_ms = self.window_ms();
-        let superseded = self.verdicts(|v| {
+        self.verdicts(|v| {
             let at_ms = v.mono_ms();
-            let old = v.pending.insert(
-                id.to_owned(),
-                Pending {
-                    at_ms,
-                    changes: changes.clone(),
-                },
-            );
+            let folded = v.pending.remove(id);
+            let folds = folded.is_some();
+            let (first_at_ms, before) = match folded {
+                Some(p) => (p.first_at_ms, p.before),
+                None => (at_ms, before.clone()),
+            };
+            let changes = limit_changes(&before, after);
+            if changes.is_empty() {
+                // Nothing changed (or a folded resize went back where it started).
+                if folds {
+                    v.records.remove(id);
+                }
+                return;
+            }
             v.records.insert(
                 id.to_owned(),
                 ResizeVerdict {
@@ -141,12 +151,16 @@ impl NodeState {
                     after: None,
                 },
             );
-            old.map(|p| (p, at_ms))
+            v.pending.insert(
+                id.to_owned(),
+                Pending {
+                    first_at_ms,
+                    at_ms,
+                    before,
+                    changes,
+                },
+            );
         });
-        // The older resize is judged over the part of its window that passed.
-        if let Some((old, now)) = superseded {
-            self.judge_one(id, &old, now, window_ms, false);
-        }
     }
 
     fn window_ms(&self) -> u64 {
@@ -180,26 +194,26 @@ impl NodeState {
                 .collect()
         });
         for (id, p, now) in due {
-            self.judge_one(&id, &p, now, window_ms, true);
+            self.judge_one(&id, &p, now, window_ms);
         }
     }
 
-    /// Judges `p` for container `id` with what the history holds up to `now`. `whole`: its
-    /// window has passed (else a newer resize cut it short).
-    fn judge_one(&self, id: &str, p: &Pending, now: u64, window_ms: u64, whole: bool) {
+    /// Judges `p` for container `id` with what the history holds up to `now`.
+    fn judge_one(&self, id: &str, p: &Pending, now: u64, window_ms: u64) {
         let thresholds = self.config.read_locked().verdict.thresholds();
         let end = p.at_ms.saturating_add(window_ms).min(now);
         let judged = self.verdicts(|v| {
             let samples: Vec<CounterSample> = v.history.get(id)?.iter().copied().collect();
             let (a0, a1) = bounds(&samples, p.at_ms, end)?;
             let after = WindowStats::between(&a0, &a1);
-            let before = bounds(&samples, p.at_ms.saturating_sub(window_ms), p.at_ms)
-                .map(|(b0, b1)| WindowStats::between(&b0, &b1))
-                .unwrap_or_default();
-            let (verdict, mut reason) = judge(&before, &after, &p.changes, &thresholds);
-            if !whole {
-                reason.push_str(" (window cut short by a newer resize)");
-            }
+            let before = bounds(
+                &samples,
+                p.first_at_ms.saturating_sub(window_ms),
+                p.first_at_ms,
+            )
+            .map(|(b0, b1)| WindowStats::between(&b0, &b1))
+            .unwrap_or_default();
+            let (verdict, reason) = judge(&before, &after, &p.changes, &thresholds);
             Some((verdict, reason, before, after))
         });
         let Some((verdict, reason, before, after)) = judged else {
@@ -220,10 +234,6 @@ impl NodeState {
                 reason = %reason,
                 "resize verdict"
             );
-        }
-        if !whole {
-            // The record is the newer resize's now.
-            return;
         }
         self.verdicts(|v| {
             if let Some(r) = v.records.get_mut(id) {
@@ -302,7 +312,8 @@ mod tests {
         assert_eq!((r.verdict, r.change.as_str()), (None, "cpu 1000m → 250m"));
         // A second later, at a 31 % stall share: harmful.
         state.verdicts(|v| {
-            v.pending.get_mut("c1").expect("pending").at_ms = 2_000;
+            let p = v.pending.get_mut("c1").expect("pending");
+            (p.first_at_ms, p.at_ms) = (2_000, 2_000);
             v.epoch = ago(3);
         });
         feed(&state, "c1", 3_000, 350_000);
@@ -319,6 +330,35 @@ mod tests {
         );
         state.forget_verdicts("c1");
         assert!(state.verdicts(|v| v.records.is_empty() && v.history.is_empty()));
+    }
+
+    #[test]
+    fn a_resize_applied_within_the_window_folds_into_one_verdict() {
+        let state = NodeState::new(crate::config::Config::default());
+        state.track(&pod("p1"), &ctr("c1", "p1", "app"));
+        // A staged decrease: the interim limit at the update, the requested one at convergence.
+        state.resize_applied(
+            "c1",
+            &res(10_000, 100_000, 512 << 20),
+            &res(10_000, 100_000, 300 << 20),
+        );
+        state.resize_applied(
+            "c1",
+            &res(10_000, 100_000, 300 << 20),
+            &res(10_000, 100_000, 128 << 20),
+        );
+        let r = state
+            .verdicts(|v| v.records.get("c1").cloned())
+            .expect("record");
+        assert_eq!(r.change, "memory 512Mi → 128Mi");
+        assert_eq!(state.verdicts(|v| v.pending.len()), 1);
+        // Back where it started: no verdict at all.
+        state.resize_applied(
+            "c1",
+            &res(10_000, 100_000, 128 << 20),
+            &res(10_000, 100_000, 512 << 20),
+        );
+        assert!(state.verdicts(|v| v.records.is_empty() && v.pending.is_empty()));
     }
 
     #[test]
