@@ -19,7 +19,7 @@ use nri_resize::daemon::ModelHandler;
 use nri_resize::model::{
     Container, ContainerState, CpuResources, EventKind, LinuxResources, MemoryResources, Pod,
 };
-use nri_resize::nri::{EventSet, Handler};
+use nri_resize::nri::{Deadline, EventSet, Handler};
 use nri_resize::observer::CgroupLayout;
 use nri_resize::state::NodeState;
 
@@ -123,7 +123,9 @@ async fn measure<H: Handler>(top: &str, h: &H, event: EventKind) -> (Duration, D
         match event {
             EventKind::CreateContainer => drop(black_box(h.create_container(p, c).await)),
             EventKind::UpdateContainer => {
-                drop(black_box(h.update_container(p, c, update(n)).await));
+                drop(black_box(
+                    h.update_container(p, c, update(n), Deadline::none()).await,
+                ));
             }
             EventKind::PostUpdateContainer => h.post_update_container(p, c).await,
             EventKind::StartContainer => h.start_container(p, c).await,

@@ -1,4 +1,5 @@
-//! Exponential backoff: the one used for reconnecting to the runtime and for retrying restarts.
+//! Exponential backoff: the one used for reconnecting to the runtime, retrying restarts and
+//! re-planning a whole-pod resize after a failed step.
 
 use std::time::Duration;
 

@@ -41,7 +41,8 @@ pub enum ConfigError {
 /// timeout_ms = 60000            # reclaim gives up after this and keeps a safe limit
 /// headroom = 16777216           # bytes above usage the interim limit keeps
 /// step_interval_ms = 100        # first pause between reclaim passes (doubles up to 1 s)
-/// inline_max = 1073741824       # page cache up to this is reclaimed inside the update
+/// inline_max = 1073741824       # page cache up to this is tried inside the update (0: off);
+///                               # bounded by time: half the runtime's deadline left, <= 500 ms
 /// max_stall = 0.05              # staged reclaim slows down above this memory stall share (PSI)
 ///
 /// [policy]                      # node defaults; see docs/annotations.md
@@ -125,8 +126,10 @@ pub struct MemoryDecreaseConfig {
     pub headroom: u64,
     /// First pause between reclaim passes in milliseconds; it doubles up to one second.
     pub step_interval_ms: u64,
-    /// Up to this many bytes to reclaim, when what must go is page cache, one reclaim is tried
-    /// inside the update itself (bounded: well within the runtime's deadline); 0 turns it off.
+    /// Up to this many bytes to reclaim, when what must go is page cache, a reclaim is tried
+    /// inside the update itself; 0 turns it off. Time bounds it, not bytes: it stops at half of
+    /// what is left of the runtime's deadline (at most 500 ms), and the decrease continues
+    /// staged.
     pub inline_max: u64,
     /// Staged reclaim's ceiling on the container's memory stall share (PSI `some`, cgroup v2):
     /// above it the next step is smaller and later. Pods may lower it

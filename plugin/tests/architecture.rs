@@ -1,6 +1,6 @@
 //! The crate's module graph keeps the house rules: state lives below the code that uses it, the
-//! wiring in `daemon/` is imported by `main.rs` only, and there are no module cycles (between the
-//! top-level modules of `src/`, and between the files of `policy/`).
+//! wiring in `daemon/` is imported by `main.rs` only, and there are no module cycles: between the
+//! top-level modules of `src/`, nor between the sibling modules of any directory below it.
 //!
 //! Pure: reads the crate's own sources. A dependency is a `crate::<module>` path in code (also in
 //! `use crate::{a, b}` groups); comments are skipped. `cargo test --test architecture --
@@ -179,15 +179,62 @@ fn state_imports_none_of_its_users() {
     }
 }
 
+/// Every directory below `src/` that holds modules, as a path relative to `src/`.
+fn module_dirs(dir: &Path, rel: &str, out: &mut Vec<String>) {
+    for entry in std::fs::read_dir(dir).expect("read_dir").flatten() {
+        let p = entry.path();
+        if p.is_dir() {
+            let name = p.file_name().and_then(|n| n.to_str()).expect("utf-8 name");
+            let rel = if rel.is_empty() {
+                name.to_owned()
+            } else {
+                format!("{rel}/{name}")
+            };
+            module_dirs(&p, &rel, out);
+            out.push(rel);
+        }
+    }
+}
+
+/// The graph between the sibling modules of `src/<rel>`: references through
+/// `crate::<rel as a path>::` from any of their files, and through `super::` from the files
+/// whose `super` is `<rel>` itself (`<rel>/x.rs` and `<rel>/x/mod.rs`).
+fn sibling_graph(rel: &str) -> Graph {
+    let dir = src().join(rel);
+    let mods = modules(&dir);
+    let absolute = format!("crate::{}::", rel.replace('/', "::"));
+    let mut g = Graph::new();
+    for (name, files) in &mods {
+        let refs = g.entry(name.clone()).or_default();
+        for f in files {
+            let code = code(f);
+            refs.extend(referenced(&code, &absolute));
+            let parent = f.parent().expect("a parent");
+            let direct = parent == dir
+                || (parent == dir.join(name) && f.file_name().is_some_and(|n| n == "mod.rs"));
+            if direct {
+                refs.extend(referenced(&code, "super::"));
+            }
+        }
+        refs.retain(|r| r != name && mods.contains_key(r));
+    }
+    g
+}
+
 #[test]
-fn policy_files_have_no_cycle() {
-    let g = graph(
-        &modules(&src().join("policy")),
-        &["super::", "crate::policy::"],
-    );
-    print(&g);
-    if let Some(cycle) = find_cycle(&g) {
-        panic!("cycle between policy files: {}", cycle.join(" -> "));
+fn sibling_modules_have_no_cycle_in_any_directory() {
+    let mut dirs = Vec::new();
+    module_dirs(&src(), "", &mut dirs);
+    assert!(dirs.iter().any(|d| d == "resize/decrease"), "{dirs:?}");
+    for rel in dirs {
+        let g = sibling_graph(&rel);
+        if let Some(cycle) = find_cycle(&g) {
+            print(&g);
+            panic!(
+                "cycle between the modules of src/{rel}: {}",
+                cycle.join(" -> ")
+            );
+        }
     }
 }
 

@@ -54,6 +54,8 @@ impl Tree {
         let mounts = match &cgroups {
             Cgroups::V1(v1) => vec![v1.cpu.clone(), v1.memory.clone()],
             Cgroups::V2(v2) => vec![v2.root.clone()],
+            #[cfg(feature = "fault-injection")]
+            Cgroups::Slow(_) => unreachable!("node_cgroups() detects v1 or v2"),
         };
         let tree = Self {
             cgroups,
@@ -93,6 +95,8 @@ impl Tree {
             (Cgroups::V1(v1), "cpu") => &v1.cpu,
             (Cgroups::V1(v1), _) => &v1.memory,
             (Cgroups::V2(v2), _) => &v2.root,
+            #[cfg(feature = "fault-injection")]
+            (Cgroups::Slow(_), _) => unreachable!("node_cgroups() detects v1 or v2"),
         };
         Self::dir_in(mount, rel)
     }

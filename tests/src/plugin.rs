@@ -15,7 +15,7 @@ use crate::util::tail_lines;
 use crate::Containerd;
 
 /// The plugin binary: `$NRI_RESIZE_BIN`, else `target/debug/nri-resize` of this workspace,
-/// built once per test process if needed.
+/// built once per test process if needed (with the feature `fault-injection`).
 pub fn plugin_binary() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
@@ -30,7 +30,10 @@ pub fn plugin_binary() -> &'static Path {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let status = Command::new(cargo)
             .current_dir(root)
+            // With the test-only fault injection (`plugin/src/cgroup/fault.rs`), as the test
+            // tiers build it.
             .args(["build", "-q", "-p", "nri-resize", "--bin", "nri-resize"])
+            .args(["--features", "fault-injection"])
             .status()
             .expect("run cargo build for the plugin binary");
         assert!(status.success(), "building the nri-resize binary failed");
@@ -45,6 +48,7 @@ pub struct PluginProcess {
     pub api_socket: PathBuf,
     pub log_path: PathBuf,
     args: Vec<String>,
+    env: Vec<(String, String)>,
     nri_socket: PathBuf,
     /// Checkpoints of in-flight resizes; kept across `restart`.
     pub state_dir: PathBuf,
@@ -59,10 +63,35 @@ impl PluginProcess {
             api_socket: dir.join(format!("{name}-api.sock")),
             log_path: dir.join(format!("{name}.log")),
             args: extra.iter().map(ToString::to_string).collect(),
+            env: Vec::new(),
             nri_socket: ctrd.nri_socket(),
             state_dir: dir.join(format!("{name}-state")),
         };
         p.spawn();
+        p
+    }
+
+    /// [`Self::start_ready`] with extra environment variables (e.g. a test-only fault).
+    pub async fn start_ready_env(
+        ctrd: &Containerd,
+        name: &str,
+        env: &[(&str, &str)],
+    ) -> PluginProcess {
+        let dir = ctrd.base_dir();
+        let mut p = PluginProcess {
+            child: None,
+            api_socket: dir.join(format!("{name}-api.sock")),
+            log_path: dir.join(format!("{name}.log")),
+            args: Vec::new(),
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+                .collect(),
+            nri_socket: ctrd.nri_socket(),
+            state_dir: dir.join(format!("{name}-state")),
+        };
+        p.spawn();
+        p.wait_ready(Duration::from_secs(15)).await;
         p
     }
 
@@ -102,6 +131,7 @@ impl PluginProcess {
             .arg(&self.state_dir)
             .args(&self.args)
             .env("NRI_RESIZE_LOG", "nri_resize=debug,info")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("dup log"))
             .stderr(log)

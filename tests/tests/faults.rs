@@ -7,7 +7,11 @@
 //!   serves on;
 //! - the state directory unusable or holding a corrupt checkpoint: a clear error, the daemon still
 //!   serves and resizes, and `/v1/status` reports it;
-//! - containerd restarted while the plugin runs: it re-registers and the metrics continue.
+//! - containerd restarted while the plugin runs: it re-registers and the metrics continue;
+//! - a cgroup read stuck past the runtime's deadline (test-only fault injection): the update is
+//!   answered fail-open at 3/4 of the runtime's request timeout, the runtime keeps the plugin,
+//!   the late decision acts on nothing, and the next update is handled normally;
+//! - SIGTERM during a staged decrease; `mode = "observe"` with a checkpoint.
 //!
 //! (A plugin frozen past the runtime's deadline is `nri_containerd::frozen_plugin_fails_open`;
 //! eBPF refused is the polling instance of `observer_containerd`.)
@@ -464,4 +468,147 @@ async fn observe_mode_does_not_resume_checkpoints() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// One update whose pod-cgroup read is stuck for 4 s (the test-only fault of
+/// `plugin/src/cgroup/fault.rs`, on this pod's cgroup only) against a runtime whose NRI request
+/// timeout is 2 s.
+async fn slow_cgroup_fails_open(version: ContainerdVersion) {
+    const STUCK_MS: u64 = 4000;
+    let ctrd = Containerd::start(version, ContainerdOptions::default()).await;
+    let flag = ctrd.base_dir().join("slow-cgroup");
+    let fault = format!("{STUCK_MS}:{}", flag.display());
+    let plugin = PluginProcess::start_ready_env(
+        &ctrd,
+        "nri-resize",
+        &[("NRI_RESIZE_FAULT_SLOW_CGROUP", &fault)],
+    )
+    .await;
+    let log = || std::fs::read_to_string(&plugin.log_path).expect("plugin log");
+    assert!(
+        log().contains("fault injection active"),
+        "the plugin binary was built without `--features fault-injection` (see tests/src/plugin.rs)"
+    );
+    let api = plugin.api();
+    let (pod, id) = ctrd.loaded_pod("slow-cgroup", &[], "sleep 3600", 0).await;
+    let connects = api.status().await.expect("status").runtime.connects;
+
+    // The engine reads the pod cgroup before a CPU increase (KEP ordering): that read hangs.
+    std::fs::write(&flag, &pod.cgroup_parent).expect("arm the fault");
+    let started = Instant::now();
+    let first = ctrd
+        .update_container_resources(&id, &Resources::limits(150_000, 512 * MIB))
+        .await;
+    let took = started.elapsed();
+    std::fs::remove_file(&flag).expect("disarm the fault");
+    eprintln!(
+        "{version}: UpdateContainer with a cgroup read stuck for {STUCK_MS} ms answered in {} ms (runtime timeout 2000 ms, budget 1500 ms)",
+        took.as_millis()
+    );
+    first.unwrap_or_else(|e| {
+        panic!(
+            "the update fails open, not failed: {e}\n{}",
+            plugin.log_tail(30)
+        )
+    });
+    assert_eq!(
+        ctrd.container_cpu_quota(&id),
+        150_000,
+        "fail-open: the runtime applied the update as asked"
+    );
+    let deadline_line = "handler overran the runtime deadline; answering fail-open";
+    assert!(
+        log()
+            .lines()
+            .any(|l| l.contains(deadline_line) && l.contains("update_container")),
+        "the update was answered by the deadline, not by the stuck work:\n{}",
+        plugin.log_tail(30)
+    );
+    let metrics = scrape_metrics(&api).await;
+    assert_eq!(
+        metric(
+            &metrics,
+            "nri_resize_nri_handler_deadline_exceeded_total{event=\"update_container\"}"
+        ),
+        Some(1.0),
+        "exactly one overrun counted"
+    );
+
+    // The stuck read ends 4 s after it began; the late decision then acts on nothing.
+    let until = Instant::now() + Duration::from_secs(15);
+    while !log().contains("decided after the runtime's deadline") {
+        assert!(
+            Instant::now() < until,
+            "the late decision did not stand down:\n{}",
+            plugin.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let rec = state_of(&api, &id).await;
+    assert!(
+        rec.as_ref().is_none_or(|r| r
+            .desired
+            .as_ref()
+            .and_then(|d| d.cpu.as_ref())
+            .and_then(|c| c.quota)
+            != Some(150_000)),
+        "the late decision recorded nothing: {rec:?}"
+    );
+
+    kept_and_handled_next(&ctrd, &plugin, &id, connects).await;
+}
+
+/// After the overrun: the runtime kept the plugin (same session, still registered), and the next
+/// update is decided by the engine and recorded, within the deadline.
+async fn kept_and_handled_next(ctrd: &Containerd, plugin: &PluginProcess, id: &str, connects: u64) {
+    let api = plugin.api();
+    let id = id.to_string();
+    let st = api.status().await.expect("status");
+    assert_eq!(
+        st.runtime.connects,
+        connects,
+        "the runtime dropped the plugin:\n{}",
+        plugin.log_tail(40)
+    );
+    assert!(st.runtime.synchronized);
+
+    // The next update is handled normally: decided by the engine and recorded.
+    ctrd.update_container_resources(&id, &Resources::limits(120_000, 512 * MIB))
+        .await
+        .expect("the next update");
+    assert_eq!(ctrd.container_cpu_quota(&id), 120_000);
+    let rec = state_of(&api, &id)
+        .await
+        .expect("the engine recorded the next update");
+    assert_eq!(
+        rec.desired
+            .as_ref()
+            .and_then(|d| d.cpu.as_ref())
+            .and_then(|c| c.quota),
+        Some(120_000),
+        "{rec:?}"
+    );
+    let metrics = scrape_metrics(&api).await;
+    assert_eq!(
+        metric(
+            &metrics,
+            "nri_resize_nri_handler_deadline_exceeded_total{event=\"update_container\"}"
+        ),
+        Some(1.0),
+        "the next update did not overrun"
+    );
+    assert_eq!(
+        api.status().await.expect("status").runtime.connects,
+        connects
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn slow_cgroup_fails_open_containerd_1_7() {
+    slow_cgroup_fails_open(ContainerdVersion::V1_7).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn slow_cgroup_fails_open_containerd_2() {
+    slow_cgroup_fails_open(ContainerdVersion::V2).await;
 }

@@ -171,6 +171,8 @@ fn test(fuzz_seconds: u64) -> anyhow::Result<()> {
                 "clippy",
                 "--workspace",
                 "--all-targets",
+                "--features",
+                "nri-resize/fault-injection",
                 "--",
                 "-D",
                 "warnings",
@@ -225,10 +227,7 @@ fn test(fuzz_seconds: u64) -> anyhow::Result<()> {
         )
     });
     tier(&mut results, "containerd", || {
-        run(
-            "build the plugin binary",
-            cargo().args(["build", "-p", "nri-resize", "--bin", "nri-resize"]),
-        )?;
+        run("build the plugin binary", cargo().args(TEST_DAEMON_BUILD))?;
         // The daemon's image from the binary just built (tests/tests/image_containerd.rs).
         let archive = image::default_archive(&root());
         image::build_archive(
@@ -327,6 +326,18 @@ fn soak(pods: u32, seconds: u64) -> anyhow::Result<()> {
             ]),
     )
 }
+
+/// The daemon as the test tiers build it: with the test-only fault injection
+/// (`plugin/src/cgroup/fault.rs`), inert unless a test asks for a fault.
+pub const TEST_DAEMON_BUILD: [&str; 7] = [
+    "build",
+    "-p",
+    "nri-resize",
+    "--bin",
+    "nri-resize",
+    "--features",
+    "fault-injection",
+];
 
 fn demo() -> anyhow::Result<()> {
     setup(false)?;

@@ -440,7 +440,7 @@ fn build_suites(root: &Path, suites: &[Suite]) -> anyhow::Result<BTreeMap<String
         // The real-runtime suites start the plugin binary (`NRI_RESIZE_BIN`).
         crate::run(
             "build the plugin binary for the VM suites",
-            crate::cargo().args(["build", "-p", "nri-resize", "--bin", "nri-resize"]),
+            crate::cargo().args(crate::TEST_DAEMON_BUILD),
         )?;
     }
     if suites.iter().any(|s| s.test == "image_containerd") {

@@ -7,12 +7,15 @@
 //! | GET | `/v1/status` | [`Status`]: runtime connection, every pod with its containers (each with an optional `observed`: desired vs actual, throttling, reclaim, OOM kills), the observer, the metrics address and the `node` (capacity, allocatable, last capacity change) |
 //! | GET | `/v1/events?since=N` | [`EventRecord`]s with `seq > N`, oldest first |
 //! | POST | `/v1/containers/{id}/resources` | applies a [`LinuxResources`] through NRI `UpdateContainers` |
+//! | POST | `/v1/pods/{namespace}/{name}/resize` | a whole-pod resize ([`PodResizeRequest`]), planned in KEP order and executed step by step; answers the [`PodResize`] record |
+//! | GET | `/v1/resizes` | the resize records: per container (kubelet-driven) and per pod (whole-pod), with state, reason and steps |
 //! | GET | `/healthz` | 200 while the process serves |
 //! | GET | `/readyz` | 200 once registered with the runtime and synchronized, else 503 |
 
 mod client;
 mod pod_row;
 mod resize_spec;
+mod row;
 mod table;
 
 use std::ops::Deref;

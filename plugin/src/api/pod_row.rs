@@ -3,7 +3,7 @@
 //! limits (pod-level limits plus overhead) in quantities (`500m/128Mi`), its resize state and
 //! reason. Pure: from the API's answer to table cells.
 
-use super::table::Row;
+use super::row::Row;
 use super::{PodStatus, Status};
 use crate::model::PodLimits;
 use crate::policy::{with_overhead, Limits};

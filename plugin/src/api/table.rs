@@ -3,13 +3,10 @@
 
 use std::fmt::Write as _;
 
+use super::row::Row;
 use super::{ContainerStatus, Resizes, Status};
 use crate::model::LinuxResources;
 use crate::policy::{bytes_text, Verdict, UNLIMITED_BYTES};
-
-/// One line of the table: POD, CONTAINER, DESIRED, ALLOCATED, ACTUAL, STATE, THROTTLED,
-/// RECLAIMED, STALL, VERDICT, REASON.
-pub type Row = [String; 11];
 
 /// `500m/128Mi`; `-` when unknown, `max` for unlimited.
 fn compact(cpu_millis: Option<u64>, cpu_limited: bool, memory: Option<i64>) -> String {

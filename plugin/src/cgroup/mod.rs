@@ -16,6 +16,8 @@
 //! | memory breakdown | `memory.stat` `total_rss`/`total_shmem`/`total_cache` | `memory.stat` `anon`/`shmem`/`file` |
 //! | proactive reclaim | (none: lower `memory.limit_in_bytes`) | `memory.reclaim` (5.19+) |
 
+#[cfg(feature = "fault-injection")]
+pub mod fault;
 mod layout;
 mod parse;
 mod path;
@@ -226,6 +228,9 @@ pub struct V2 {
 pub enum Cgroups {
     V1(V1),
     V2(V2),
+    /// Test builds only: every call slowed down on purpose ([`fault`]).
+    #[cfg(feature = "fault-injection")]
+    Slow(fault::Slow),
 }
 
 impl Cgroups {
@@ -498,54 +503,44 @@ impl CgroupIo for V2 {
     }
 }
 
+impl Cgroups {
+    fn io(&self) -> &dyn CgroupIo {
+        match self {
+            Self::V1(v) => v,
+            Self::V2(v) => v,
+            #[cfg(feature = "fault-injection")]
+            Self::Slow(v) => v,
+        }
+    }
+}
+
 impl CgroupIo for Cgroups {
     fn version(&self) -> CgroupVersion {
-        match self {
-            Self::V1(v) => v.version(),
-            Self::V2(v) => v.version(),
-        }
+        self.io().version()
     }
 
     fn read_actual(&self, cgroup: &Path) -> Result<ActualResources, CgroupError> {
-        match self {
-            Self::V1(v) => v.read_actual(cgroup),
-            Self::V2(v) => v.read_actual(cgroup),
-        }
+        self.io().read_actual(cgroup)
     }
 
     fn set_cpu_limit(&self, cgroup: &Path, limit: CpuLimit) -> Result<(), CgroupError> {
-        match self {
-            Self::V1(v) => v.set_cpu_limit(cgroup, limit),
-            Self::V2(v) => v.set_cpu_limit(cgroup, limit),
-        }
+        self.io().set_cpu_limit(cgroup, limit)
     }
 
     fn set_memory_limit(&self, cgroup: &Path, limit: Option<u64>) -> Result<(), CgroupError> {
-        match self {
-            Self::V1(v) => v.set_memory_limit(cgroup, limit),
-            Self::V2(v) => v.set_memory_limit(cgroup, limit),
-        }
+        self.io().set_memory_limit(cgroup, limit)
     }
 
     fn memory_use(&self, cgroup: &Path) -> Result<MemoryUse, CgroupError> {
-        match self {
-            Self::V1(v) => v.memory_use(cgroup),
-            Self::V2(v) => v.memory_use(cgroup),
-        }
+        self.io().memory_use(cgroup)
     }
 
     fn reclaim(&self, cgroup: &Path, bytes: u64) -> Result<(), CgroupError> {
-        match self {
-            Self::V1(v) => v.reclaim(cgroup, bytes),
-            Self::V2(v) => v.reclaim(cgroup, bytes),
-        }
+        self.io().reclaim(cgroup, bytes)
     }
 
     fn set_memory_high(&self, cgroup: &Path, high: Option<u64>) -> Result<(), CgroupError> {
-        match self {
-            Self::V1(v) => v.set_memory_high(cgroup, high),
-            Self::V2(v) => v.set_memory_high(cgroup, high),
-        }
+        self.io().set_memory_high(cgroup, high)
     }
 
     fn memory_pressure(&self, cgroup: &Path) -> Result<StallTotals, CgroupError> {
@@ -556,10 +551,7 @@ impl CgroupIo for Cgroups {
     }
 
     fn procs(&self, cgroup: &Path) -> Result<Vec<u32>, CgroupError> {
-        match self {
-            Self::V1(v) => v.procs(cgroup),
-            Self::V2(v) => v.procs(cgroup),
-        }
+        self.io().procs(cgroup)
     }
 }
 

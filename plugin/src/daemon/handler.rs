@@ -1,15 +1,18 @@
 //! The daemon's NRI handler: keeps the [`Model`](crate::model::Model) and the event
-//! [`Journal`](crate::model::Journal) of the [`NodeState`] in step with the runtime. Every call
-//! is in-memory work under short locks (microseconds), far inside NRI's 2 s.
+//! [`Journal`](crate::model::Journal) of the [`NodeState`] in step with the runtime. The model
+//! work is in-memory under short locks (microseconds); whatever touches a file (cgroup reads
+//! and writes, checkpoints, the resize engine's decisions) runs [`off_worker`], so the
+//! transport's deadline can always fire and answer fail-open.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use tracing::{debug, info, warn};
 
+use super::off_worker::off_worker;
 use crate::model::{Container, ContainerState, EventKind, LinuxResources, Pod};
 use crate::nri::{
-    ContainerUpdate, CreateReply, EventSet, Handler, Rejection, RuntimeInfo, UpdateReply,
+    ContainerUpdate, CreateReply, Deadline, EventSet, Handler, Rejection, RuntimeInfo, UpdateReply,
 };
 use crate::resize::node::NodeReader;
 use crate::resize::Engine;
@@ -137,7 +140,9 @@ impl Handler for ModelHandler {
         self.state.retain_pod_levels(&pods);
         self.state.write_model(|m| m.rebuild(pods, containers));
         if let Some(engine) = &self.engine {
-            engine.resume_checkpointed();
+            // Reads the checkpoint directory.
+            let engine = Arc::clone(engine);
+            off_worker("resume checkpoints", move || engine.resume_checkpointed()).await;
         }
         self.state
             .record(EventKind::Synchronize, &sync_pod, None, None);
@@ -228,7 +233,8 @@ impl Handler for ModelHandler {
         self.container_event(EventKind::PostStartContainer, pod, ctr);
         // The runtime has written the container's limits by now: its actual values, read back.
         // (The observer's first read of a new cgroup can come before runc wrote them.)
-        self.state.confirm(&id, None);
+        let state = Arc::clone(&self.state);
+        off_worker("confirm", move || state.confirm(&id, None)).await;
     }
 
     async fn update_container(
@@ -236,6 +242,7 @@ impl Handler for ModelHandler {
         pod: Pod,
         ctr: Container,
         resources: LinuxResources,
+        deadline: Deadline,
     ) -> Result<UpdateReply, Rejection> {
         debug!(pod = %pod.full_name(), container = %ctr.name, "update requested");
         self.state.record(
@@ -245,7 +252,19 @@ impl Handler for ModelHandler {
             Some(resources.clone()),
         );
         let reply = match &self.engine {
-            Some(engine) => engine.on_update(&pod, &ctr, &resources)?,
+            Some(engine) => {
+                // The engine reads (and may write) cgroups: off the workers, sharing the
+                // runtime's deadline so that a late decision acts on nothing.
+                let (engine, p, c, r) = (
+                    Arc::clone(engine),
+                    pod.clone(),
+                    ctr.clone(),
+                    resources.clone(),
+                );
+                off_worker("update", move || engine.on_update(&p, &c, &r, &deadline))
+                    .await
+                    .ok_or_else(|| Rejection("the resize decision failed".into()))??
+            }
             None => UpdateReply::default(),
         };
         // What the runtime will apply: the request, adjusted by the engine's reply.
@@ -270,7 +289,8 @@ impl Handler for ModelHandler {
                 engine.applied(&c);
             }
         }
-        self.state.confirm_update(&id);
+        let state = Arc::clone(&self.state);
+        off_worker("confirm", move || state.confirm_update(&id)).await;
     }
 
     async fn stop_container(&self, pod: Pod, mut ctr: Container) -> Vec<ContainerUpdate> {
@@ -288,7 +308,9 @@ impl Handler for ModelHandler {
             .record(EventKind::RemoveContainer, &pod, Some(&ctr), None);
         self.state.untrack(&ctr.id);
         if let Some(engine) = &self.engine {
-            engine.forget_container(&ctr.id);
+            // Removes a reclaim checkpoint, if any.
+            let (engine, id) = (Arc::clone(engine), ctr.id.clone());
+            off_worker("forget", move || engine.forget_container(&id)).await;
         }
         self.state.write_model(|m| m.remove_container(&ctr.id));
     }

@@ -8,6 +8,7 @@
 
 mod handler;
 mod observe;
+mod off_worker;
 mod pod_level;
 mod pod_read;
 
@@ -65,7 +66,18 @@ pub enum Exit {
     Disconnected,
 }
 
-/// Runs the daemon until `cancel` fires (or the runtime goes away with `exit_on_disconnect`).
+/// The node's cgroup I/O (in test builds, slowed on demand: `cgroup/fault.rs`).
+fn node_cgroups(opts: &RunOptions) -> Cgroups {
+    let cgroups = Cgroups::from_layout(&opts.observer.settings.cgroups);
+    #[cfg(feature = "fault-injection")]
+    let cgroups = crate::cgroup::fault::from_env(cgroups).unwrap_or_else(|e| {
+        // A test build whose test asked for a fault it cannot have: stop loudly.
+        error!(error = %e, "fault injection misconfigured");
+        std::process::exit(2)
+    });
+    cgroups
+}
+
 /// Opens the checkpoint store; an unusable state directory is reported (log and status) and the
 /// daemon serves on without checkpoints.
 fn open_checkpoints(dir: &std::path::Path, state: &NodeState) -> Option<CheckpointStore> {
@@ -87,6 +99,7 @@ fn open_checkpoints(dir: &std::path::Path, state: &NodeState) -> Option<Checkpoi
     checkpoints
 }
 
+/// Runs the daemon until `cancel` fires (or the runtime goes away with `exit_on_disconnect`).
 pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<Exit> {
     nri::validate_idx(&opts.identity.idx).map_err(anyhow::Error::msg)?;
     let file_config = match &opts.config_path {
@@ -101,7 +114,7 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
         api_socket = %opts.api_socket.display(),
         "nri-resize starting"
     );
-    let cgroups = Cgroups::from_layout(&opts.observer.settings.cgroups);
+    let cgroups = node_cgroups(&opts);
     let state = NodeState::with_cgroups(file_config, Some(cgroups));
     let link = RuntimeLink::default();
     let metrics_server = match opts.metrics_addr {

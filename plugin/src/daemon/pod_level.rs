@@ -36,9 +36,11 @@ impl ModelHandler {
     ) -> Result<(), Rejection> {
         let state = self.state();
         let cfg = state.config.read_locked().clone();
+        let snapshot = state.capacity.read_locked().clone();
         let read = read_pod(
             state.cgroups.clone(),
             self.node_reader().cloned(),
+            snapshot,
             pod.cgroup_parent.clone(),
             cfg.resize.clone(),
         )
@@ -122,6 +124,7 @@ impl ModelHandler {
         let reserve = ResizeConfig::default();
         let read = read_pod(
             state.cgroups.clone(),
+            None,
             None,
             pod.cgroup_parent.clone(),
             reserve,

@@ -11,6 +11,7 @@ use crate::config::ResizeConfig;
 use crate::model::PodLimits;
 use crate::policy::NodeCapacity;
 use crate::resize::node::NodeReader;
+use crate::state::NodeStatus;
 
 /// How long a pod-level handler may spend reading the pod cgroup and the node.
 pub const READ_BUDGET: Duration = Duration::from_millis(500);
@@ -21,11 +22,13 @@ pub(super) struct PodRead {
     pub node: Option<NodeCapacity>,
 }
 
-/// Reads the pod cgroup (and the node, when a reader is given) on a blocking thread, at most
+/// Reads the pod cgroup (and the node, when a reader is given: the capacity watcher's
+/// `snapshot` when there is one) on a blocking thread, at most
 /// [`READ_BUDGET`].
 pub(super) async fn read_pod(
     cgroups: Option<Cgroups>,
     node: Option<NodeReader>,
+    snapshot: Option<NodeStatus>,
     cgroup_parent: String,
     reserve: ResizeConfig,
 ) -> PodRead {
@@ -43,7 +46,7 @@ pub(super) async fn read_pod(
                 .map_err(|e| e.to_string()),
         };
         let node = node.and_then(|n| {
-            n.capacity(&reserve)
+            n.capacity_with(snapshot.as_ref(), &reserve)
                 .map_err(|e| warn!(error = %e, "node capacity unknown for pod-level admission"))
                 .ok()
         });

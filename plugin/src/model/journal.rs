@@ -2,7 +2,6 @@
 //! a node ("did the plugin see that update, and with which resources?").
 
 use std::collections::VecDeque;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
@@ -125,9 +124,7 @@ impl Journal {
         record.seq = self.next_seq;
         self.next_seq += 1;
         if record.time_ms == 0 {
-            record.time_ms = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+            record.time_ms = crate::clock::now_ms();
         }
         if self.records.len() == self.capacity {
             self.records.pop_front();

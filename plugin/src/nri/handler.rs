@@ -8,8 +8,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use super::service::DEFAULT_REQUEST_TIMEOUT;
 use crate::model::{Container, EventKind, LinuxResources, Pod};
+
+/// Default per-request deadline of NRI runtimes (used until `Configure` says otherwise).
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A set of subscribed events.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -189,11 +191,14 @@ pub trait Handler: Send + Sync + 'static {
     async fn start_container(&self, pod: Pod, container: Container) {}
     async fn post_start_container(&self, pod: Pod, container: Container) {}
     /// `resources` is what the update asks for; `container` still holds the current resources.
+    /// Work that outlives the call checks `deadline` before acting on its answer (see
+    /// [`Deadline`](super::Deadline)).
     async fn update_container(
         &self,
         pod: Pod,
         container: Container,
         resources: LinuxResources,
+        deadline: super::Deadline,
     ) -> Result<UpdateReply, Rejection> {
         Ok(UpdateReply::default())
     }

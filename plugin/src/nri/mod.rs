@@ -2,6 +2,7 @@
 //! registration and the session lifecycle. Carries events to a [`Handler`]; decides nothing.
 
 mod convert;
+mod deadline;
 mod decode;
 mod handler;
 pub mod mux;
@@ -21,12 +22,14 @@ use tracing::{info, warn};
 use ttrpc::r#async::transport::{Listener, Socket};
 use ttrpc::r#async::{Client, Server};
 
+pub use deadline::Deadline;
 pub use handler::{
     ContainerUpdate, CreateReply, EventSet, Eviction, Handler, Rejection, RuntimeInfo, UpdateReply,
+    DEFAULT_REQUEST_TIMEOUT,
 };
 pub use mux::{Mux, MuxError, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
 pub use runtime::{LinkError, LinkStatus, RuntimeLink};
-pub use service::{HandlerObserver, DEFAULT_REQUEST_TIMEOUT};
+pub use service::HandlerObserver;
 
 use service::{PluginService, SessionSignal};
 

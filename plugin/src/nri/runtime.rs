@@ -60,9 +60,20 @@ pub struct LinkStatus {
 }
 
 /// Cloneable handle; see the module docs.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct RuntimeLink {
     state: Arc<Mutex<LinkState>>,
+    /// Whether a runtime client is set, for [`RuntimeLink::wait_connected`].
+    connected: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl Default for RuntimeLink {
+    fn default() -> Self {
+        RuntimeLink {
+            state: Arc::default(),
+            connected: Arc::new(tokio::sync::watch::channel(false).0),
+        }
+    }
 }
 
 /// How long an unsolicited update may take before we give up waiting for the runtime.
@@ -81,6 +92,7 @@ impl RuntimeLink {
             s.connects += 1;
             s.connected_since = Some(SystemTime::now());
         });
+        self.connected.send_replace(true);
     }
 
     pub(crate) fn set_runtime(&self, info: RuntimeInfo) {
@@ -97,6 +109,17 @@ impl RuntimeLink {
             s.synchronized = false;
             s.connected_since = None;
         });
+        self.connected.send_replace(false);
+    }
+
+    /// Waits until a runtime client is set, at most `limit`; `false`: none came. (The runtime
+    /// synchronizes a plugin before it answers `RegisterPlugin`: work started at `Synchronize`,
+    /// such as a resumed resize, must wait for the client before calling the runtime.)
+    pub async fn wait_connected(&self, limit: Duration) -> bool {
+        let mut rx = self.connected.subscribe();
+        tokio::time::timeout(limit, rx.wait_for(|c| *c))
+            .await
+            .is_ok_and(|r| r.is_ok())
     }
 
     pub fn status(&self) -> LinkStatus {
@@ -136,5 +159,18 @@ impl RuntimeLink {
                 source,
             })?;
         Ok(resp.failed.iter().map(update_from_pb).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn waiting_for_a_connection_gives_up_after_its_limit() {
+        let link = RuntimeLink::default();
+        assert!(!link.wait_connected(Duration::from_secs(5)).await);
+        link.set_disconnected();
+        assert!(!link.wait_connected(Duration::from_millis(1)).await);
     }
 }

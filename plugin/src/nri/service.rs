@@ -18,6 +18,7 @@ use super::convert::{
     container_from_pb, eviction_to_pb, pod_from_pb, resources_from_pb, resources_to_pb,
     update_to_pb,
 };
+use super::deadline::Deadline;
 use super::handler::{Handler, Rejection, RuntimeInfo};
 use super::runtime::RuntimeLink;
 use crate::model::{Container, EventKind, Pod};
@@ -27,9 +28,6 @@ use crate::sync::Locked as _;
 /// cap bounds what a runtime, or anything speaking for it on the socket, can make the plugin
 /// buffer). Beyond it the synchronize is refused with the reason and nothing is kept.
 pub const MAX_SYNC_OBJECTS: usize = 100_000;
-
-/// Default per-request deadline of NRI runtimes (used until `Configure` says otherwise).
-pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Things the service tells the session about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,27 +120,50 @@ impl<H: Handler> PluginService<H> {
         subject: &str,
         fut: impl Future<Output = T>,
     ) -> Option<T> {
+        self.within_deadline(event, subject, &Deadline::after(self.budget()), fut)
+            .await
+    }
+
+    /// [`Self::within`] for work that shares `deadline` (see [`Deadline`]): work that
+    /// committed before the deadline is waited for, work that did not is answered fail-open and
+    /// told so through the deadline.
+    async fn within_deadline<T>(
+        &self,
+        event: EventKind,
+        subject: &str,
+        deadline: &Deadline,
+        fut: impl Future<Output = T>,
+    ) -> Option<T> {
         let started = Instant::now();
-        let out = tokio::time::timeout(self.budget(), fut).await;
+        let mut fut = std::pin::pin!(fut);
+        let out = match tokio::time::timeout_at(deadline.at(), &mut fut).await {
+            Ok(v) => Some(v),
+            Err(_) if deadline.expire() => None,
+            Err(_) => {
+                warn!(
+                    event = event.as_str(),
+                    subject, "handler committed to its answer at the deadline; delivering it"
+                );
+                Some(fut.await)
+            }
+        };
         let secs = started.elapsed().as_secs_f64();
         if let Some(o) = &self.observer {
             o.observe(
                 event.as_str(),
                 secs,
-                if out.is_ok() { "ok" } else { "deadline" },
+                if out.is_some() { "ok" } else { "deadline" },
             );
         }
-        if let Ok(v) = out {
-            Some(v)
-        } else {
+        if out.is_none() {
             error!(
                 event = event.as_str(),
                 subject,
                 budget_ms = self.budget().as_millis(),
                 "handler overran the runtime deadline; answering fail-open"
             );
-            None
         }
+        out
     }
 
     async fn pod_event(&self, event: EventKind, pod: Pod) {
@@ -338,11 +359,14 @@ impl<H: Handler> Plugin for PluginService<H> {
             .map(resources_from_pb)
             .unwrap_or_default();
         let subject = format!("{}/{}", pod.full_name(), ctr.name);
+        let deadline = Deadline::after(self.budget());
         let Some(result) = self
-            .within(
+            .within_deadline(
                 EventKind::UpdateContainer,
                 &subject,
-                self.handler.update_container(pod, ctr, resources),
+                &deadline,
+                self.handler
+                    .update_container(pod, ctr, resources, deadline.clone()),
             )
             .await
         else {

@@ -87,6 +87,7 @@ impl Handler for Recorder {
         _pod: Pod,
         c: Container,
         r: LinuxResources,
+        _deadline: Deadline,
     ) -> Result<UpdateReply, Rejection> {
         self.log(format!(
             "update_container {} mem={:?}",
@@ -250,13 +251,11 @@ async fn setup(handler: Recorder) -> Setup {
         tokio::spawn(async move { serve_trunk(plugin_end, &id, h, &l, None, &c).await })
     };
     let rt = FakeRuntime::start(runtime_end).await;
-    for _ in 0..200 {
-        if link.status().connected {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert!(link.status().connected, "plugin did not register");
+    assert!(
+        link.wait_connected(Duration::from_secs(1)).await,
+        "plugin did not register"
+    );
+    assert!(link.status().connected);
     Setup {
         rt,
         handler,

@@ -377,6 +377,16 @@ impl Admission {
             }
         }
     }
+
+    /// The outcome label (`nri_resize_resizes_total`, the resize timer) of a verdict that stops
+    /// the resize; `None` for `Fits`.
+    pub fn outcome(&self) -> Option<&'static str> {
+        match self {
+            Admission::Fits => None,
+            Admission::Deferred { .. } => Some("deferred"),
+            Admission::Infeasible { .. } => Some("infeasible"),
+        }
+    }
 }
 
 /// Admits a resize of `pod` to `desired` (container name → desired quantities; containers not

@@ -10,6 +10,7 @@ use crate::model::Pod;
 use crate::policy::{
     admit, Admission, Allocated, ContainerAllocation, CpuSet, PodAllocation, Quantities,
 };
+use crate::sync::ReadWriteLocked as _;
 
 impl Engine {
     pub(super) fn admission(&self, pod: &Pod, desired: &BTreeMap<String, Quantities>) -> Admission {
@@ -24,7 +25,9 @@ impl Engine {
         desired: &BTreeMap<String, Quantities>,
     ) -> Admission {
         let cfg = self.config();
-        let node = match self.node.capacity(&cfg.resize) {
+        // The capacity watcher's snapshot: no file read on an update.
+        let snapshot = self.state.capacity.read_locked().clone();
+        let node = match self.node.capacity_with(snapshot.as_ref(), &cfg.resize) {
             Ok(n) => n,
             Err(e) => {
                 warn!(error = %e, "node capacity unknown; admitting without node checks");

@@ -5,6 +5,7 @@
 //! invariants: a step whose result breaks one, or cannot be read back, failed like a step the
 //! runtime refused (a new plan from the actual state after a backoff, at most `max_attempts`).
 
+use crate::backoff::Backoff;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -130,7 +131,7 @@ impl Engine {
         let cfg = self.config();
         let opts = self.plan_options();
         let full = pod.full_name();
-        let mut backoff = Duration::from_millis(100);
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         let mut attempts = 0u32;
         let mut record = PodResize {
             pod_id: pod.id.clone(),
@@ -148,8 +149,10 @@ impl Engine {
                 .unwrap_or_default();
             record.target = target.clone();
             self.pods.locked().insert(pod.id.clone(), record.clone());
+            let p = pod.clone();
             let current = self
-                .current_pod(pod)
+                .off_worker(move |e| e.current_pod(&p))
+                .await
                 .map_err(|source| ResizeError::Cgroup {
                     pod: full.clone(),
                     source,
@@ -211,8 +214,7 @@ impl Engine {
                             cfg.resize.max_attempts
                         );
                         self.pods.locked().insert(pod.id.clone(), record.clone());
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                        tokio::time::sleep(backoff.next_delay()).await;
                         continue 'replan;
                     }
                 }
@@ -227,14 +229,15 @@ impl Engine {
     /// step goes into the record with what was read. A step whose result breaks an invariant,
     /// or cannot be read back, failed.
     async fn checked_step(
-        &self,
+        self: &Arc<Self>,
         pod: &Pod,
         step: &Step,
         opts: &PlanOptions,
         record: &mut PodResize,
     ) -> Result<(), StepFailure> {
         let applied = self.apply_step(pod, step).await;
-        let (actual, unreadable) = match self.actual_pod(pod) {
+        let p = pod.clone();
+        let (actual, unreadable) = match self.off_worker(move |e| e.actual_pod(&p)).await {
             Ok(a) => (Some(a), None),
             Err(e) => (None, Some(e)),
         };
@@ -269,11 +272,14 @@ impl Engine {
         outcome
     }
 
-    async fn apply_step(&self, pod: &Pod, step: &Step) -> Result<(), StepFailure> {
+    async fn apply_step(self: &Arc<Self>, pod: &Pod, step: &Step) -> Result<(), StepFailure> {
         match step {
-            Step::SetPod(u) => self
-                .write_pod(pod, u)
-                .map_err(|source| StepError::WritePod { source }.into()),
+            Step::SetPod(u) => {
+                let (p, u) = (pod.clone(), *u);
+                self.off_worker(move |e| e.write_pod(&p, &u))
+                    .await
+                    .map_err(|source| StepError::WritePod { source }.into())
+            }
             Step::SetContainer { name, update } => {
                 let ctr = self
                     .state

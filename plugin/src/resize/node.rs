@@ -1,5 +1,6 @@
-//! Node capacity as admission sees it: online CPUs (sysfs) and total memory (procfs), read
-//! under an injectable root so tests use a fixture.
+//! Node capacity as admission sees it: the capacity watcher's live snapshot (no file read on
+//! an update), or, before the watcher's first reading or without a watcher, online CPUs
+//! (sysfs) and total memory (procfs) read under an injectable root so tests use a fixture.
 
 use std::path::{Path, PathBuf};
 
@@ -7,6 +8,7 @@ use crate::capacity::snapshot::ReadError;
 use crate::capacity::SysReader;
 use crate::config::ResizeConfig;
 use crate::policy::{AdmissionError, CpuSet, NodeCapacity};
+use crate::state::NodeStatus;
 
 /// Node capacity could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -54,7 +56,30 @@ impl NodeReader {
         Ok((path, text))
     }
 
-    /// The node's capacity with the `[resize]` reserves kept back for the system.
+    /// The capacity from the watcher's `snapshot` when there is one, else read now; with the
+    /// `[resize]` reserves kept back for the system.
+    pub fn capacity_with(
+        &self,
+        snapshot: Option<&NodeStatus>,
+        reserve: &ResizeConfig,
+    ) -> Result<NodeCapacity, NodeError> {
+        let Some(s) = snapshot.filter(|s| s.memory_bytes > 0) else {
+            return self.capacity(reserve);
+        };
+        let online_cpus = CpuSet::parse(&s.online_cpus).map_err(|source| NodeError::Cpus {
+            path: PathBuf::from("the capacity watcher's online CPUs"),
+            source,
+        })?;
+        Ok(NodeCapacity {
+            online_cpus_millis: u64::from(online_cpus.count()) * 1000,
+            memory_bytes: s.memory_bytes,
+            reserved_memory_bytes: reserve.reserved_memory,
+            online_cpus,
+            reserved_cpu_millis: reserve.reserved_cpu_millicores,
+        })
+    }
+
+    /// The node's capacity read now, with the `[resize]` reserves kept back for the system.
     pub fn capacity(&self, reserve: &ResizeConfig) -> Result<NodeCapacity, NodeError> {
         let (cpu_path, online) = self.read("sys/devices/system/cpu/online")?;
         let online_cpus = CpuSet::parse(online.trim()).map_err(|source| NodeError::Cpus {
@@ -106,6 +131,27 @@ mod tests {
         assert_eq!(cap.memory_bytes, 24_576_000 * 1024);
         assert_eq!(cap.reserved_memory_bytes, 1 << 30);
         assert_eq!(cap.allocatable_cpu_millis(), 4750);
+    }
+
+    #[test]
+    fn the_watchers_snapshot_is_used_without_reading() {
+        let snapshot = NodeStatus {
+            online_cpus: "0-7".into(),
+            memory_bytes: 32 << 30,
+            ..NodeStatus::default()
+        };
+        let cap = NodeReader::new("/nonexistent")
+            .capacity_with(Some(&snapshot), &reserve(1 << 30))
+            .unwrap();
+        assert_eq!(cap.online_cpus_millis, 8000);
+        assert_eq!(cap.memory_bytes, 32 << 30);
+        assert_eq!(cap.reserved_memory_bytes, 1 << 30);
+        // No snapshot yet (the watcher's first reading pending): read the files.
+        let dir = fixture("0-1\n", &meminfo(1024));
+        let cap = NodeReader::new(dir.path())
+            .capacity_with(Some(&NodeStatus::default()), &reserve(0))
+            .unwrap();
+        assert_eq!((cap.online_cpus_millis, cap.memory_bytes), (2000, 1 << 20));
     }
 
     #[test]

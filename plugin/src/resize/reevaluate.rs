@@ -280,7 +280,9 @@ mod tests {
                 m.container("c1").cloned().expect("ctr"),
             )
         });
-        engine.on_update(&pod, &ctr, res).map(|_| ())
+        engine
+            .on_update(&pod, &ctr, res, &crate::nri::Deadline::none())
+            .map(|_| ())
     }
 
     fn record(engine: &Engine) -> (Option<ResizeState>, String) {
@@ -288,7 +290,7 @@ mod tests {
         (r.state, r.reason)
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn deferred_resize_fits_after_cpus_come_online() {
         let node = Node::new("0-3", 16);
         let (state, engine) = engine(&node, Mode::Enforce);

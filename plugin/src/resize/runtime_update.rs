@@ -2,9 +2,14 @@
 //! staged decrease's limit, a waiting resize that fits after a capacity change. The runtime's
 //! spec follows (what kubelet reads back as actual), then the model.
 
+use std::time::Duration;
+
 use super::Engine;
 use crate::model::LinuxResources;
 use crate::nri::{ContainerUpdate, LinkError};
+
+/// How long an update waits for the runtime connection before failing as not connected.
+const CONNECT_WAIT: Duration = Duration::from_secs(5);
 
 /// Why the runtime did not apply an update.
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +32,9 @@ impl Engine {
         id: &str,
         resources: &LinuxResources,
     ) -> Result<(), UpdateError> {
+        // Work resumed at `Synchronize` can get here before the runtime answered
+        // `RegisterPlugin` (which gives the link its client): wait for it, briefly.
+        self.link.wait_connected(CONNECT_WAIT).await;
         let failed = self
             .link
             .update_containers(

@@ -7,23 +7,28 @@ use std::sync::Arc;
 
 use tracing::{error, info, warn};
 
+use super::late::too_late;
 use super::{decrease, Engine};
 use crate::config::Mode;
 use crate::model::{Container, LinuxResources, Pod};
-use crate::nri::{Rejection, UpdateReply};
+use crate::nri::{Deadline, Rejection, UpdateReply};
 use crate::policy::{
     changes, decide, parse_effective_policy, plan_single, Admission, Decision, Limits, Quantities,
     ResizeState, Step,
 };
 
 impl Engine {
-    /// A kubelet-driven `UpdateContainer`: see the module docs. Runs inside the NRI handler:
-    /// in-memory decisions and at most two cgroupfs writes, well within the deadline.
+    /// A kubelet-driven `UpdateContainer`: see the module docs. Runs for the NRI handler on a
+    /// blocking thread, sharing the runtime's `deadline`: cgroup reads first, then at most the
+    /// pod cgroup's raise; every outcome that depends on the answer reaching the runtime (a
+    /// refusal recorded, a restart, a staged decrease) commits the deadline first, and acts on
+    /// nothing when the runtime was already answered fail-open ([`super::late`]).
     pub fn on_update(
         self: &Arc<Self>,
         pod: &Pod,
         ctr: &Container,
         requested: &LinuxResources,
+        deadline: &Deadline,
     ) -> Result<UpdateReply, Rejection> {
         let cfg = self.config();
         let enforce = cfg.resize.mode == Mode::Enforce;
@@ -46,75 +51,69 @@ impl Engine {
         );
         let subject = format!("{}/{}", pod.full_name(), ctr.name);
         let timer = self.state.metrics.resize_timer(&changes(&from, &to));
+        // A refusal: recorded with its state and reason, counted, and told to the runtime when
+        // enforcing (in observe mode the runtime writes as asked).
+        let refuse = |state: ResizeState, reason: &str, outcome: &'static str, message: String| {
+            self.record(pod, ctr, Some(&desired), Some(state), reason);
+            self.state.metrics.resize_outcome(outcome);
+            if enforce {
+                Err(Rejection(message))
+            } else {
+                Ok(UpdateReply::default())
+            }
+        };
         match decide(&from, &to, &resolved.policy) {
             Decision::NoChange => {
                 self.record(pod, ctr, Some(&desired), None, "");
                 return Ok(UpdateReply::default());
             }
             Decision::Restart { reason } => {
+                too_late(&subject, deadline)?;
                 let reason = format!("restart required: {reason}");
                 timer.finish("restart");
                 return Ok(self.restart_reply(pod, ctr, &desired, allocated, &reason, enforce));
             }
             Decision::Reject { reason } => {
+                too_late(&subject, deadline)?;
                 info!(container = %subject, %reason, enforce, "resize rejected by policy");
-                self.record(pod, ctr, Some(&desired), Some(ResizeState::Error), &reason);
-                self.state.metrics.resize_outcome("rejected");
                 timer.finish("rejected");
-                if enforce {
-                    return Err(Rejection(format!("resize of {subject} refused: {reason}")));
-                }
-                return Ok(UpdateReply::default());
+                let message = format!("resize of {subject} refused: {reason}");
+                return refuse(ResizeState::Error, &reason, "rejected", message);
             }
             Decision::InPlace => {}
         }
         let verdict = self.admission(pod, &BTreeMap::from([(ctr.name.clone(), to)]));
         if let Admission::Deferred { reason } | Admission::Infeasible { reason } = &verdict {
+            too_late(&subject, deadline)?;
             let state = verdict.resize_status().state;
             info!(container = %subject, ?state, %reason, enforce, "resize not admitted");
-            self.record(pod, ctr, Some(&desired), Some(state), reason);
-            let outcome = if state == ResizeState::Deferred {
-                "deferred"
-            } else {
-                "infeasible"
-            };
-            self.state.metrics.resize_outcome(outcome);
+            let outcome = verdict.outcome().unwrap_or("deferred");
             timer.finish(outcome);
-            if enforce {
-                return Err(Rejection(format!(
-                    "resize of {subject} is {state:?}: {reason}"
-                )));
-            }
-            return Ok(UpdateReply::default());
+            let message = format!("resize of {subject} is {state:?}: {reason}");
+            return refuse(state, reason, outcome, message);
         }
         let mut interim = None;
-        match self.decide_decrease(pod, ctr, &allocated, &desired) {
+        match self.decide_decrease(pod, ctr, &allocated, &desired, deadline) {
             decrease::DecreaseVerdict::Direct => {}
             decrease::DecreaseVerdict::Interim(limit) => interim = Some(limit),
             decrease::DecreaseVerdict::Reject(reason) => {
+                too_late(&subject, deadline)?;
                 info!(container = %subject, %reason, enforce, "memory decrease rejected");
-                self.record(
-                    pod,
-                    ctr,
-                    Some(&desired),
-                    Some(ResizeState::Deferred),
-                    &reason,
-                );
-                self.state.metrics.resize_outcome("deferred");
                 timer.finish("deferred");
-                if enforce {
-                    return Err(Rejection(format!("resize of {subject} refused: {reason}")));
-                }
-                return Ok(UpdateReply::default());
+                let message = format!("resize of {subject} refused: {reason}");
+                return refuse(ResizeState::Deferred, &reason, "deferred", message);
             }
             decrease::DecreaseVerdict::Restart(reason) => {
+                too_late(&subject, deadline)?;
                 timer.finish("restart");
                 return Ok(self.restart_reply(pod, ctr, &desired, allocated, &reason, enforce));
             }
         }
-        if enforce && self.cgroups.is_some() {
+        // The raise is harmless when late, but skipped once the runtime was answered.
+        if enforce && self.cgroups.is_some() && !deadline.expired() {
             self.raise_pod_first(pod, ctr, &desired, &subject)?;
         }
+        too_late(&subject, deadline)?;
         if let Some(limit) = interim {
             timer.finish("in_place");
             return Ok(self.start_staged_decrease(pod, ctr, &desired, limit));

@@ -76,8 +76,10 @@ impl Engine {
         if req.containers.is_empty() {
             return Err(ResizeError::Invalid("no containers to resize".into()));
         }
+        let p = pod.clone();
         let current = self
-            .current_pod(&pod)
+            .off_worker(move |e| e.current_pod(&p))
+            .await
             .map_err(|source| ResizeError::Cgroup {
                 pod: full.clone(),
                 source,
@@ -137,11 +139,7 @@ impl Engine {
         let enforce = self.config().resize.mode == Mode::Enforce;
         if let Admission::Deferred { reason } | Admission::Infeasible { reason } = &verdict {
             let state = verdict.resize_status().state;
-            let outcome = if state == ResizeState::Deferred {
-                "deferred"
-            } else {
-                "infeasible"
-            };
+            let outcome = verdict.outcome().unwrap_or("deferred");
             self.state.metrics.resize_outcome(outcome);
             timer.finish(outcome);
             return Err(ResizeError::Refused {
@@ -156,7 +154,8 @@ impl Engine {
             });
         }
         let target = snapshot(&target);
-        self.checkpoint(&pod, &target);
+        let (p, t) = (pod.clone(), target.clone());
+        self.off_worker(move |e| e.checkpoint(&p, &t)).await;
         let result = self.run(pod, target, false).await;
         timer.finish(if result.is_ok() { "in_place" } else { "error" });
         result

@@ -3,7 +3,7 @@
 //! asking again for a decrease that is staged or was deferred.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
@@ -12,12 +12,18 @@ use crate::cgroup::{container_path, CgroupIo};
 use crate::config::Mode;
 use crate::metrics::DecreaseOutcome;
 use crate::model::{Container, LinuxResources, MemoryResources, Pod};
-use crate::nri::Rejection;
+use crate::nri::{Deadline, Rejection};
 use crate::policy::{
     bytes_text, effective_decrease_strategy, mib, plan_decrease, DecreasePlan,
     MemoryDecreaseStrategy, ResizeState,
 };
 use crate::sync::Locked as _;
+
+/// What one pass of the inline reclaim asks for.
+const INLINE_CHUNK: u64 = 64 << 20;
+/// The most the inline reclaim may take of the runtime's deadline (it takes half of what is
+/// left, at most this).
+const INLINE_TIME: Duration = Duration::from_millis(500);
 
 /// The engine's answer for a memory decrease (`Direct`: not below usage, or reclaimed inline).
 pub(in crate::resize) enum DecreaseVerdict {
@@ -31,15 +37,52 @@ pub(in crate::resize) enum DecreaseVerdict {
     Reject(String),
 }
 
+impl DecreaseVerdict {
+    /// What the memory-decrease `strategy` says about a decrease below usage (`what` says how
+    /// far below), for the kubelet path and for whole-pod steps alike. `can_restart`: false for
+    /// a whole-pod step, which cannot restart a container, so `restart` refuses the step.
+    pub(in crate::resize) fn of_strategy(
+        strategy: MemoryDecreaseStrategy,
+        what: &str,
+        interim: u64,
+        can_restart: bool,
+    ) -> Self {
+        match strategy {
+            MemoryDecreaseStrategy::Reject => {
+                Self::Reject(format!("{what} (memory-decrease strategy reject)"))
+            }
+            MemoryDecreaseStrategy::Restart if can_restart => Self::Restart(format!(
+                "{what}: restarting under the new limit (memory-decrease strategy restart)"
+            )),
+            MemoryDecreaseStrategy::Restart => Self::Reject(format!(
+                "{what}: memory-decrease strategy restart, and a whole-pod resize cannot restart a container"
+            )),
+            MemoryDecreaseStrategy::Reclaim => Self::Interim(interim),
+        }
+    }
+
+    /// The outcome counted in `nri_resize_memory_decrease_outcomes_total` when the verdict ends the
+    /// decrease here (`None`: it goes on, directly or staged).
+    pub(in crate::resize) fn outcome(&self) -> Option<DecreaseOutcome> {
+        match self {
+            Self::Direct | Self::Interim(_) => None,
+            Self::Restart(_) => Some(DecreaseOutcome::Restarted),
+            Self::Reject(_) => Some(DecreaseOutcome::Rejected),
+        }
+    }
+}
+
 impl Engine {
     /// Decides a kubelet-driven memory decrease from `allocated` to `desired` (see the module
-    /// docs). Reads the container's usage: one cgroupfs read, within the NRI deadline.
+    /// docs). Reads the container's usage, and reclaims page cache inline within a share of the
+    /// runtime's `deadline` where that is enough.
     pub(in crate::resize) fn decide_decrease(
         &self,
         pod: &Pod,
         ctr: &Container,
         allocated: &LinuxResources,
         desired: &LinuxResources,
+        deadline: &Deadline,
     ) -> DecreaseVerdict {
         let Some(target) = memory_limit(desired) else {
             return DecreaseVerdict::Direct;
@@ -83,42 +126,32 @@ impl Engine {
         );
         if strategy == MemoryDecreaseStrategy::Reclaim
             && cfg.resize.mode == Mode::Enforce
-            && self.reclaim_inline(ctr, target, &usage, md.inline_max)
+            && self.reclaim_inline(ctr, target, &usage, md.inline_max, deadline)
         {
             return DecreaseVerdict::Direct;
         }
-        match strategy {
-            MemoryDecreaseStrategy::Reject => {
-                self.state
-                    .metrics
-                    .decrease
-                    .outcome(DecreaseOutcome::Rejected);
-                DecreaseVerdict::Reject(format!("{what} (memory-decrease strategy reject)"))
-            }
-            MemoryDecreaseStrategy::Restart => {
-                self.state
-                    .metrics
-                    .decrease
-                    .outcome(DecreaseOutcome::Restarted);
-                DecreaseVerdict::Restart(format!(
-                    "{what}: restarting under the new limit (memory-decrease strategy restart)"
-                ))
-            }
-            MemoryDecreaseStrategy::Reclaim => DecreaseVerdict::Interim(interim),
+        let verdict = DecreaseVerdict::of_strategy(strategy, &what, interim, true);
+        if let Some(o) = verdict.outcome() {
+            self.state.metrics.decrease.outcome(o);
         }
+        verdict
     }
 
     /// The fast path: when what must go is page cache (anonymous and shared memory fit under
-    /// the target) and is at most `inline_max`, one reclaim inside the update — v1: the target
-    /// limit written directly (the kernel reclaims inside the write or refuses with `EBUSY`,
-    /// never an OOM kill), v2: one `memory.reclaim`. `true`: usage fits the target now, and the
-    /// runtime writes the limit as asked.
+    /// the target), reclaim inside the update, bounded by time: half of what is left of the
+    /// runtime's deadline, at most [`INLINE_TIME`]. It reclaims in [`INLINE_CHUNK`] passes —
+    /// v1: the limit lowered a chunk at a time (the kernel reclaims inside the write or refuses
+    /// with `EBUSY`, never an OOM kill), v2: `memory.reclaim` a chunk at a time — and stops when
+    /// usage fits or the time is spent; the decrease then continues as a staged one. `inline_max`
+    /// (0: off) caps the bytes tried. `true`: usage fits the target now, and the runtime writes
+    /// the limit as asked.
     fn reclaim_inline(
         &self,
         ctr: &Container,
         target: u64,
         usage: &crate::policy::MemoryUse,
         inline_max: u64,
+        deadline: &Deadline,
     ) -> bool {
         let need = usage.usage.saturating_sub(target);
         if need == 0 || need > inline_max || usage.unreclaimable() >= target {
@@ -129,19 +162,47 @@ impl Engine {
             return false;
         };
         let started = Instant::now();
-        let fits = match cg.version() {
-            crate::cgroup::CgroupVersion::V1 => cg.set_memory_limit(&path, Some(target)).is_ok(),
-            crate::cgroup::CgroupVersion::V2 => {
-                let _ = cg.reclaim(&path, crate::policy::reclaim_request(usage.usage, target));
-                cg.memory_use(&path).is_ok_and(|u| u.usage <= target)
+        let until = started + (deadline.remaining() / 2).min(INLINE_TIME);
+        let mut now_usage = usage.usage;
+        let fits = loop {
+            if now_usage <= target {
+                break match cg.version() {
+                    // The target itself, now that usage fits: the runtime's write is then a no-op.
+                    crate::cgroup::CgroupVersion::V1 => {
+                        cg.set_memory_limit(&path, Some(target)).is_ok()
+                    }
+                    crate::cgroup::CgroupVersion::V2 => true,
+                };
+            }
+            if Instant::now() >= until {
+                break false;
+            }
+            let step = match cg.version() {
+                crate::cgroup::CgroupVersion::V1 => {
+                    let next = now_usage.saturating_sub(INLINE_CHUNK).max(target);
+                    cg.set_memory_limit(&path, Some(next))
+                }
+                crate::cgroup::CgroupVersion::V2 => cg.reclaim(
+                    &path,
+                    crate::policy::reclaim_request(now_usage, target).min(INLINE_CHUNK),
+                ),
+            };
+            match (step, cg.memory_use(&path)) {
+                (Ok(()) | Err(crate::cgroup::CgroupError::Again { .. }), Ok(u))
+                    if u.usage < now_usage =>
+                {
+                    now_usage = u.usage;
+                }
+                // Nothing more comes out (or the cgroup is unreadable): staged, which waits.
+                _ => break false,
             }
         };
+        let took = started.elapsed();
         if fits {
-            info!(container = %ctr.name, target_mib = mib(target), reclaimed_mib = mib(need), took_ms = started.elapsed().as_millis(), "page cache reclaimed inside the update");
-            self.state
-                .metrics
-                .decrease
-                .inline(need, started.elapsed().as_secs_f64());
+            info!(container = %ctr.name, target_mib = mib(target), reclaimed_mib = mib(need), took_ms = took.as_millis(), "page cache reclaimed inside the update");
+            self.state.metrics.decrease.inline(need, took.as_secs_f64());
+        } else {
+            info!(container = %ctr.name, target_mib = mib(target), left_mib = mib(now_usage.saturating_sub(target)), took_ms = took.as_millis(), "inline reclaim ran out of its share of the deadline; the decrease continues staged");
         }
         fits
     }
@@ -218,5 +279,35 @@ impl Engine {
         Some(Rejection(format!(
             "memory decrease of {subject} deferred: {reason}; reclaiming again"
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_mapping_from_strategy_to_verdict_and_outcome() {
+        let v = |s, can_restart| {
+            DecreaseVerdict::of_strategy(
+                s,
+                "usage 300Mi above requested limit 100Mi",
+                400 << 20,
+                can_restart,
+            )
+        };
+        let reject = v(MemoryDecreaseStrategy::Reject, true);
+        assert!(matches!(&reject, DecreaseVerdict::Reject(r) if r.contains("strategy reject")));
+        assert_eq!(reject.outcome(), Some(DecreaseOutcome::Rejected));
+        let restart = v(MemoryDecreaseStrategy::Restart, true);
+        assert!(matches!(&restart, DecreaseVerdict::Restart(r) if r.contains("restarting")));
+        assert_eq!(restart.outcome(), Some(DecreaseOutcome::Restarted));
+        // A whole-pod step cannot restart: refused, and counted as what happened (rejected).
+        let whole_pod = v(MemoryDecreaseStrategy::Restart, false);
+        assert!(matches!(&whole_pod, DecreaseVerdict::Reject(r) if r.contains("cannot restart")));
+        assert_eq!(whole_pod.outcome(), Some(DecreaseOutcome::Rejected));
+        let reclaim = v(MemoryDecreaseStrategy::Reclaim, false);
+        assert!(matches!(reclaim, DecreaseVerdict::Interim(b) if b == 400 << 20));
+        assert_eq!(reclaim.outcome(), None);
     }
 }

@@ -6,13 +6,12 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use super::{memory_limit, node_has_swap, Engine, ReclaimHandle};
+use super::{memory_limit, node_has_swap, DecreaseVerdict, Engine, ReclaimHandle};
 use crate::cgroup::{container_path, CgroupIo};
 use crate::metrics::DecreaseOutcome;
 use crate::model::{Container, Pod};
 use crate::policy::{
     bytes_text, effective_decrease_strategy, not_reclaimable_reason, plan_decrease, DecreasePlan,
-    MemoryDecreaseStrategy,
 };
 use crate::resize::executor::{StepError, StepFailure};
 use crate::resize::reclaim::{reclaim_to, ReclaimJob, ReclaimOutcome};
@@ -33,7 +32,9 @@ impl Engine {
         let Ok(cgroup) = container_path(&ctr.cgroups_path) else {
             return Ok(());
         };
-        let Ok(usage) = cg.memory_use(&cgroup) else {
+        let (cg_read, path) = (cg.clone(), cgroup.clone());
+        let read = tokio::task::spawn_blocking(move || cg_read.memory_use(&path)).await;
+        let Ok(Ok(usage)) = read else {
             return Ok(());
         };
         let cfg = self.config();
@@ -56,24 +57,12 @@ impl Engine {
             bytes_text(usage.usage),
             bytes_text(target)
         );
-        match strategy {
-            MemoryDecreaseStrategy::Reject => {
-                self.state
-                    .metrics
-                    .decrease
-                    .outcome(DecreaseOutcome::Rejected);
-                return Err(StepFailure::Deferred(format!(
-                    "{what} (memory-decrease strategy reject)"
-                )));
-            }
-            MemoryDecreaseStrategy::Restart => {
-                self.state
-                    .metrics
-                    .decrease
-                    .outcome(DecreaseOutcome::Rejected);
-                return Err(StepFailure::Deferred(format!("{what}: memory-decrease strategy restart, and a whole-pod resize cannot restart a container")));
-            }
-            MemoryDecreaseStrategy::Reclaim => {}
+        let verdict = DecreaseVerdict::of_strategy(strategy, &what, interim, false);
+        if let Some(o) = verdict.outcome() {
+            self.state.metrics.decrease.outcome(o);
+        }
+        if let DecreaseVerdict::Reject(reason) | DecreaseVerdict::Restart(reason) = verdict {
+            return Err(StepFailure::Deferred(reason));
         }
         // The container keeps its current limit (the interim is never above it) while reclaiming.
         let interim = current.unwrap_or(interim);

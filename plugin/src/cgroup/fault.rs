@@ -1,0 +1,99 @@
+//! Test builds only (cargo feature `fault-injection`, which release builds and the image never
+//! enable): cgroup I/O made slow on purpose, to prove that a stuck cgroupfs cannot hold an NRI
+//! handler past the runtime's deadline.
+//!
+//! `NRI_RESIZE_FAULT_SLOW_CGROUP=<ms>:<flag file>`: while the flag file exists, every cgroup
+//! read and write of the resize engine and the confirmation on the cgroup the file names (its
+//! content, e.g. `/kubepods/pod1234`; empty: every cgroup) sleeps `<ms>` first. A test creates
+//! the file to make one update slow and removes it to prove the next one is handled normally.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::{ActualResources, CgroupError, CgroupIo, CgroupVersion, Cgroups, CpuLimit};
+use crate::policy::MemoryUse;
+
+/// The environment variable (see the module docs).
+pub const ENV: &str = "NRI_RESIZE_FAULT_SLOW_CGROUP";
+
+/// See the module docs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Slow {
+    inner: Box<Cgroups>,
+    delay: Duration,
+    flag: PathBuf,
+}
+
+impl Slow {
+    fn pause(&self, cgroup: &Path) {
+        let Ok(only) = std::fs::read_to_string(&self.flag) else {
+            return;
+        };
+        let only = only.trim();
+        if only.is_empty() || Path::new(only) == cgroup {
+            tracing::warn!(delay_ms = self.delay.as_millis(), cgroup = %cgroup.display(), "fault injection: cgroup I/O held back");
+            std::thread::sleep(self.delay);
+        }
+    }
+}
+
+/// `cgroups`, slowed when [`ENV`] asks for it; a malformed value is an error (a test that set
+/// it wants it).
+pub fn from_env(cgroups: Cgroups) -> Result<Cgroups, String> {
+    let Ok(spec) = std::env::var(ENV) else {
+        return Ok(cgroups);
+    };
+    let (ms, flag) = spec
+        .split_once(':')
+        .ok_or_else(|| format!("{ENV}={spec:?}: expected <ms>:<flag file>"))?;
+    let ms: u64 = ms
+        .parse()
+        .map_err(|e| format!("{ENV}={spec:?}: delay: {e}"))?;
+    tracing::warn!(delay_ms = ms, flag = %flag, "fault injection active: cgroup I/O slowed while the flag file exists");
+    Ok(Cgroups::Slow(Slow {
+        inner: Box::new(cgroups),
+        delay: Duration::from_millis(ms),
+        flag: PathBuf::from(flag),
+    }))
+}
+
+impl CgroupIo for Slow {
+    fn version(&self) -> CgroupVersion {
+        self.inner.version()
+    }
+
+    fn read_actual(&self, cgroup: &Path) -> Result<ActualResources, CgroupError> {
+        self.pause(cgroup);
+        self.inner.read_actual(cgroup)
+    }
+
+    fn set_cpu_limit(&self, cgroup: &Path, limit: CpuLimit) -> Result<(), CgroupError> {
+        self.pause(cgroup);
+        self.inner.set_cpu_limit(cgroup, limit)
+    }
+
+    fn set_memory_limit(&self, cgroup: &Path, limit: Option<u64>) -> Result<(), CgroupError> {
+        self.pause(cgroup);
+        self.inner.set_memory_limit(cgroup, limit)
+    }
+
+    fn memory_use(&self, cgroup: &Path) -> Result<MemoryUse, CgroupError> {
+        self.pause(cgroup);
+        self.inner.memory_use(cgroup)
+    }
+
+    fn reclaim(&self, cgroup: &Path, bytes: u64) -> Result<(), CgroupError> {
+        self.pause(cgroup);
+        self.inner.reclaim(cgroup, bytes)
+    }
+
+    fn set_memory_high(&self, cgroup: &Path, high: Option<u64>) -> Result<(), CgroupError> {
+        self.pause(cgroup);
+        self.inner.set_memory_high(cgroup, high)
+    }
+
+    fn procs(&self, cgroup: &Path) -> Result<Vec<u32>, CgroupError> {
+        self.pause(cgroup);
+        self.inner.procs(cgroup)
+    }
+}
