@@ -544,10 +544,7 @@ impl CgroupIo for Cgroups {
     }
 
     fn memory_pressure(&self, cgroup: &Path) -> Result<StallTotals, CgroupError> {
-        match self {
-            Self::V1(v) => v.memory_pressure(cgroup),
-            Self::V2(v) => v.memory_pressure(cgroup),
-        }
+        self.io().memory_pressure(cgroup)
     }
 
     fn procs(&self, cgroup: &Path) -> Result<Vec<u32>, CgroupError> {
