@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::policy::{MemoryDecreaseStrategy, PolicyDefaults};
+use crate::policy::{MemoryDecreaseStrategy, PolicyDefaults, Share, VerdictThresholds};
 
 /// Why a configuration could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +43,7 @@ pub enum ConfigError {
 /// step_interval_ms = 100        # first pause between reclaim passes (doubles up to 1 s)
 /// inline_max = 1073741824       # page cache up to this is tried inside the update (0: off);
 ///                               # bounded by time: half of the runtime's deadline left
+/// max_stall = 0.05              # staged reclaim slows down above this memory stall share (PSI)
 ///
 /// [policy]                      # node defaults; see docs/annotations.md
 /// action = "LiveResizePreferred"
@@ -51,6 +52,13 @@ pub enum ConfigError {
 /// [capacity]                    # node capacity watcher (KEP-3953)
 /// enabled = true
 /// resync_interval = "60s"       # slow full re-read behind the kernel events (1s..=1h)
+///
+/// [verdict]                     # did a resize hurt? (README: "Verdicts")
+/// window = "30s"                # compared with the same window before the resize (1s..=1h)
+/// cpu_stall_increase = 0.10     # harmful when the cpu `some` stall share grows by this
+/// memory_stall_increase = 0.05  # ... the memory `some` stall share
+/// throttle_increase = 0.25      # ... throttled seconds per second
+/// oom_kills = 1                 # ... OOM kills (0: never)
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -65,6 +73,45 @@ pub struct Config {
     pub memory_decrease: MemoryDecreaseConfig,
     /// The node capacity watcher.
     pub capacity: CapacityConfig,
+    /// Verdicts on applied resizes.
+    pub verdict: VerdictConfig,
+}
+
+/// `[verdict]`: the window after a resize compared with the one before, and the thresholds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct VerdictConfig {
+    /// Length of each window (`"30s"`; `1s..=1h`).
+    #[serde(with = "humantime_serde")]
+    pub window: Duration,
+    pub cpu_stall_increase: Share,
+    pub memory_stall_increase: Share,
+    pub throttle_increase: Share,
+    pub oom_kills: u64,
+}
+
+impl Default for VerdictConfig {
+    fn default() -> Self {
+        let t = VerdictThresholds::default();
+        VerdictConfig {
+            window: Duration::from_secs(30),
+            cpu_stall_increase: t.cpu_stall_increase,
+            memory_stall_increase: t.memory_stall_increase,
+            throttle_increase: t.throttle_increase,
+            oom_kills: t.oom_kills,
+        }
+    }
+}
+
+impl VerdictConfig {
+    pub fn thresholds(&self) -> VerdictThresholds {
+        VerdictThresholds {
+            cpu_stall_increase: self.cpu_stall_increase,
+            memory_stall_increase: self.memory_stall_increase,
+            throttle_increase: self.throttle_increase,
+            oom_kills: self.oom_kills,
+        }
+    }
 }
 
 /// `[memory_decrease]`.
@@ -85,6 +132,10 @@ pub struct MemoryDecreaseConfig {
     /// decrease continues
     /// staged.
     pub inline_max: u64,
+    /// Staged reclaim's ceiling on the container's memory stall share (PSI `some`, cgroup v2):
+    /// above it the next step is smaller and later. Pods may lower it
+    /// (`memory-decrease.nri-resize.io/max-stall`); 1.0 turns pacing off.
+    pub max_stall: Share,
 }
 
 impl Default for MemoryDecreaseConfig {
@@ -95,6 +146,7 @@ impl Default for MemoryDecreaseConfig {
             headroom: 16 << 20,
             step_interval_ms: 100,
             inline_max: 1 << 30,
+            max_stall: Share::new(0.05),
         }
     }
 }
@@ -107,6 +159,7 @@ impl Default for Config {
             policy: PolicyDefaults::default(),
             memory_decrease: MemoryDecreaseConfig::default(),
             capacity: CapacityConfig::default(),
+            verdict: VerdictConfig::default(),
         }
     }
 }
@@ -299,6 +352,16 @@ impl Config {
                 ),
             });
         }
+        let window = self.verdict.window;
+        if window < Duration::from_secs(1) || window > Duration::from_secs(3600) {
+            return Err(ConfigError::Invalid {
+                origin: origin.to_string(),
+                message: format!(
+                    "verdict.window must be within 1s..=1h, got {}",
+                    humantime_serde::re::humantime::format_duration(window)
+                ),
+            });
+        }
         if self.resize.reserved_cpu_millicores > 100_000_000 {
             return Err(ConfigError::Invalid {
                 origin: origin.to_string(),
@@ -467,6 +530,20 @@ mod tests {
         )
         .unwrap();
         assert_eq!(cfg.capacity.resync_interval, Duration::from_secs(300));
+        let v = Config::parse(
+            "[verdict]\nwindow = \"5s\"\ncpu_stall_increase = 0.2\noom_kills = 0\n",
+            "test",
+        )
+        .expect("verdict config");
+        assert_eq!(v.verdict.window, Duration::from_secs(5));
+        assert_eq!(v.verdict.thresholds().cpu_stall_increase, Share::new(0.2));
+        assert_eq!(v.verdict.thresholds().oom_kills, 0);
+        for bad in [
+            "[verdict]\nwindow = \"10ms\"\n",
+            "[verdict]\ncpu_stall_increase = 1.5\n",
+        ] {
+            assert!(Config::parse(bad, "test").is_err(), "{bad}");
+        }
         assert!(cfg.capacity.enabled);
         assert_eq!(cfg.resize.reserved_cpu_millicores, 500);
         // Survives the overlay round trip (serialized back to TOML and re-read).

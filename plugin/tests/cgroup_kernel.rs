@@ -8,6 +8,9 @@
 //! (`NRI_RESIZE_IN_VM=1`) it insists on v2. Needs root. Each test creates its own tree
 //! `/nri-resize-cgtest-<pid>-<name>` (v1: in the `cpu` and `memory` hierarchies) and removes it
 //! in every outcome, killing the processes it started first.
+//!
+//! Also the staged decrease's reclaim loop (`nri_resize::resize::reclaim`) on a real memcg: on
+//! cgroup v2 with PSI it is paced (steps read `memory.pressure` between them), on v1 it is not.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -302,6 +305,103 @@ fn memory_limits_written_through_cgroup_io_read_back_with_usage() {
             .memory_usage
             .is_some_and(|u| u > before)
     });
+}
+
+/// A container re-reading 160 MiB of page cache is brought down to 48 MiB by the staged
+/// decrease's loop with `max_stall = 0.05`. On cgroup v2 with PSI the loop is paced: its first
+/// step asks for 32 MiB, every pass after the first has a stall share measured from the
+/// container's `memory.pressure`, and no step exceeds what the pacer allows; it ends by
+/// converging or by its timeout, never by failing, and nothing is OOM-killed. On v1 (no
+/// `memory.pressure`) it runs unpaced: no step, no stall.
+#[test]
+fn staged_reclaim_is_paced_by_memory_pressure_on_v2() {
+    use nri_resize::policy::Share;
+    use nri_resize::resize::reclaim::{reclaim_to, Pass, ReclaimJob, ReclaimOutcome};
+
+    // Declared first, dropped last: the reader in the cgroup is killed before its file goes.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut tree = Tree::create("paced");
+    let io = tree.cgroups.clone();
+    let ctr = PathBuf::from(tree.ctr());
+    io.set_memory_limit(&ctr, Some(512 * MIB))
+        .expect("a 512 MiB limit");
+    // The file is written outside the cgroup and its cache dropped, so that reading it inside
+    // charges the cache to the container.
+    let file = dir.path().join("cache");
+    let run = |cmd: &str| {
+        let ok = Command::new("sh")
+            .args(["-c", cmd])
+            .status()
+            .expect("sh")
+            .success();
+        assert!(ok, "{cmd} failed");
+    };
+    run(&format!(
+        "dd if=/dev/zero of={f} bs=1M count=160 status=none && sync && dd if={f} iflag=nocache count=0 status=none",
+        f = file.display()
+    ));
+    tree.spawn_in_ctr(&format!(
+        "while :; do cat {} > /dev/null; done",
+        file.display()
+    ));
+    eventually("120 MiB of page cache charged to the container", || {
+        io.memory_use(&ctr).expect("usage").usage >= 120 * MIB
+    });
+    let job = ReclaimJob {
+        cgroup: ctr.clone(),
+        target: 48 * MIB,
+        interim: 512 * MIB,
+        headroom: 16 * MIB,
+        timeout: Duration::from_secs(20),
+        step_interval: Duration::from_millis(50),
+        force_memory_high: false,
+        max_stall: Share::new(0.05),
+    };
+    let mut passes: Vec<Pass> = Vec::new();
+    let out = reclaim_to(
+        &io,
+        &job,
+        &tokio_util::sync::CancellationToken::new(),
+        |p| passes.push(*p),
+    );
+    let steps: Vec<Option<u64>> = passes.iter().map(|p| p.step.map(|s| s / MIB)).collect();
+    let stalls: Vec<Option<f64>> = passes.iter().map(|p| p.stall).collect();
+    eprintln!("outcome {out:?}\nsteps (MiB) {steps:?}\nstall shares {stalls:?}");
+    assert!(
+        matches!(
+            out,
+            ReclaimOutcome::Reached { .. } | ReclaimOutcome::TimedOut { .. }
+        ),
+        "{out:?}"
+    );
+    let v2_psi = io.version() == CgroupVersion::V2 && io.memory_pressure(&ctr).is_ok();
+    if std::env::var_os("NRI_RESIZE_IN_VM").is_some() {
+        assert!(
+            v2_psi,
+            "the VM tier boots with psi=1: memory.pressure must read"
+        );
+    }
+    if v2_psi {
+        assert_eq!(steps.first().copied().flatten(), Some(32), "{steps:?}");
+        assert!(
+            steps.iter().all(Option::is_some),
+            "every pass paced: {steps:?}"
+        );
+        assert!(
+            stalls.iter().skip(1).all(Option::is_some),
+            "every pass after the first measured the stall: {stalls:?}"
+        );
+        let events = tree.raw("memory", &tree.ctr(), "memory.events");
+        assert!(
+            events.lines().any(|l| l == "oom_kill 0"),
+            "OOM kills while reclaiming: {events}"
+        );
+    } else {
+        assert!(
+            steps.iter().all(Option::is_none) && stalls.iter().all(Option::is_none),
+            "unpaced without memory.pressure: {steps:?} {stalls:?}"
+        );
+    }
 }
 
 #[test]

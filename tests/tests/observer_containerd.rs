@@ -11,7 +11,15 @@
 //!   container and not in its sibling;
 //! - (b) 300 MiB of page cache written under a 100 MiB limit shows reclaim whose pages agree
 //!   with the kernel's own counters within 5 %;
-//! - (d) the fallbacks give the same answers within tolerance.
+//! - (d) the fallbacks give the same answers within tolerance;
+//! - (e) pressure: on cgroup v2 (VM tier) every instance reads PSI, and the starved busy loop's
+//!   `nri_resize_container_pressure_stalled_seconds_total{resource="cpu",kind="some"}` appears
+//!   and grows, with a cpu stall share in `/v1/status`; on cgroup v1 the series is absent and the
+//!   strategy metric and `/readyz` say why;
+//! - (f) verdicts (`[verdict] window = "4s"` in every instance's config): a CPU decrease
+//!   1000m → 100m of a busy loop is `harmful` (the reason names the cpu stall share on v2 and
+//!   the throttling on both, with the change), a decrease 1000m → 500m of an idle container is
+//!   `healthy`; both in `/v1/resizes` and in `nri_resize_resize_verdicts_total`.
 //!
 //! Needs root, the containerd binaries (`cargo xtask test` installs them), kernel BTF and the eBPF
 //! object built into the plugin (`cargo xtask build-ebpf`). Missing pieces fail loudly.
@@ -21,8 +29,8 @@ use std::time::{Duration, Instant};
 
 use nri_resize::api::{ApiClient, ContainerObserved, Status};
 use nri_resize_tests::{
-    ContainerSpec, Containerd, ContainerdOptions, ContainerdVersion, PluginProcess, PodSpec,
-    Resources,
+    CgroupMode, ContainerSpec, Containerd, ContainerdOptions, ContainerdVersion, PluginProcess,
+    PodSpec, Resources,
 };
 
 const MIB: i64 = 1 << 20;
@@ -181,14 +189,26 @@ struct Plugins {
     all: Vec<Instance>,
 }
 
+/// The verdict window of every instance (f): short, so the test waits seconds, not minutes.
+const VERDICT_WINDOW: Duration = Duration::from_secs(4);
+
 impl Plugins {
     async fn start(ctrd: &Containerd) -> Self {
-        let ebpf = Instance::start(ctrd, "obs-ebpf", "10", &[]).await;
+        let config = ctrd.base_dir().join("observer-plugins.toml");
+        std::fs::write(
+            &config,
+            format!("[verdict]\nwindow = \"{}s\"\n", VERDICT_WINDOW.as_secs()),
+        )
+        .expect("write the plugins' config");
+        let config = config.to_str().expect("UTF-8 path");
+        let ebpf = Instance::start(ctrd, "obs-ebpf", "10", &["--config", config]).await;
         let forced = Instance::start(
             ctrd,
             "obs-forced",
             "11",
             &[
+                "--config",
+                config,
                 "--observer-interval",
                 "250ms",
                 "--observer-force-throttle=cpu_stat_polling",
@@ -201,7 +221,13 @@ impl Plugins {
             ctrd,
             "obs-noebpf",
             "12",
-            &["--observer-interval", "250ms", "--no-ebpf"],
+            &[
+                "--config",
+                config,
+                "--observer-interval",
+                "250ms",
+                "--no-ebpf",
+            ],
         )
         .await;
         let s = ebpf.status().await.observer.expect("observer").strategies;
@@ -315,6 +341,9 @@ async fn throttling(ctrd: &Containerd, plugins: &Plugins) {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    eprintln!("--- (e) pressure of the starved container");
+    pressure(ctrd, plugins, &pod.name, &id).await;
+    // A few seconds of throttling to count (the pressure checks take 3 s more on v2 only).
     tokio::time::sleep(Duration::from_secs(3)).await;
 
     // Raise to 2 CPUs, as kubelet does for an in-place resize.
@@ -442,8 +471,125 @@ async fn throttling(ctrd: &Containerd, plugins: &Plugins) {
         .expect("RemovePodSandbox");
 }
 
+/// The `resource`/`kind` pressure series of one container, if it exists.
+fn stalled_seconds(
+    p: &Instance,
+    pod: &str,
+    container: &str,
+    resource: &str,
+    kind: &str,
+) -> Option<f64> {
+    let (code, body) = p.http("/metrics");
+    assert_eq!(code, 200, "{}: /metrics answered {code}", p.name);
+    let labels = [
+        format!("pod=\"{pod}\""),
+        format!("container=\"{container}\""),
+        format!("resource=\"{resource}\""),
+        format!("kind=\"{kind}\""),
+    ];
+    body.lines()
+        .filter(|l| l.starts_with("nri_resize_container_pressure_stalled_seconds_total{"))
+        .find(|l| labels.iter().all(|want| l.contains(want.as_str())))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// (e) While the busy loop runs at 0.1 CPU. On cgroup v2 every instance reads its pressure
+/// files: the cpu `some` series appears, grows over 3 s by more than half the wall time (the
+/// loop waits for CPU ~90 % of the time) and the status shows a cpu stall share; memory and io
+/// series exist too. On cgroup v1 there is no series, and the strategy and `/readyz` say why.
+async fn pressure(ctrd: &Containerd, plugins: &Plugins, pod: &str, id: &str) {
+    if ctrd.cgroups().mode() == CgroupMode::V1 {
+        for p in &plugins.all {
+            let s = p.status().await.observer.expect("observer");
+            assert_eq!(s.strategies.pressure, "unavailable_cgroup_v1", "{}", p.name);
+            let (_, metrics) = p.http("/metrics");
+            assert!(
+                metrics.contains(
+                    r#"nri_resize_observer_strategy{program="pressure",strategy="unavailable_cgroup_v1"} 1"#
+                ),
+                "{}: the strategy metric says why there is no pressure",
+                p.name
+            );
+            assert!(
+                !metrics.contains("nri_resize_container_pressure_stalled_seconds_total{"),
+                "{}: pressure series on cgroup v1",
+                p.name
+            );
+            let (_, ready) = p.http("/readyz");
+            assert!(
+                ready.contains("pressure: cgroup v1"),
+                "{}: /readyz: {ready}",
+                p.name
+            );
+        }
+        eprintln!("cgroup v1: no pressure series; every instance says why");
+        return;
+    }
+    for p in &plugins.all {
+        let s = p.status().await.observer.expect("observer");
+        assert_eq!(
+            s.strategies.pressure, "pressure_files",
+            "{}: no PSI on cgroup v2 (fallbacks {:?})",
+            p.name, s.fallbacks
+        );
+    }
+    let first = wait_all(
+        plugins,
+        bound(Duration::from_secs(5)),
+        "cpu pressure series",
+        async |p| stalled_seconds(p, pod, "busy", "cpu", "some"),
+    )
+    .await;
+    let wall = Duration::from_secs(3);
+    tokio::time::sleep(wall).await;
+    let later = wait_all(
+        plugins,
+        bound(Duration::from_secs(5)),
+        "cpu pressure series",
+        async |p| stalled_seconds(p, pod, "busy", "cpu", "some"),
+    )
+    .await;
+    let shares = wait_all(
+        plugins,
+        bound(Duration::from_secs(5)),
+        "cpu stall share in /v1/status",
+        async |p| {
+            p.observed(id)
+                .await
+                .and_then(|o| o.stall)
+                .map(|s| s.cpu_some)
+        },
+    )
+    .await;
+    eprintln!(
+        "cpu some stalled seconds {first:?} then {later:?} {wall:?} later; stall shares {shares:?}"
+    );
+    for ((p, a), (b, share)) in plugins
+        .all
+        .iter()
+        .zip(&first)
+        .zip(later.iter().zip(&shares))
+    {
+        assert!(
+            b - a > wall.as_secs_f64() / 2.0,
+            "{}: cpu some grew by {:.2} s in {wall:?} of a loop starved at 0.1 CPU",
+            p.name,
+            b - a
+        );
+        assert!(*share > 0.5, "{}: cpu stall share {share}", p.name);
+        for (resource, kind) in [("memory", "some"), ("memory", "full"), ("io", "some")] {
+            assert!(
+                stalled_seconds(p, pod, "busy", resource, kind).is_some(),
+                "{}: no {resource} {kind} series",
+                p.name
+            );
+        }
+    }
+}
+
 fn kernel_oom_kills(ctrd: &Containerd, id: &str) -> u64 {
-    let text = if ctrd.cgroups().mode() == nri_resize_tests::CgroupMode::V2 {
+    let text = if ctrd.cgroups().mode() == CgroupMode::V2 {
         ctrd.read_container_cgroup(id, "memory.events")
     } else {
         ctrd.read_container_cgroup(id, "memory.oom_control")
@@ -689,6 +835,105 @@ async fn reclaim(ctrd: &Containerd, plugins: &Plugins) {
         .expect("RemovePodSandbox");
 }
 
+/// (f) Two containers at 1000m: a busy loop and an idle one. Both are lowered at once, the busy
+/// loop to 100m (starved: ~0.9 s/s throttled, cpu stall ~90 % on v2), the idle one to 500m. After
+/// the window every instance records `harmful` for the first, with the reason, and `healthy`
+/// for the second.
+async fn verdicts(ctrd: &Containerd, plugins: &Plugins) {
+    let mut spec = PodSpec::new("verdict");
+    spec.resources = Resources::limits(200_000, 0);
+    let pod = Box::pin(ctrd.run_pod(spec)).await.expect("RunPodSandbox");
+    let mut ids = Vec::new();
+    for (name, cmd) in [("busy", "while :; do :; done"), ("idle", "sleep 3600")] {
+        let mut c = ContainerSpec::new(name, &["sh", "-c", cmd]);
+        c.resources = Resources::limits(100_000, 64 * MIB);
+        let id = Box::pin(ctrd.create_container(&pod, c))
+            .await
+            .expect("CreateContainer");
+        ctrd.start_container(&id).await.expect("StartContainer");
+        ids.push(id);
+    }
+    // A window of history before the resize.
+    tokio::time::sleep(VERDICT_WINDOW + Duration::from_secs(2)).await;
+    ctrd.update_container_resources(&ids[0], &Resources::limits(10_000, 64 * MIB))
+        .await
+        .expect("UpdateContainerResources busy");
+    ctrd.update_container_resources(&ids[1], &Resources::limits(50_000, 64 * MIB))
+        .await
+        .expect("UpdateContainerResources idle");
+    let v2 = ctrd.cgroups().mode() == CgroupMode::V2;
+    let judged = wait_all(
+        plugins,
+        bound(VERDICT_WINDOW + Duration::from_secs(5)),
+        "verdicts on both resizes",
+        async |p| {
+            let r = p.api.resizes().await.expect("/v1/resizes");
+            let busy = r.verdicts.get(&ids[0])?.clone();
+            let idle = r.verdicts.get(&ids[1])?.clone();
+            (busy.verdict.is_some() && idle.verdict.is_some()).then_some((busy, idle))
+        },
+    )
+    .await;
+    for (p, (busy, idle)) in plugins.all.iter().zip(&judged) {
+        eprintln!(
+            "{}: busy {:?}: {}; idle {:?}: {}",
+            p.name, busy.verdict, busy.reason, idle.verdict, idle.reason
+        );
+        assert_eq!(
+            busy.verdict.map(nri_resize::policy::Verdict::as_str),
+            Some("harmful"),
+            "{}: {busy:?}",
+            p.name
+        );
+        assert!(
+            busy.reason.ends_with("after cpu 1000m → 100m") && busy.reason.contains("throttled"),
+            "{}: {}",
+            p.name,
+            busy.reason
+        );
+        if v2 {
+            assert!(
+                busy.reason.starts_with("cpu stall "),
+                "{}: {}",
+                p.name,
+                busy.reason
+            );
+        }
+        assert_eq!(
+            idle.verdict.map(nri_resize::policy::Verdict::as_str),
+            Some("healthy"),
+            "{}: {idle:?}",
+            p.name
+        );
+        assert!(
+            idle.reason.ends_with("after cpu 1000m → 500m"),
+            "{}: {}",
+            p.name,
+            idle.reason
+        );
+        let (_, metrics) = p.http("/metrics");
+        for verdict in ["harmful", "healthy"] {
+            let series = format!(
+                r#"nri_resize_resize_verdicts_total{{direction="decrease",resource="cpu",verdict="{verdict}"}} "#
+            );
+            let count: f64 = metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(series.as_str()))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0.0);
+            assert!(count >= 1.0, "{}: {series}is {count}", p.name);
+        }
+    }
+    for id in &ids {
+        ctrd.stop_container(id, 0).await.expect("StopContainer");
+        ctrd.remove_container(id).await.expect("RemoveContainer");
+    }
+    ctrd.stop_pod(&pod).await.expect("StopPodSandbox");
+    Box::pin(ctrd.remove_pod(&pod))
+        .await
+        .expect("RemovePodSandbox");
+}
+
 async fn observe(version: ContainerdVersion) {
     let _serial = SERIAL.lock().await;
     let ctrd = Containerd::start(version, ContainerdOptions::default()).await;
@@ -703,6 +948,8 @@ async fn observe(version: ContainerdVersion) {
     oom(&ctrd, &plugins).await;
     eprintln!("--- (b) page cache reclaim");
     reclaim(&ctrd, &plugins).await;
+    eprintln!("--- (f) verdicts on a starving and a harmless CPU decrease");
+    verdicts(&ctrd, &plugins).await;
     for mut p in plugins.all {
         p.plugin.stop();
     }

@@ -10,6 +10,7 @@
 //!   built on the host run unchanged with the host's libraries. `/tmp` is a virtio ext4 disk.
 //! - The run directory (`/var/cache/nri-resize/vm/run-<kernel>-<pid>`) is shared writable at the
 //!   same path: the generated `guest.sh`, each suite's log, the results and the hotplug protocol.
+//!   It is removed after a passing run unless `NRI_RESIZE_VM_KEEP_RUN` is set.
 //! - Hotplug protocol (guest tests ↔ this runner): a test writes `$NRI_RESIZE_HOTPLUG_DIR/request`
 //!   containing `cpu` or `memory <size>` (e.g. `memory 128M`); the runner performs it through QMP,
 //!   deletes `request` and writes `done` (`ok` or `error: <message>`); the test waits for `done`
@@ -1126,6 +1127,9 @@ fn parse_size(s: &str) -> anyhow::Result<u64> {
 /// What CI shows of a suite's log: all of it when the suite failed (the failing test's output,
 /// with the containerd and plugin log tails the harness prints when a test panics, and what the
 /// guest adds after a failure), else its header and libtest's verdict lines.
+/// Set (to anything): keep the run directory, with every suite's whole log, after a passing run.
+const KEEP_RUN_ENV: &str = "NRI_RESIZE_VM_KEEP_RUN";
+
 fn suite_report(log: &str, passed: bool) -> String {
     if !passed {
         return log.to_owned();
@@ -1187,9 +1191,11 @@ fn run_vm(
     }
     let console = run.join("console.log");
     let qmp_socket = run.join("qmp.sock");
+    // `psi=1`: pressure stall information on, whatever the kernel's build default
+    // (`CONFIG_PSI_DEFAULT_DISABLED`); the observer's pressure series need it.
     let mut append = format!(
-        "console=ttyS0 loglevel=5 cgroup_no_v1=all panic=-1 memhp_default_state=online mitigations=off \
-         nri_resize_run={}",
+        "console=ttyS0 loglevel=5 cgroup_no_v1=all psi=1 panic=-1 memhp_default_state=online \
+         mitigations=off nri_resize_run={}",
         run.display()
     );
     // The guest mounts its own disk on /tmp: a checkout below it is bound back over the disk.
@@ -1397,6 +1403,9 @@ fn run_vm(
             }
         }
         eprintln!("    run directory kept: {}", run.display());
+    } else if std::env::var_os(KEEP_RUN_ENV).is_some() {
+        // Passing suites' full logs (measured figures) stay for reading.
+        eprintln!("    run directory kept ({KEEP_RUN_ENV}): {}", run.display());
     } else {
         let _ = std::fs::remove_dir_all(&run);
     }

@@ -15,6 +15,7 @@
 mod client;
 mod pod_row;
 mod resize_spec;
+mod row;
 mod table;
 
 use std::ops::Deref;
@@ -41,7 +42,9 @@ use crate::model::{Container, EventRecord, LinuxResources, Pod, PodView};
 use crate::nri::{ContainerUpdate, LinkError, LinkStatus, RuntimeLink};
 use crate::observer::Strategies;
 use crate::resize::{ContainerResize, Engine, PodResize, PodResizeRequest, ResizeError};
-use crate::state::{Confirmation, ContainerObservation, NodeState, ObserverInfo, PodLevelStatus};
+use crate::state::{
+    Confirmation, ContainerObservation, NodeState, ObserverInfo, PodLevelStatus, ResizeVerdict,
+};
 use crate::sync::{Locked as _, ReadWriteLocked as _};
 
 /// `GET /v1/status`.
@@ -113,6 +116,12 @@ pub struct ContainerObserved {
     pub throttling: Option<ThrottlingView>,
     pub reclaim: Option<ReclaimView>,
     pub oom: Option<OomView>,
+    /// Cumulative stalled seconds per resource (cgroup v2 with PSI only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pressure: Option<PressureView>,
+    /// Stalled share of the observer's last interval (cgroup v2 with PSI only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stall: Option<StallView>,
     pub observed_at_ms: Option<u64>,
     pub strategies: Option<StrategiesView>,
 }
@@ -143,6 +152,26 @@ pub struct OomView {
     pub kernel_oom_kill: Option<u64>,
 }
 
+/// Seconds some (or all) tasks were stalled, from the cgroup's `*.pressure` files.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct PressureView {
+    pub cpu_some_seconds: f64,
+    pub cpu_full_seconds: Option<f64>,
+    pub memory_some_seconds: f64,
+    pub memory_full_seconds: Option<f64>,
+    pub io_some_seconds: f64,
+    pub io_full_seconds: Option<f64>,
+}
+
+/// The share of wall time (0..=1) some task was stalled, over the observer's last interval.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct StallView {
+    pub cpu_some: f64,
+    pub memory_some: f64,
+    pub io_some: f64,
+    pub interval_ms: u64,
+}
+
 /// Strategy names as in `nri_resize_observer_strategy`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StrategiesView {
@@ -150,6 +179,9 @@ pub struct StrategiesView {
     pub reclaim: String,
     pub oom: String,
     pub hotplug: String,
+    /// `pressure_files`, or why not (`unavailable_cgroup_v1`, `unavailable_no_psi`).
+    #[serde(default)]
+    pub pressure: String,
 }
 
 impl From<Strategies> for StrategiesView {
@@ -159,6 +191,7 @@ impl From<Strategies> for StrategiesView {
             reclaim: s.reclaim.as_str().into(),
             oom: s.oom.as_str().into(),
             hotplug: s.hotplug.as_str().into(),
+            pressure: s.pressure.as_str().into(),
         }
     }
 }
@@ -247,6 +280,21 @@ fn observed_view(
             kills: obs.oom.kills,
             last_victim_tgid: obs.oom.last_victim_tgid,
             kernel_oom_kill: obs.oom.kernel_oom_kill,
+        });
+        let us = |us: u64| secs(us.saturating_mul(1000));
+        v.pressure = obs.pressure.map(|p| PressureView {
+            cpu_some_seconds: us(p.cpu.some_us),
+            cpu_full_seconds: p.cpu.full_us.map(us),
+            memory_some_seconds: us(p.memory.some_us),
+            memory_full_seconds: p.memory.full_us.map(us),
+            io_some_seconds: us(p.io.some_us),
+            io_full_seconds: p.io.full_us.map(us),
+        });
+        v.stall = o.stall.map(|s| StallView {
+            cpu_some: s.cpu(),
+            memory_some: s.memory(),
+            io_some: s.io(),
+            interval_ms: s.wall_us / 1000,
         });
     }
     Some(v)
@@ -379,22 +427,33 @@ fn router(state: Arc<NodeState>, link: RuntimeLink, engine: Option<Arc<Engine>>)
         })
 }
 
-/// `GET /v1/resizes`: per container (by id) and per whole-pod resize.
+/// `GET /v1/resizes`: per container (by id) and per whole-pod resize, and the verdict on each
+/// container's last applied resize.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Resizes {
     pub containers: std::collections::BTreeMap<String, ContainerResize>,
     pub pods: Vec<PodResize>,
+    /// By container id: `verdict` is `healthy`, `harmful` or absent while the window runs.
+    #[serde(default)]
+    pub verdicts: std::collections::BTreeMap<String, ResizeVerdict>,
 }
 
 async fn resizes(State(ctx): State<Ctx>) -> Json<Resizes> {
-    Json(
-        ctx.engine
-            .as_ref()
-            .map_or_else(Resizes::default, |e| Resizes {
-                containers: e.container_resizes().into_iter().collect(),
-                pods: e.pod_resizes(),
-            }),
-    )
+    let mut r = ctx
+        .engine
+        .as_ref()
+        .map_or_else(Resizes::default, |e| Resizes {
+            containers: e.container_resizes().into_iter().collect(),
+            pods: e.pod_resizes(),
+            verdicts: std::collections::BTreeMap::new(),
+        });
+    r.verdicts = ctx.state.verdicts(|v| {
+        v.records
+            .iter()
+            .map(|(id, r)| (id.clone(), r.clone()))
+            .collect()
+    });
+    Json(r)
 }
 
 async fn resize_pod(

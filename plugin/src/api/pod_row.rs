@@ -3,6 +3,7 @@
 //! limits (pod-level limits plus overhead) in quantities (`500m/128Mi`), its resize state and
 //! reason. Pure: from the API's answer to table cells.
 
+use super::row::Row;
 use super::{PodStatus, Status};
 use crate::model::PodLimits;
 use crate::policy::{with_overhead, Limits};
@@ -10,7 +11,7 @@ use crate::state::limits_text;
 
 /// The cells of the pod row (same columns as the container rows), when the pod has pod-level
 /// resources.
-pub fn pod_row(p: &PodStatus) -> Option<[String; 9]> {
+pub fn pod_row(p: &PodStatus) -> Option<Row> {
     let l = p.pod_level.as_ref()?;
     // What the runtime holds: the pod-level limits plus overhead, as the pod cgroup has them.
     let allocated = p.pod.resources.as_ref().map_or_else(
@@ -41,14 +42,16 @@ pub fn pod_row(p: &PodStatus) -> Option<[String; 9]> {
         l.state.map_or_else(|| "-".into(), |s| format!("{s:?}")),
         "-".into(),
         "-".into(),
+        "-".into(),
+        "-".into(),
         reason,
     ])
 }
 
 /// Inserts each pod's row before its first container row (rows start with the pod's name).
-pub fn with_pod_rows(s: &Status, rows: Vec<[String; 9]>) -> Vec<[String; 9]> {
+pub fn with_pod_rows(s: &Status, rows: Vec<Row>) -> Vec<Row> {
     let mut out = Vec::with_capacity(rows.len() + s.pods.len());
-    let mut pending: Vec<(String, [String; 9])> = s
+    let mut pending: Vec<(String, Row)> = s
         .pods
         .iter()
         .filter_map(|p| Some((p.pod.full_name(), pod_row(p)?)))
@@ -172,7 +175,7 @@ mod tests {
         let s = status(level);
         let row = pod_row(&s.pods[0]).expect("a row");
         assert_eq!(row[2], "500m/max");
-        assert_eq!(row[8], "actual differs from desired");
+        assert_eq!(row[10], "actual differs from desired");
         let mut none = s.clone();
         none.pods[0].pod_level = None;
         assert!(pod_row(&none.pods[0]).is_none());

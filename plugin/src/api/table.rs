@@ -3,9 +3,10 @@
 
 use std::fmt::Write as _;
 
+use super::row::Row;
 use super::{ContainerStatus, Resizes, Status};
 use crate::model::LinuxResources;
-use crate::policy::{bytes_text, UNLIMITED_BYTES};
+use crate::policy::{bytes_text, Verdict, UNLIMITED_BYTES};
 
 /// `500m/128Mi`; `-` when unknown, `max` for unlimited.
 fn compact(cpu_millis: Option<u64>, cpu_limited: bool, memory: Option<i64>) -> String {
@@ -93,8 +94,30 @@ fn reclaim(c: &ContainerStatus, page_size: u64) -> String {
     s
 }
 
+/// `mem 3% cpu 31%`: the memory and cpu `some` stall shares of the observer's last interval;
+/// `-` without PSI (cgroup v1, `psi=0`) or before the second reading.
+fn stall(c: &ContainerStatus) -> String {
+    c.observed
+        .as_ref()
+        .and_then(|o| o.stall.as_ref())
+        .map_or_else(
+            || "-".to_string(),
+            |s| format!("mem {} cpu {}", percent(s.memory_some), percent(s.cpu_some)),
+        )
+}
+
+/// `31%`, `0.4%` below one percent, `0%` for none.
+fn percent(share: f64) -> String {
+    let p = share * 100.0;
+    if p == 0.0 || p >= 1.0 {
+        format!("{p:.0}%")
+    } else {
+        format!("{p:.1}%")
+    }
+}
+
 /// One row per container (a pod without containers: one row of dashes).
-fn rows(s: &Status, resizes: &Resizes, page_size: u64) -> Vec<[String; 9]> {
+fn rows(s: &Status, resizes: &Resizes, page_size: u64) -> Vec<Row> {
     s.pods
         .iter()
         .flat_map(|p| {
@@ -102,6 +125,8 @@ fn rows(s: &Status, resizes: &Resizes, page_size: u64) -> Vec<[String; 9]> {
             if p.containers.is_empty() {
                 return vec![[
                     pod,
+                    "-".into(),
+                    "-".into(),
                     "-".into(),
                     "-".into(),
                     "-".into(),
@@ -128,6 +153,13 @@ fn rows(s: &Status, resizes: &Resizes, page_size: u64) -> Vec<[String; 9]> {
                         )
                     });
                     let mut reason = reason;
+                    let verdict = resizes.verdicts.get(&c.id);
+                    if let Some(v) = verdict.filter(|v| v.verdict == Some(Verdict::Harmful)) {
+                        if !reason.is_empty() {
+                            reason.push_str("; ");
+                        }
+                        let _ = write!(reason, "harmful: {}", v.reason);
+                    }
                     if let Some(o) = &c.observed {
                         if o.matches == Some(false) && reason.is_empty() {
                             reason = if o.differences.is_empty() {
@@ -146,6 +178,11 @@ fn rows(s: &Status, resizes: &Resizes, page_size: u64) -> Vec<[String; 9]> {
                         state,
                         throttling(c),
                         reclaim(c, page_size),
+                        stall(c),
+                        verdict.map_or_else(
+                            || "-".to_string(),
+                            |v| v.verdict.map_or("judging", Verdict::as_str).to_string(),
+                        ),
                         reason,
                     ]
                 })
@@ -206,6 +243,8 @@ pub fn render_status(s: &Status, resizes: &Resizes, page_size: u64, now_ms: u64)
         "STATE",
         "THROTTLED",
         "RECLAIMED",
+        "STALL",
+        "VERDICT",
         "REASON",
     ];
     let mut widths = header.map(str::len);
@@ -240,7 +279,8 @@ pub fn render_status(s: &Status, resizes: &Resizes, page_size: u64, now_ms: u64)
 mod tests {
     use super::*;
     use crate::api::{
-        ContainerObserved, LinkStatusView, OomView, PodStatus, ReclaimView, ThrottlingView,
+        ContainerObserved, LinkStatusView, OomView, PodStatus, ReclaimView, StallView,
+        ThrottlingView,
     };
     use crate::cgroup::ActualResources;
     use crate::model::{Container, ContainerState, CpuResources, MemoryResources, Pod};
@@ -322,6 +362,12 @@ mod tests {
                                 kills: 1,
                                 ..OomView::default()
                             }),
+                            stall: Some(StallView {
+                                cpu_some: 0.31,
+                                memory_some: 0.004,
+                                io_some: 0.0,
+                                interval_ms: 1000,
+                            }),
                             ..ContainerObserved::default()
                         }),
                     },
@@ -340,6 +386,10 @@ mod tests {
     }
 
     #[test]
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one table asserted row by row, cell by cell"
+    )]
     fn one_row_per_container_with_desired_allocated_actual_state_and_counters() {
         let mut resizes = Resizes::default();
         resizes.containers.insert(
@@ -353,6 +403,19 @@ mod tests {
                 reason: "node has 1 CPU free".into(),
                 updated_ms: 0,
                 deferred_target: None,
+            },
+        );
+        resizes.verdicts.insert(
+            "c1".into(),
+            crate::state::ResizeVerdict {
+                verdict: Some(Verdict::Harmful),
+                change: "cpu 1000m → 500m".into(),
+                reason: "cpu stall 31 % (was 2 %) after cpu 1000m → 500m".into(),
+                applied_ms: 0,
+                judged_ms: Some(30_000),
+                window_ms: 30_000,
+                before: None,
+                after: None,
             },
         );
         let text = render_status(&status(), &resizes, 4096, 0);
@@ -372,6 +435,8 @@ mod tests {
             "STATE",
             "THROTTLED",
             "RECLAIMED",
+            "STALL",
+            "VERDICT",
             "REASON",
         ] {
             assert!(header.contains(col), "{col} in {header}");
@@ -391,11 +456,29 @@ mod tests {
                 "10Mi",
                 "1",
                 "oom",
+                "mem",
+                "0.4%",
+                "cpu",
+                "31%",
+                "harmful",
                 "node",
                 "has",
                 "1",
                 "CPU",
-                "free"
+                "free;",
+                "harmful:",
+                "cpu",
+                "stall",
+                "31",
+                "%",
+                "(was",
+                "2",
+                "%)",
+                "after",
+                "cpu",
+                "1000m",
+                "→",
+                "500m"
             ],
             "{text}"
         );
@@ -407,6 +490,8 @@ mod tests {
                 "sidecar",
                 "200m/64Mi",
                 "200m/64Mi",
+                "-",
+                "-",
                 "-",
                 "-",
                 "-",

@@ -96,4 +96,9 @@ impl CgroupIo for Slow {
         self.pause(cgroup);
         self.inner.procs(cgroup)
     }
+
+    fn memory_pressure(&self, cgroup: &Path) -> Result<super::StallTotals, CgroupError> {
+        self.pause(cgroup);
+        self.inner.memory_pressure(cgroup)
+    }
 }

@@ -21,6 +21,7 @@ pub mod fault;
 mod layout;
 mod parse;
 mod path;
+mod pressure;
 
 use std::fmt;
 use std::io::Read as _;
@@ -31,6 +32,7 @@ use serde::{Deserialize, Serialize};
 pub use layout::CgroupLayout;
 pub use parse::flat_keyed;
 pub use path::{container_path, pod_path, resolve, ContainerCgroups};
+pub use pressure::{stall_totals, StallTotals};
 
 use crate::policy::{MemoryUse, UNLIMITED_BYTES};
 
@@ -170,6 +172,14 @@ pub trait CgroupIo: Send + Sync + fmt::Debug {
     fn set_memory_high(&self, cgroup: &Path, high: Option<u64>) -> Result<(), CgroupError>;
     /// The pids in `cgroup` (its `cgroup.procs`, as the reader's pid namespace numbers them).
     fn procs(&self, cgroup: &Path) -> Result<Vec<u32>, CgroupError>;
+    /// The cumulative memory stall of `cgroup` (its v2 `memory.pressure`); `Unsupported` on
+    /// v1 and where the kernel has no PSI (the file is hidden under `psi=0`).
+    fn memory_pressure(&self, _cgroup: &Path) -> Result<StallTotals, CgroupError> {
+        Err(CgroupError::Unsupported {
+            what: "memory.pressure",
+            version: self.version(),
+        })
+    }
 }
 
 /// Parses a `cgroup.procs` file: one pid per line.
@@ -477,6 +487,20 @@ impl CgroupIo for V2 {
         let value = high.map_or_else(|| "max".to_owned(), |h| h.to_string());
         write_file(&dir, "memory.high", &value)
     }
+
+    fn memory_pressure(&self, cgroup: &Path) -> Result<StallTotals, CgroupError> {
+        let dir = existing_dir(&self.root, cgroup)?;
+        let unsupported = CgroupError::Unsupported {
+            what: "memory.pressure",
+            version: CgroupVersion::V2,
+        };
+        // EOPNOTSUPP where the file exists but PSI is off.
+        let text = read_file(&dir, "memory.pressure")
+            .ok()
+            .flatten()
+            .ok_or(unsupported)?;
+        stall_totals(&text).ok_or_else(|| parse_err(&dir, "memory.pressure", &text))
+    }
 }
 
 impl Cgroups {
@@ -517,6 +541,10 @@ impl CgroupIo for Cgroups {
 
     fn set_memory_high(&self, cgroup: &Path, high: Option<u64>) -> Result<(), CgroupError> {
         self.io().set_memory_high(cgroup, high)
+    }
+
+    fn memory_pressure(&self, cgroup: &Path) -> Result<StallTotals, CgroupError> {
+        self.io().memory_pressure(cgroup)
     }
 
     fn procs(&self, cgroup: &Path) -> Result<Vec<u32>, CgroupError> {

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tracing::{debug, error, info, warn};
 
@@ -21,7 +21,7 @@ use crate::clock::now_ms;
 use crate::metrics::{ContainerLabels, ContainerSeries};
 use crate::observer::{
     CpuHotplugEvent, HotplugRing, Observation, ObservedCgroup, Observer, ObserverSettings,
-    CPUHP_ENTER,
+    StallShare, CPUHP_ENTER,
 };
 use crate::state::{ContainerObservation, NodeState, ObserverInfo};
 use crate::sync::ReadWriteLocked as _;
@@ -39,6 +39,9 @@ struct Watched {
     cgroup: Option<ObservedCgroup>,
     series: ContainerSeries,
     last: Option<Observation>,
+    /// When `last` was read (monotonic: the stall share's wall time).
+    last_at: Option<Instant>,
+    stall: Option<StallShare>,
     failing: bool,
     unresolved_logged: bool,
 }
@@ -84,6 +87,8 @@ impl Loop {
                             cgroup: None,
                             series: state.metrics.container(&t.labels),
                             last: None,
+                            last_at: None,
+                            stall: None,
                             failing: false,
                             unresolved_logged: false,
                         },
@@ -119,7 +124,17 @@ impl Loop {
             match self.observer.read(c) {
                 Ok(o) => {
                     w.series.update(metrics, &o);
+                    let at = Instant::now();
+                    w.stall = match (w.last.and_then(|l| l.pressure), o.pressure, w.last_at) {
+                        (Some(before), Some(after), Some(then)) => {
+                            let wall = at.duration_since(then).as_micros();
+                            let wall = u64::try_from(wall).unwrap_or(u64::MAX);
+                            Some(StallShare::between(&before, &after, wall))
+                        }
+                        _ => None,
+                    };
                     w.last = Some(o);
+                    w.last_at = Some(at);
                     w.failing = false;
                 }
                 Err(e) => {
@@ -141,7 +156,11 @@ impl Loop {
                 if !o.targets.contains_key(id) {
                     continue;
                 }
-                let value = ContainerObservation { observation, at_ms };
+                let value = ContainerObservation {
+                    observation,
+                    at_ms,
+                    stall: w.stall,
+                };
                 if let Some(slot) = o.observations.get_mut(id) {
                     *slot = value;
                 } else {
@@ -149,6 +168,12 @@ impl Loop {
                 }
             }
         });
+        // Verdicts on applied resizes compare these counters over time.
+        self.state.verdict_tick(
+            watched
+                .iter()
+                .filter_map(|(id, w)| Some((id.as_str(), w.last.as_ref()?))),
+        );
         // First sight of a container's cgroup: record its actual limits next to its spec.
         for id in self.newly_resolved.drain(..) {
             self.state.confirm(&id, None);

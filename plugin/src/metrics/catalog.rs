@@ -40,6 +40,7 @@ pub struct Entry {
 
 const C: &[&str] = &["namespace", "pod", "container"];
 const P: &[&str] = &["namespace", "pod"];
+const PSI: &[&str] = &["namespace", "pod", "container", "resource", "kind"];
 
 const fn e(
     name: &'static str,
@@ -69,6 +70,7 @@ pub const CATALOG: &[Entry] = &[
     e("nri_resize_resize_requests_total", Kind::Counter, "requests", &["resource", "direction", "outcome"], "resize requests (kubelet updates and whole-pod resizes) per resource (`cpu`, `memory`) and direction (`increase`, `decrease`) they change, by outcome (as above)"),
     e("nri_resize_resize_duration_seconds", Kind::Histogram, "seconds", &["resource", "direction"], "from a resize request's arrival until the plugin finished acting on it (kubelet update: the decision and ordering writes; whole-pod: every step executed and read back)"),
     e("nri_resize_resize_confirmation_seconds", Kind::Histogram, "seconds", &[], "from the runtime's `UpdateContainer` reaching the plugin to the container's cgroup, read back, holding every limit asked for (kubelet-driven updates)"),
+    e("nri_resize_resize_verdicts_total", Kind::Counter, "resizes", &["resource", "direction", "verdict"], "verdicts on applied resizes, per limit they changed (`cpu`, `memory`; `increase`, `decrease`): `healthy`, or `harmful` when throttling, the cpu or memory stall share or OOM kills got worse in the `[verdict] window` after the resize than in the same window before (thresholds in `[verdict]`)"),
     e("nri_resize_restarts_total", Kind::Counter, "attempts", &["outcome"], "restart attempts for resizes whose policy demands a restart: `confirmed` (the init process exited and the runtime reported the stop), `retried`, `failed` (gave up)"),
     e("nri_resize_restarts_pending", Kind::Gauge, "restarts", &[], "restarts requested and not yet confirmed or given up"),
     e("nri_resize_annotation_errors_total", Kind::Counter, "annotations", &[], "malformed or disallowed nri-resize pod annotations that were ignored"),
@@ -90,6 +92,7 @@ pub const CATALOG: &[Entry] = &[
     e("nri_resize_container_reclaimed_bytes_total", Kind::Counter, "bytes", C, "memory reclaimed from the container's memcg (kswapd + direct pgsteal × page size); absent where the strategy cannot tell"),
     e("nri_resize_container_direct_reclaim_seconds_total", Kind::Counter, "seconds", C, "time the container's tasks spent in memcg direct reclaim (eBPF only)"),
     e("nri_resize_container_oom_kills_total", Kind::Counter, "kills", C, "OOM kills of processes in the container's memcg"),
+    e("nri_resize_container_pressure_stalled_seconds_total", Kind::Counter, "seconds", PSI, "time some (`kind=\"some\"`) or all (`full`) of the container's tasks were stalled waiting for `resource` (`cpu`, `memory`, `io`): the `total=` of its cgroup v2 `*.pressure` files; absent on cgroup v1 and on kernels without PSI (`nri_resize_observer_strategy{program=\"pressure\"}` and `/readyz` say why)"),
     // Safe memory decrease (issue 5).
     e("nri_resize_memory_decrease_outcomes_total", Kind::Counter, "decreases", &["outcome"], "memory limit decreases by outcome: `direct`, `inline`, `converged`, `deferred_anonymous`, `deferred_timeout`, `superseded`, `rejected`, `restarted`, `error`"),
     e("nri_resize_memory_decrease_reclaimed_bytes_total", Kind::Counter, "bytes", &[], "bytes by which memory decreases brought container usage down"),
@@ -104,7 +107,7 @@ pub const CATALOG: &[Entry] = &[
     e("nri_resize_node_offline_pinned_containers", Kind::Gauge, "containers", &[], "containers whose cpuset names an offline CPU"),
     e("nri_resize_capacity_reevaluations_total", Kind::Counter, "resizes", &["outcome"], "Deferred and Infeasible resizes re-evaluated after a capacity change (`applied`, `would_apply`, `deferred`, `infeasible`, `failed`)"),
     // Observer.
-    e("nri_resize_observer_strategy", Kind::Gauge, "0/1", &["program", "strategy"], "1 for the strategy in effect per observer measurement (`throttle`, `reclaim`, `oom`, `hotplug`), 0 for the others"),
+    e("nri_resize_observer_strategy", Kind::Gauge, "0/1", &["program", "strategy"], "1 for the strategy in effect per observer measurement (`throttle`, `reclaim`, `oom`, `hotplug`, `pressure`), 0 for the others; `pressure` is `pressure_files`, or says why not: `unavailable_cgroup_v1`, `unavailable_no_psi`"),
 ];
 
 /// Looks a family name up; `name` may be a sample name (`_bucket`, `_sum`, `_count` of a

@@ -13,6 +13,7 @@ mod openmetrics;
 mod pod;
 mod restart;
 mod server;
+mod verdict;
 
 use std::fmt;
 use std::time::Instant;
@@ -28,17 +29,20 @@ pub use decrease::{DecreaseMetrics, DecreaseOutcome};
 pub use pod::PodMetrics;
 pub use restart::{RestartMetrics, RestartOutcome};
 pub use server::{serve, MetricsServer, Readiness};
+pub use verdict::VerdictMetrics;
 
 use crate::cgroup::ActualResources;
 use crate::model::LinuxResources;
 use crate::nri::HandlerObserver;
 use crate::observer::{
-    HotplugStrategy, Observation, OomStrategy, ReclaimStrategy, Strategies, ThrottleStrategy,
+    HotplugStrategy, Observation, OomStrategy, PressureResource, PressureStrategy, ReclaimStrategy,
+    Strategies, ThrottleStrategy,
 };
 use crate::policy::{Direction, Resource};
 
 const PREFIX: &str = "nri_resize";
 const CONTAINER_LABELS: [&str; 3] = ["namespace", "pod", "container"];
+const PRESSURE_LABELS: [&str; 5] = ["namespace", "pod", "container", "resource", "kind"];
 
 /// Errors of metric registration and encoding.
 #[derive(Debug, thiserror::Error)]
@@ -77,6 +81,7 @@ pub struct Metrics {
     reclaimed_bytes: IntCounterVec,
     direct_reclaim_seconds: CounterVec,
     oom_kills: IntCounterVec,
+    pressure_stalled_seconds: CounterVec,
     desired_cpu_millicores: IntGaugeVec,
     actual_cpu_millicores: IntGaugeVec,
     desired_memory_bytes: IntGaugeVec,
@@ -100,6 +105,8 @@ pub struct Metrics {
     pub confirmation: ConfirmationMetrics,
     /// Pod-level resources (desired vs actual per pod).
     pub pod: PodMetrics,
+    /// Verdicts on applied resizes.
+    pub verdict: VerdictMetrics,
     page_size: u64,
 }
 
@@ -174,6 +181,11 @@ impl Metrics {
                 "container_oom_kills_total",
                 "OOM kills of processes in the container's memcg.",
                 &CONTAINER_LABELS,
+            )?,
+            pressure_stalled_seconds: counter(
+                "container_pressure_stalled_seconds_total",
+                "Time some (kind=some) or all (kind=full) of the container's tasks were stalled on cpu, memory or io (cgroup v2 pressure stall information).",
+                &PRESSURE_LABELS,
             )?,
             desired_cpu_millicores: gauge(
                 "container_desired_cpu_millicores",
@@ -282,6 +294,7 @@ impl Metrics {
             restart: RestartMetrics::new(r)?,
             confirmation: ConfirmationMetrics::new(r)?,
             pod: PodMetrics::new(r)?,
+            verdict: VerdictMetrics::new(r)?,
             page_size,
             registry,
         })
@@ -328,6 +341,11 @@ impl Metrics {
     #[cfg(test)]
     pub(crate) fn touch_all_for_catalog(&self) {
         self.decrease.outcome(DecreaseOutcome::Direct);
+        self.verdict.verdict(
+            Resource::Cpu,
+            Direction::Decrease,
+            crate::policy::Verdict::Harmful,
+        );
         let l = ContainerLabels::default();
         let mut s = self.container(&l);
         s.update(
@@ -338,6 +356,7 @@ impl Metrics {
                     direct_reclaim_ns: Some(1),
                     ..crate::observer::Reclaim::default()
                 },
+                pressure: Some(crate::observer::Pressure::default()),
                 ..Observation::default()
             },
         );
@@ -389,6 +408,9 @@ impl Metrics {
         for h in HotplugStrategy::ALL {
             set("hotplug", h.as_str(), h == s.hotplug);
         }
+        for p in PressureStrategy::ALL {
+            set("pressure", p.as_str(), p == s.pressure);
+        }
     }
 
     /// The series of one container; counters start from the observer's first reading.
@@ -400,6 +422,7 @@ impl Metrics {
             oom_kills: self.oom_kills.with_label_values(&v),
             reclaimed_bytes: None,
             direct_reclaim_seconds: None,
+            pressure: None,
             labels: labels.clone(),
             last: Observation::default(),
             page_size: self.page_size,
@@ -474,12 +497,27 @@ impl Metrics {
         let _ = self.reclaimed_bytes.remove_label_values(&v);
         let _ = self.direct_reclaim_seconds.remove_label_values(&v);
         let _ = self.oom_kills.remove_label_values(&v);
+        for [resource, kind] in pressure_label_pairs() {
+            let [ns, pod, ctr] = v;
+            let _ = self
+                .pressure_stalled_seconds
+                .remove_label_values(&[ns, pod, ctr, resource, kind]);
+        }
         let _ = self.desired_cpu_millicores.remove_label_values(&v);
         let _ = self.actual_cpu_millicores.remove_label_values(&v);
         let _ = self.desired_memory_bytes.remove_label_values(&v);
         let _ = self.actual_memory_bytes.remove_label_values(&v);
         let _ = self.allocated_cpu_millicores.remove_label_values(&v);
         let _ = self.allocated_memory_bytes.remove_label_values(&v);
+    }
+
+    /// A container's pressure series, in [`pressure_label_pairs`] order.
+    fn pressure_series(&self, labels: &ContainerLabels) -> [Counter; 6] {
+        let [ns, pod, ctr] = labels.values();
+        pressure_label_pairs().map(|[resource, kind]| {
+            self.pressure_stalled_seconds
+                .with_label_values(&[ns, pod, ctr, resource, kind])
+        })
     }
 
     /// Series that only exist once their strategy has something to say.
@@ -542,6 +580,19 @@ fn test_resources() -> LinuxResources {
     }
 }
 
+/// `resource`, `kind` of the pressure series: cpu, memory, io × some, full.
+fn pressure_label_pairs() -> [[&'static str; 2]; 6] {
+    let [cpu, memory, io] = PressureResource::ALL.map(PressureResource::as_str);
+    [
+        [cpu, "some"],
+        [cpu, "full"],
+        [memory, "some"],
+        [memory, "full"],
+        [io, "some"],
+        [io, "full"],
+    ]
+}
+
 /// One container's series, holding the metric handles (no label lookup per update) and the
 /// last observation (counters advance by the difference).
 #[derive(Debug)]
@@ -551,6 +602,8 @@ pub struct ContainerSeries {
     oom_kills: IntCounter,
     reclaimed_bytes: Option<IntCounter>,
     direct_reclaim_seconds: Option<Counter>,
+    /// Created at the first reading with pressure (absent on cgroup v1 and without PSI).
+    pressure: Option<[Counter; 6]>,
     labels: ContainerLabels,
     last: Observation,
     page_size: u64,
@@ -598,6 +651,24 @@ impl ContainerSeries {
         }
         self.oom_kills
             .inc_by(delta(now.oom.kills, self.last.oom.kills));
+        if let Some(p) = now.pressure {
+            let series = self
+                .pressure
+                .get_or_insert_with(|| metrics.pressure_series(&self.labels));
+            let old = self.last.pressure.unwrap_or_default();
+            let us = |t: crate::observer::StallTotals| [Some(t.some_us), t.full_us];
+            let news = PressureResource::ALL.into_iter().flat_map(|r| us(p.of(r)));
+            let olds = PressureResource::ALL
+                .into_iter()
+                .flat_map(|r| us(old.of(r)));
+            for ((c, new), old) in series.iter().zip(news).zip(olds) {
+                if let Some(new) = new {
+                    c.inc_by(ns_to_secs(
+                        delta(new, old.unwrap_or(0)).saturating_mul(1000),
+                    ));
+                }
+            }
+        }
         self.last = *now;
     }
 }
@@ -643,7 +714,52 @@ mod tests {
                 kills,
                 ..OomKills::default()
             },
+            pressure: None,
         }
+    }
+
+    #[test]
+    fn pressure_series_appear_with_psi_advance_and_are_removed() {
+        use crate::observer::{Pressure, StallTotals};
+        let m = Metrics::new().expect("metrics");
+        let mut s = m.container(&labels());
+        s.update(&m, &observation(0, 0, None, 0));
+        let text = m.encode().expect("encode");
+        assert!(!text.contains("nri_resize_container_pressure"), "{text}");
+        let at = |cpu_us: u64, memory_full: Option<u64>| Observation {
+            pressure: Some(Pressure {
+                cpu: StallTotals {
+                    some_us: cpu_us,
+                    full_us: None,
+                },
+                memory: StallTotals {
+                    some_us: 0,
+                    full_us: memory_full,
+                },
+                io: StallTotals::default(),
+            }),
+            ..observation(0, 0, None, 0)
+        };
+        s.update(&m, &at(1_500_000, Some(250_000)));
+        s.update(&m, &at(2_000_000, Some(500_000)));
+        let text = m.encode().expect("encode");
+        let series = |resource: &str, kind: &str| {
+            format!(
+                r#"nri_resize_container_pressure_stalled_seconds_total{{container="app",kind="{kind}",namespace="ns",pod="web",resource="{resource}"}}"#
+            )
+        };
+        for (want, value) in [
+            (series("cpu", "some"), "2"),
+            (series("cpu", "full"), "0"),
+            (series("memory", "full"), "0.5"),
+            (series("io", "some"), "0"),
+        ] {
+            let line = format!("{want} {value}\n");
+            assert!(text.contains(&line), "missing {line:?} in\n{text}");
+        }
+        m.remove_container(&labels());
+        let text = m.encode().expect("encode");
+        assert!(!text.contains("nri_resize_container_pressure"), "{text}");
     }
 
     #[test]
@@ -745,6 +861,8 @@ mod tests {
         for want in [
             r#"nri_resize_observer_strategy{program="throttle",strategy="cpu_stat_polling"} 1"#,
             r#"nri_resize_observer_strategy{program="throttle",strategy="tp_btf_sched_switch"} 0"#,
+            r#"nri_resize_observer_strategy{program="pressure",strategy="unavailable_cgroup_v1"} 1"#,
+            r#"nri_resize_observer_strategy{program="pressure",strategy="pressure_files"} 0"#,
             "nri_resize_nri_connected 1",
             r#"nri_resize_nri_events_total{event="CreateContainer"} 2"#,
             r#"nri_resize_nri_handler_deadline_exceeded_total{event="CreateContainer"} 1"#,

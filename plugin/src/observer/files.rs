@@ -27,16 +27,25 @@ pub(super) enum CgroupFile {
     MemoryStat,
     /// `memory.oom_control` (v1) or `memory.events` (v2) of the memory cgroup.
     Oom,
+    /// `cpu.pressure` (v2 only).
+    CpuPressure,
+    /// `memory.pressure` (v2 only).
+    MemoryPressure,
+    /// `io.pressure` (v2 only).
+    IoPressure,
 }
 
 impl CgroupFile {
-    const COUNT: usize = 3;
+    const COUNT: usize = 6;
 
     fn index(self) -> usize {
         match self {
             Self::CpuStat => 0,
             Self::MemoryStat => 1,
             Self::Oom => 2,
+            Self::CpuPressure => 3,
+            Self::MemoryPressure => 4,
+            Self::IoPressure => 5,
         }
     }
 }
@@ -148,6 +157,9 @@ impl CgroupFiles {
             CgroupFile::CpuStat => (&cgroup.cpu_dir, "cpu.stat"),
             CgroupFile::MemoryStat => (&cgroup.memory_dir, "memory.stat"),
             CgroupFile::Oom => (&cgroup.memory_dir, self.oom_file),
+            CgroupFile::CpuPressure => (&cgroup.cpu_dir, "cpu.pressure"),
+            CgroupFile::MemoryPressure => (&cgroup.memory_dir, "memory.pressure"),
+            CgroupFile::IoPressure => (&cgroup.memory_dir, "io.pressure"),
         };
         let state = self
             .cgroups

@@ -319,6 +319,8 @@ impl KernelSide {
             reclaim,
             oom,
             hotplug,
+            // Not eBPF: `Observer::start` decides it.
+            pressure: Strategies::POLLING.pressure,
         };
         Ok((
             Self {

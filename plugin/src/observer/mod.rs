@@ -11,6 +11,7 @@
 //! | reclaim | `memcg/count_memcg_events` + `vmscan/mm_vmscan_memcg_reclaim_{begin,end}` → `memory.stat` polling |
 //! | OOM kills | `tp_btf/mark_victim` → `memory.events` / `memory.oom_control` polling |
 //! | CPU hotplug | `cpuhp/cpuhp_{enter,exit}` through a ring buffer → unavailable |
+//! | pressure (PSI) | `cpu.pressure`, `memory.pressure`, `io.pressure` (cgroup v2) → unavailable (v1, `psi=0`) |
 //!
 //! eBPF counters count from the moment the observer attached; cgroup files count from the
 //! cgroup's creation. Callers compare deltas.
@@ -20,6 +21,7 @@ mod files;
 mod kernel;
 mod maps;
 pub mod parse;
+pub mod pressure;
 
 use std::fmt;
 use std::os::unix::fs::MetadataExt as _;
@@ -32,6 +34,7 @@ pub use crate::cgroup::CgroupLayout;
 
 use files::{CgroupFile, CgroupFiles};
 use kernel::KernelSide;
+pub use pressure::{Pressure, PressureResource, PressureStrategy, StallShare, StallTotals};
 
 /// Errors of the observer.
 #[derive(Debug, thiserror::Error)]
@@ -172,14 +175,18 @@ pub struct Strategies {
     pub reclaim: ReclaimStrategy,
     pub oom: OomStrategy,
     pub hotplug: HotplugStrategy,
+    /// Decided apart from eBPF (from the cgroup layout and the kernel's PSI).
+    pub pressure: PressureStrategy,
 }
 
 impl Strategies {
+    /// Every measurement from cgroup files; pressure as on cgroup v1 until detected.
     pub const POLLING: Self = Self {
         throttle: ThrottleStrategy::CpuStatPolling,
         reclaim: ReclaimStrategy::MemoryStatPolling,
         oom: OomStrategy::MemoryEventsPolling,
         hotplug: HotplugStrategy::Unavailable,
+        pressure: PressureStrategy::UnavailableCgroupV1,
     };
 }
 
@@ -205,6 +212,8 @@ pub struct ObserverSettings {
     pub proc_cgroups: PathBuf,
     /// `/proc/sys/kernel/pid_max`, to size the `sched_switch` program's per-pid flags.
     pub pid_max: PathBuf,
+    /// `/proc/pressure/memory`: whether the kernel has PSI (cgroup v2 only).
+    pub proc_pressure: PathBuf,
     /// tracefs mount point; `None`: `/sys/kernel/tracing`, mounted there if needed.
     pub tracefs: Option<PathBuf>,
     /// Start the throttling probe at this strategy (to exercise fallbacks).
@@ -237,6 +246,7 @@ impl ObserverSettings {
             btf: PathBuf::from("/sys/kernel/btf/vmlinux"),
             proc_cgroups: PathBuf::from("/proc/cgroups"),
             pid_max: PathBuf::from("/proc/sys/kernel/pid_max"),
+            proc_pressure: PathBuf::from("/proc/pressure/memory"),
             tracefs: None,
             force_throttle: None,
             force_reclaim: None,
@@ -335,6 +345,8 @@ pub struct Observation {
     pub throttling: Option<Throttling>,
     pub reclaim: Reclaim,
     pub oom: OomKills,
+    /// Cumulative stalled time per resource; `None` without PSI (see [`PressureStrategy`]).
+    pub pressure: Option<Pressure>,
 }
 
 /// Size and run statistics of one loaded eBPF program. `run_count` and `run_time_ns` advance
@@ -422,7 +434,7 @@ impl Observer {
             (0, 0)
         };
         let mut fallbacks = Vec::new();
-        let (kernel, strategies) = if settings.object == ObjectSource::None {
+        let (kernel, mut strategies) = if settings.object == ObjectSource::None {
             (None, Strategies::POLLING)
         } else {
             match KernelSide::start(settings, cpu_hierarchy, memory_hierarchy, &mut fallbacks) {
@@ -437,6 +449,17 @@ impl Observer {
                 }
             }
         };
+        strategies.pressure =
+            match PressureStrategy::detect(settings.cgroups.is_v1(), &settings.proc_pressure) {
+                Ok(s) => s,
+                Err((s, reason)) => {
+                    fallbacks.push(Fallback {
+                        program: "pressure",
+                        reason,
+                    });
+                    s
+                }
+            };
         // The BTF parses above are freed, but the allocator keeps their pages (32 MiB of a
         // thread's arena, measured by the footprint bench): hand them back to the kernel.
         release_freed_memory();
@@ -445,6 +468,7 @@ impl Observer {
             reclaim = ?strategies.reclaim,
             oom = ?strategies.oom,
             hotplug = ?strategies.hotplug,
+            pressure = ?strategies.pressure,
             "observer started"
         );
         Ok(Self {
@@ -578,10 +602,24 @@ impl Observer {
                 }
             }
         };
+        let pressure = if self.strategies.pressure.available() {
+            let mut read = |file| {
+                let text = self.files.read(cgroup, file)?;
+                Ok::<_, ObserverError>(pressure::stall_totals(text).unwrap_or_default())
+            };
+            Some(Pressure {
+                cpu: read(CgroupFile::CpuPressure)?,
+                memory: read(CgroupFile::MemoryPressure)?,
+                io: read(CgroupFile::IoPressure)?,
+            })
+        } else {
+            None
+        };
         Ok(Observation {
             throttling,
             reclaim,
             oom,
+            pressure,
         })
     }
 

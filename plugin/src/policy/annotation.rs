@@ -24,6 +24,8 @@ pub const MAX_ANNOTATION_VALUE_BYTES: usize = 4096;
 pub const CONTAINER_DECREASE_PREFIX: &str = "memory-decrease.nri-resize.io/container.";
 /// Annotation holding the pod-wide memory-decrease strategy.
 pub const POD_DECREASE_ANNOTATION: &str = "memory-decrease.nri-resize.io/pod";
+/// Annotation lowering the stall ceiling of the pod's paced reclaims (`0.02`).
+pub const MAX_STALL_ANNOTATION: &str = "memory-decrease.nri-resize.io/max-stall";
 
 /// How much of an untrusted token an error message repeats.
 const MAX_TOKEN_IN_MESSAGE: usize = 64;
@@ -91,7 +93,7 @@ pub enum AnnotationError {
         token: String,
     },
     /// An annotation under an nri-resize prefix that nri-resize does not know (a typo?).
-    #[error("unknown annotation {annotation}, expected {POD_POLICY_ANNOTATION}, {ACTION_ANNOTATION}, {CONTAINER_POLICY_PREFIX}<container>, {POD_DECREASE_ANNOTATION} or {CONTAINER_DECREASE_PREFIX}<container>")]
+    #[error("unknown annotation {annotation}, expected {POD_POLICY_ANNOTATION}, {ACTION_ANNOTATION}, {CONTAINER_POLICY_PREFIX}<container>, {POD_DECREASE_ANNOTATION}, {CONTAINER_DECREASE_PREFIX}<container> or {MAX_STALL_ANNOTATION}")]
     UnknownAnnotation {
         /// The annotation key.
         annotation: String,
@@ -107,6 +109,17 @@ pub enum AnnotationError {
         requested: &'static str,
         /// The node default that applies instead.
         node_default: &'static str,
+    },
+    /// A number above the node default where only a lower one may be asked for; the node
+    /// default applies.
+    #[error("annotation {annotation}: {requested} is looser than the node default {node_default}, which applies")]
+    LooserValue {
+        /// The annotation key.
+        annotation: String,
+        /// What the annotation asked for.
+        requested: String,
+        /// The node default that applies instead.
+        node_default: String,
     },
     /// The node does not allow policy annotations.
     #[error("annotation {annotation}: policy annotations are disabled on this node, ignored")]

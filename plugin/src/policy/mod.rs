@@ -77,12 +77,15 @@ mod decision;
 mod invariants;
 mod limits;
 mod memory_decrease;
+mod pacing;
 mod planner;
 mod pod_level;
 mod quantity;
 mod resize_policy;
+mod share;
 mod units;
 mod validate;
+mod verdict;
 
 pub use admission::{
     admit, holds_exclusive_cpus, qos_class, Admission, AdmissionError, Allocated,
@@ -100,6 +103,9 @@ pub use memory_decrease::{
     effective_decrease_strategy, mib, not_reclaimable_reason, parse_decrease_annotation,
     plan_decrease, reclaim_request, safe_limit, DecreasePlan, MemoryDecreaseStrategy, MemoryUse,
 };
+pub use pacing::{
+    effective_max_stall, pacing_off_reason, parse_max_stall_annotation, PaceChange, Pacer,
+};
 pub use planner::{plan, plan_single, simulate, Plan, PlanError, Step};
 pub use pod_level::{
     admit_pod_level, cpu_quantity, effective_enforce, memory_quantity, with_overhead, PodModeError,
@@ -115,5 +121,10 @@ pub use resize_policy::{
     EffectivePolicy, PolicyAnnotation, PolicyDefaults, ResizeAction, ResizePolicy, Resolved,
     RestartPolicy,
 };
+pub use share::Share;
 pub use units::{bytes_text, cpu_quota_text, cpu_text, memory_limit_text, UNLIMITED_BYTES};
 pub use validate::validate_annotations;
+pub use verdict::{
+    bounds, judge, limit_changes, CounterSample, LimitChange, Verdict, VerdictThresholds,
+    WindowStats,
+};

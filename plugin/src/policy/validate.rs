@@ -5,10 +5,11 @@ use std::collections::BTreeMap;
 
 use super::annotation::{
     sanitize_key, AnnotationError, ACTION_ANNOTATION, ANNOTATION_PREFIXES,
-    CONTAINER_DECREASE_PREFIX, CONTAINER_POLICY_PREFIX, POD_DECREASE_ANNOTATION,
-    POD_POLICY_ANNOTATION,
+    CONTAINER_DECREASE_PREFIX, CONTAINER_POLICY_PREFIX, MAX_STALL_ANNOTATION,
+    POD_DECREASE_ANNOTATION, POD_POLICY_ANNOTATION,
 };
 use super::memory_decrease::parse_decrease_annotation;
+use super::pacing::parse_max_stall_annotation;
 use super::resize_policy::{parse_action_annotation, parse_policy_annotation};
 
 /// Checks every nri-resize annotation of a pod (all containers' policies, the pod policy, the
@@ -22,6 +23,8 @@ pub fn validate_annotations(annotations: &BTreeMap<String, String>) -> Vec<Annot
         }
         let result = if key == ACTION_ANNOTATION {
             parse_action_annotation(key, value).map(|_| ())
+        } else if key == MAX_STALL_ANNOTATION {
+            parse_max_stall_annotation(key, value).map(|_| ())
         } else if key == POD_DECREASE_ANNOTATION
             || key
                 .strip_prefix(CONTAINER_DECREASE_PREFIX)
@@ -64,10 +67,13 @@ mod tests {
             (ACTION_ANNOTATION, "LiveResize"),
             ("resize-action.nri-resize.io/container.a", "LiveResize"),
             ("unrelated.io/x", "whatever"),
+            (MAX_STALL_ANNOTATION, "0.02"),
         ]);
         let errs = validate_annotations(&a);
         let msgs: Vec<String> = errs.iter().map(ToString::to_string).collect();
         assert_eq!(errs.len(), 4, "{msgs:#?}");
+        let bad = validate_annotations(&ann(&[(MAX_STALL_ANNOTATION, "2")]));
+        assert_eq!(bad.len(), 1, "{bad:?}");
         assert!(msgs.iter().any(|m| m.contains("contianer.app")));
         assert!(msgs.iter().any(|m| m.contains("Nope")));
     }

@@ -89,6 +89,7 @@ impl NodeState {
     /// time since the `UpdateContainer` in `nri_resize_resize_confirmation_seconds`.
     pub(crate) fn confirm_update(&self, id: &str) -> Option<Confirmation> {
         let pending = self.observed(|o| o.pending.remove(id));
+        self.verdict_update_applied(id, pending.as_ref().map(|(r, _)| r));
         let since = pending.as_ref().map(|(_, at)| *at);
         let c = self.confirm(id, pending.map(|(r, _)| r))?;
         if let (Some(at), Some(true)) = (since, c.matches) {

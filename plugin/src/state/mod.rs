@@ -15,6 +15,7 @@ mod observed;
 mod pod_level;
 mod reevaluation;
 mod state_dir;
+mod verdict;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -29,6 +30,7 @@ pub use observed::{Confirmation, ContainerObservation, Observed, ObserverInfo, T
 pub use pod_level::{limits_text, PodLevelStatus};
 pub use reevaluation::{Reevaluation, ReevaluationOutcome};
 pub use state_dir::StateDirStatus;
+pub use verdict::{counter_sample, ResizeVerdict, Verdicts};
 
 use crate::cgroup::Cgroups;
 use crate::config::Config;
@@ -63,6 +65,8 @@ pub struct NodeState {
     pub capacity: RwLock<Option<NodeStatus>>,
     /// Pod-level resources (KEP-5419): desired vs actual per pod id.
     pub pod_level: Mutex<HashMap<String, PodLevelStatus>>,
+    /// Counter history, pending and recorded verdicts on applied resizes.
+    pub verdicts: Mutex<Verdicts>,
 }
 
 impl NodeState {
@@ -87,6 +91,7 @@ impl NodeState {
             state_dir: Mutex::new(StateDirStatus::default()),
             capacity: RwLock::new(None),
             pod_level: Mutex::new(HashMap::new()),
+            verdicts: Mutex::new(Verdicts::default()),
         })
     }
 

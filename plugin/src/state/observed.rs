@@ -9,7 +9,7 @@ use super::NodeState;
 use crate::cgroup::ActualResources;
 use crate::metrics::ContainerLabels;
 use crate::model::{Container, LinuxResources, Pod};
-use crate::observer::{Fallback, Observation, Strategies};
+use crate::observer::{Fallback, Observation, StallShare, Strategies};
 use crate::sync::Locked as _;
 
 /// A container the observer watches.
@@ -44,6 +44,9 @@ impl Target {
 pub struct ContainerObservation {
     pub observation: Observation,
     pub at_ms: u64,
+    /// Stalled time over the interval before this reading (`None` without PSI, or at the first
+    /// reading).
+    pub stall: Option<StallShare>,
 }
 
 /// Desired vs actual after a resize (or when the container was first seen).
@@ -124,6 +127,7 @@ impl NodeState {
         o.observations.remove(id);
         o.confirmations.remove(id);
         o.pending.remove(id);
+        self.forget_verdicts(id);
     }
 
     /// Stops watching every container of a pod.
@@ -164,22 +168,27 @@ impl NodeState {
 
     /// Remembers what an `UpdateContainer` asked for, to confirm at `PostUpdateContainer`.
     pub(crate) fn expect_update(&self, id: &str, resources: &LinuxResources) {
-        self.observed(|o| {
+        let current = self.observed(|o| {
             o.pending.insert(
                 id.to_owned(),
                 (resources.clone(), std::time::Instant::now()),
             );
+            o.targets.get(id).and_then(|t| t.resources.clone())
         });
+        self.verdict_before_update(id, current.as_ref());
     }
 
     /// The runtime applied a plugin-initiated update (no NRI event reports it): the container's
     /// spec as the observer knows it follows, so later reads compare with what it holds now.
     pub fn runtime_applied(&self, id: &str, resources: &LinuxResources) {
-        self.observed(|o| {
-            if let Some(t) = o.targets.get_mut(id) {
-                t.resources = Some(resources.clone());
-            }
+        let before = self.observed(|o| {
+            o.targets
+                .get_mut(id)
+                .and_then(|t| t.resources.replace(resources.clone()))
         });
+        if let Some(before) = before {
+            self.resize_applied(id, &before, resources);
+        }
     }
 }
 

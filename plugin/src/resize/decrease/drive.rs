@@ -48,6 +48,7 @@ impl Engine {
                 timeout: timeout.saturating_sub(started.elapsed()),
                 step_interval: Duration::from_millis(md.step_interval_ms),
                 force_memory_high: false,
+                max_stall: self.max_stall_of(id),
             };
             let outcome = self
                 .reclaim_reporting(id, target, &cg, &cgroup, job, cancel)
@@ -84,7 +85,11 @@ impl Engine {
                     }
                 }
                 ReclaimOutcome::TimedOut {
-                    start, end, kept, ..
+                    start,
+                    end,
+                    kept,
+                    stall_note,
+                    ..
                 } => {
                     let before = *first_usage.get_or_insert(start.usage);
                     let mut kept = kept;
@@ -97,7 +102,8 @@ impl Engine {
                     }
                     let swap = node_has_swap();
                     let reason =
-                        not_reclaimable_reason(&end, target, kept, md.timeout_ms / 1000, swap);
+                        not_reclaimable_reason(&end, target, kept, md.timeout_ms / 1000, swap)
+                            + &stall_note;
                     warn!(container = %name, %reason, "staged memory decrease deferred");
                     self.finish_record(id, Some(ResizeState::Deferred), &reason);
                     if let Some(r) = self.containers.locked().get_mut(id) {

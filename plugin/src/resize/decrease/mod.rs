@@ -15,6 +15,7 @@
 
 mod decide;
 mod drive;
+mod pacing;
 mod resume;
 mod staged;
 mod whole_pod;

@@ -91,6 +91,7 @@ impl Engine {
             timeout: Duration::from_millis(md.timeout_ms),
             step_interval: Duration::from_millis(md.step_interval_ms),
             force_memory_high: false,
+            max_stall: self.max_stall_of(&ctr.id),
         };
         let cancel2 = cancel.clone();
         let outcome = tokio::task::spawn_blocking(move || reclaim_to(&cg, &job, &cancel2, |_| {}))
@@ -129,7 +130,11 @@ impl Engine {
                 Ok(())
             }
             ReclaimOutcome::TimedOut {
-                start, end, kept, ..
+                start,
+                end,
+                kept,
+                stall_note,
+                ..
             } => {
                 let o = if end.unreclaimable() > target {
                     DecreaseOutcome::DeferredAnonymous
@@ -141,7 +146,8 @@ impl Engine {
                     let _ = self.apply_memory_limit(&ctr.id, kept).await;
                 }
                 let reason =
-                    not_reclaimable_reason(&end, target, kept, timeout_secs, node_has_swap());
+                    not_reclaimable_reason(&end, target, kept, timeout_secs, node_has_swap())
+                        + &stall_note;
                 Err(StepFailure::Deferred(format!("{}: {reason}", ctr.name)))
             }
             ReclaimOutcome::Cancelled => {

@@ -1,0 +1,331 @@
+//! Staged reclaim: bring a container's memory usage under a lower limit without an OOM kill.
+//!
+//! The container runs under a safe interim limit (usage plus headroom) while this loop makes the
+//! kernel reclaim, in passes with a growing pause between them:
+//!
+//! - cgroup v1: write the requested `memory.limit_in_bytes` directly. The kernel reclaims inside
+//!   the write and refuses it with `EBUSY` when it cannot get under the value — it never OOM-kills
+//!   for a v1 limit write. After a refusal the limit follows usage down (usage plus headroom),
+//!   so what reclaim won stays won.
+//! - cgroup v2: ask `memory.reclaim` for the difference (`EAGAIN`: it got less), and when the
+//!   kernel has no `memory.reclaim` (before 5.19) step `memory.high` down towards the target
+//!   instead, restoring it to `max` in every outcome. `memory.max` is never written here: writing
+//!   it below unreclaimable usage OOM-kills. The caller applies the requested limit through the
+//!   runtime once usage fits.
+//!
+//! Bounded in time: on timeout the limit kept is usage plus headroom (never above the interim,
+//! never below the target), and the caller reports why.
+//!
+//! Paced (cgroup v2 with PSI, `max_stall` below 1.0): each pass asks for one step of the
+//! difference, and the container's `memory.pressure` is read between passes; the
+//! [`Pacer`](crate::policy::Pacer) makes the next step smaller and later while the stall share
+//! since the last pass is over the ceiling, and larger and sooner while it is well under it.
+//! Pacing never ends the loop; a timeout that pacing contributed to says so in the outcome. On
+//! v1 and without PSI pacing is off, and a log line says why.
+//!
+//! The loop is synchronous (cgroupfs writes block while the kernel reclaims): run it on a
+//! blocking thread. It checks its cancellation token between passes, so a newer update for the
+//! same container takes over at once.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::cgroup::{CgroupError, CgroupIo, CgroupVersion, StallTotals};
+use crate::policy::{pacing_off_reason, reclaim_request, safe_limit, MemoryUse, Pacer, Share};
+
+/// One staged decrease of one cgroup.
+#[derive(Debug, Clone)]
+pub struct ReclaimJob {
+    /// The container's cgroup (within the hierarchy, see [`crate::cgroup::resolve`]).
+    pub cgroup: PathBuf,
+    /// The requested limit.
+    pub target: u64,
+    /// The limit in place while reclaiming.
+    pub interim: u64,
+    /// Bytes above usage a kept limit leaves.
+    pub headroom: u64,
+    pub timeout: Duration,
+    /// First pause between passes (doubles up to one second).
+    pub step_interval: Duration,
+    /// v2: step `memory.high` even where `memory.reclaim` exists.
+    pub force_memory_high: bool,
+    /// Ceiling on the container's memory stall share between passes (1.0: unpaced).
+    pub max_stall: Share,
+}
+
+/// How a staged decrease ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReclaimOutcome {
+    /// Usage fits the target (v1: the target limit is written).
+    Reached {
+        start: MemoryUse,
+        end: MemoryUse,
+        passes: u32,
+        elapsed: Duration,
+    },
+    /// The target was not reached in time; `kept` is the limit to keep (v1: already written).
+    TimedOut {
+        start: MemoryUse,
+        end: MemoryUse,
+        kept: u64,
+        passes: u32,
+        elapsed: Duration,
+        /// What pacing adds to the reason (empty unless it held the reclaim back).
+        stall_note: String,
+    },
+    /// A newer request took over.
+    Cancelled,
+    /// A cgroup read or write failed (e.g. the container is gone).
+    Failed(String),
+}
+
+/// The reclaim method actually used, for logs and status.
+pub fn method(io: &dyn CgroupIo, force_memory_high: bool) -> &'static str {
+    match (io.version(), force_memory_high) {
+        (CgroupVersion::V1, _) => "memory.limit_in_bytes",
+        (CgroupVersion::V2, true) => "memory.high",
+        (CgroupVersion::V2, false) => "memory.reclaim",
+    }
+}
+
+const MAX_PAUSE: Duration = Duration::from_secs(1);
+const SLICE: Duration = Duration::from_millis(10);
+
+/// Sleeps `d` in small slices; `false` if cancelled meanwhile.
+fn pause(d: Duration, cancel: &CancellationToken) -> bool {
+    let until = Instant::now() + d;
+    while Instant::now() < until {
+        if cancel.is_cancelled() {
+            return false;
+        }
+        std::thread::sleep(SLICE.min(until.saturating_duration_since(Instant::now())));
+    }
+    !cancel.is_cancelled()
+}
+
+/// Where a staged decrease stands after one pass.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pass {
+    /// The container's memory use after the pass.
+    pub usage: MemoryUse,
+    /// The memory limit the cgroup holds now (v1: it follows usage down; v2: the interim).
+    pub limit: u64,
+    /// Paced only: the most this pass asked the kernel to reclaim.
+    pub step: Option<u64>,
+    /// Paced only: the memory stall share measured between the previous two passes.
+    pub stall: Option<f64>,
+}
+
+/// Pacing of one staged decrease: the pacer and the last `memory.pressure` reading.
+struct Paced {
+    pacer: Pacer,
+    last: StallTotals,
+    at: Instant,
+}
+
+impl Paced {
+    /// On when `job` asks for it and the cgroup's `memory.pressure` reads; else logs why not.
+    fn start(io: &dyn CgroupIo, job: &ReclaimJob) -> Option<Self> {
+        if job.max_stall.get() >= 1.0 {
+            return None;
+        }
+        let v1 = io.version() == CgroupVersion::V1;
+        let first = if v1 {
+            None
+        } else {
+            io.memory_pressure(&job.cgroup).ok()
+        };
+        if let Some(why) = pacing_off_reason(job.max_stall, first.is_some(), v1) {
+            tracing::info!(cgroup = %job.cgroup.display(), reason = why, "staged memory decrease unpaced");
+            return None;
+        }
+        Some(Self {
+            pacer: Pacer::new(job.max_stall, job.step_interval),
+            last: first?,
+            at: Instant::now(),
+        })
+    }
+
+    /// Reads the stall since the last reading and adjusts the pacer (an unreadable file leaves
+    /// it as it was).
+    fn observe(&mut self, io: &dyn CgroupIo, job: &ReclaimJob) {
+        let Ok(now) = io.memory_pressure(&job.cgroup) else {
+            return;
+        };
+        let wall = u64::try_from(self.at.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let stalled = now.some_us.saturating_sub(self.last.some_us);
+        let share = crate::observer::pressure::share(stalled, wall);
+        let change = self.pacer.observe(share);
+        tracing::debug!(cgroup = %job.cgroup.display(), stall = share, ?change, next_step = self.pacer.step(u64::MAX), wait_ms = self.pacer.wait().as_millis(), "reclaim pacing");
+        self.last = now;
+        self.at = Instant::now();
+    }
+}
+
+/// Runs the staged decrease; `on_pass` sees where it stands after every pass.
+pub fn reclaim_to(
+    io: &dyn CgroupIo,
+    job: &ReclaimJob,
+    cancel: &CancellationToken,
+    mut on_pass: impl FnMut(&Pass),
+) -> ReclaimOutcome {
+    let started = Instant::now();
+    let read = || io.memory_use(&job.cgroup);
+    let start = match read() {
+        Ok(u) => u,
+        Err(e) => return ReclaimOutcome::Failed(e.to_string()),
+    };
+    let v1 = io.version() == CgroupVersion::V1;
+    let mut use_high = !v1 && job.force_memory_high;
+    let mut high_set = false;
+    // Its error is the outcome's reason.
+    let restore_high = |high_set: bool| -> Result<(), String> {
+        if high_set {
+            io.set_memory_high(&job.cgroup, None)
+                .map_err(|e: CgroupError| format!("restoring memory.high: {e}"))?;
+        }
+        Ok(())
+    };
+    let mut limit_now = job.interim;
+    let mut wait = job.step_interval;
+    let mut passes = 0u32;
+    let mut paced = Paced::start(io, job);
+    loop {
+        if cancel.is_cancelled() {
+            return match restore_high(high_set) {
+                Ok(()) => ReclaimOutcome::Cancelled,
+                Err(e) => ReclaimOutcome::Failed(e),
+            };
+        }
+        passes += 1;
+        let step = paced.as_ref().map(|p| p.pacer.step(u64::MAX));
+        let pass = if v1 {
+            v1_pass(io, job, &mut limit_now)
+        } else {
+            v2_pass(io, job, step, &mut use_high, &mut high_set)
+        };
+        let now = match pass.and_then(|()| read()) {
+            Ok(u) => u,
+            Err(e) => {
+                let _ = restore_high(high_set);
+                return ReclaimOutcome::Failed(e.to_string());
+            }
+        };
+        on_pass(&Pass {
+            usage: now,
+            limit: limit_now,
+            step,
+            stall: paced.as_ref().and_then(|p| p.pacer.last_stall),
+        });
+        let reached = if v1 {
+            limit_now == job.target
+        } else {
+            now.usage <= job.target
+        };
+        if reached {
+            if let Err(e) = restore_high(high_set) {
+                return ReclaimOutcome::Failed(e);
+            }
+            return ReclaimOutcome::Reached {
+                start,
+                end: now,
+                passes,
+                elapsed: started.elapsed(),
+            };
+        }
+        if started.elapsed() >= job.timeout {
+            let kept = safe_limit(limit_now, job.target, now.usage, job.headroom);
+            if v1 && kept < limit_now {
+                // Best effort: a refusal keeps the (higher, still safe) limit in place.
+                if io.set_memory_limit(&job.cgroup, Some(kept)).is_ok() {
+                    limit_now = kept;
+                }
+            }
+            if let Err(e) = restore_high(high_set) {
+                return ReclaimOutcome::Failed(e);
+            }
+            return ReclaimOutcome::TimedOut {
+                start,
+                end: now,
+                kept: if v1 { limit_now } else { kept },
+                passes,
+                elapsed: started.elapsed(),
+                stall_note: paced
+                    .as_ref()
+                    .map(|p| p.pacer.deferred_note())
+                    .unwrap_or_default(),
+            };
+        }
+        if let Some(p) = &mut paced {
+            p.observe(io, job);
+            wait = p.pacer.wait();
+        }
+        let left = job.timeout.saturating_sub(started.elapsed());
+        if !pause(wait.min(left), cancel) {
+            continue; // handled at the top of the loop
+        }
+        if paced.is_none() {
+            wait = (wait * 2).min(MAX_PAUSE);
+        }
+    }
+}
+
+/// v1: try the target; on `EBUSY` let the limit follow usage down.
+fn v1_pass(io: &dyn CgroupIo, job: &ReclaimJob, limit_now: &mut u64) -> Result<(), CgroupError> {
+    match io.set_memory_limit(&job.cgroup, Some(job.target)) {
+        Ok(()) => {
+            *limit_now = job.target;
+            Ok(())
+        }
+        Err(CgroupError::Busy { .. }) => {
+            let usage = io.memory_use(&job.cgroup)?.usage;
+            let follow = safe_limit(*limit_now, job.target, usage, job.headroom);
+            if follow < *limit_now {
+                match io.set_memory_limit(&job.cgroup, Some(follow)) {
+                    Ok(()) => *limit_now = follow,
+                    // Usage grew meanwhile: keep the limit in place.
+                    Err(CgroupError::Busy { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// v2: `memory.reclaim`, or `memory.high` stepping where there is none. `step`: at most this
+/// much per pass (paced).
+fn v2_pass(
+    io: &dyn CgroupIo,
+    job: &ReclaimJob,
+    step: Option<u64>,
+    use_high: &mut bool,
+    high_set: &mut bool,
+) -> Result<(), CgroupError> {
+    let usage = io.memory_use(&job.cgroup)?.usage;
+    if usage <= job.target {
+        return Ok(());
+    }
+    let step = step.unwrap_or(u64::MAX);
+    if !*use_high {
+        match io.reclaim(&job.cgroup, reclaim_request(usage, job.target).min(step)) {
+            Ok(()) | Err(CgroupError::Again { .. }) => return Ok(()),
+            Err(CgroupError::Unsupported { .. }) => *use_high = true,
+            Err(e) => return Err(e),
+        }
+    }
+    // Halfway down each pass (the last 32 MiB at once): the kernel throttles allocations above
+    // `memory.high` and reclaims, so one big step would stall the workload.
+    let gap = usage - job.target;
+    let down = if gap <= 32 << 20 { gap } else { gap / 2 };
+    let high = usage - down.min(step);
+    io.set_memory_high(&job.cgroup, Some(high))?;
+    *high_set = true;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

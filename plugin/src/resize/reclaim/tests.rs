@@ -1,0 +1,371 @@
+//! The staged reclaim loop on fake and tempdir memcgs.
+
+use std::sync::Mutex;
+
+use super::*;
+use crate::cgroup::{ActualResources, CpuLimit};
+
+const MIB: u64 = 1 << 20;
+
+/// A fake memcg: usage falls to what is reclaimable's floor when the kernel is asked.
+#[derive(Debug)]
+struct FakeMemcg {
+    version: CgroupVersion,
+    has_reclaim: bool,
+    state: Mutex<Fake>,
+}
+
+#[derive(Debug, Default)]
+struct Fake {
+    usage: u64,
+    /// Usage never falls below this (anonymous memory, no swap).
+    floor: u64,
+    limit: u64,
+    high: Option<u64>,
+    writes: Vec<String>,
+    /// `memory.pressure`'s `some` total (`None`: no PSI).
+    psi_us: Option<u64>,
+    /// Stall the workload suffers per MiB reclaimed.
+    stall_us_per_mib: u64,
+}
+
+impl FakeMemcg {
+    fn new(version: CgroupVersion, usage: u64, floor: u64, limit: u64) -> Self {
+        FakeMemcg {
+            version,
+            has_reclaim: true,
+            state: Mutex::new(Fake {
+                usage,
+                floor,
+                limit,
+                ..Fake::default()
+            }),
+        }
+    }
+}
+
+impl CgroupIo for FakeMemcg {
+    fn version(&self) -> CgroupVersion {
+        self.version
+    }
+    fn read_actual(&self, _: &std::path::Path) -> Result<ActualResources, CgroupError> {
+        unreachable!()
+    }
+    fn set_cpu_limit(&self, _: &std::path::Path, _: CpuLimit) -> Result<(), CgroupError> {
+        unreachable!()
+    }
+    fn procs(&self, _: &std::path::Path) -> Result<Vec<u32>, CgroupError> {
+        unreachable!()
+    }
+    fn set_memory_limit(&self, _: &std::path::Path, limit: Option<u64>) -> Result<(), CgroupError> {
+        let mut s = self.state.lock().unwrap();
+        let l = limit.unwrap();
+        s.writes.push(format!("limit {}", l / MIB));
+        if l < s.floor {
+            s.usage = s.usage.min(s.floor.max(l));
+            return Err(CgroupError::Busy {
+                path: "/x".into(),
+                value: l.to_string(),
+                source: std::io::Error::from_raw_os_error(libc::EBUSY),
+            });
+        }
+        s.usage = s.usage.min(l);
+        s.limit = l;
+        Ok(())
+    }
+    fn memory_use(&self, _: &std::path::Path) -> Result<MemoryUse, CgroupError> {
+        let s = self.state.lock().unwrap();
+        Ok(MemoryUse {
+            usage: s.usage,
+            anon: s.floor,
+            shmem: 0,
+            file: s.usage - s.floor,
+        })
+    }
+    fn reclaim(&self, _: &std::path::Path, bytes: u64) -> Result<(), CgroupError> {
+        if !self.has_reclaim {
+            return Err(CgroupError::Unsupported {
+                what: "memory.reclaim",
+                version: self.version,
+            });
+        }
+        let mut s = self.state.lock().unwrap();
+        s.writes.push(format!("reclaim {}", bytes / MIB));
+        let stall = s.stall_us_per_mib * (bytes / MIB);
+        if let Some(p) = &mut s.psi_us {
+            *p += stall;
+        }
+        let want = s.usage.saturating_sub(bytes);
+        s.usage = want.max(s.floor);
+        if want < s.floor {
+            return Err(CgroupError::Again {
+                path: "/x".into(),
+                value: bytes.to_string(),
+                source: std::io::Error::from_raw_os_error(libc::EAGAIN),
+            });
+        }
+        Ok(())
+    }
+    fn set_memory_high(&self, _: &std::path::Path, high: Option<u64>) -> Result<(), CgroupError> {
+        let mut s = self.state.lock().unwrap();
+        s.writes.push(format!(
+            "high {}",
+            high.map_or("max".into(), |h| (h / MIB).to_string())
+        ));
+        if let Some(h) = high {
+            s.usage = s.usage.min(h.max(s.floor));
+        }
+        s.high = high;
+        Ok(())
+    }
+    fn memory_pressure(&self, _: &std::path::Path) -> Result<StallTotals, CgroupError> {
+        let s = self.state.lock().unwrap();
+        s.psi_us
+            .map(|some_us| StallTotals {
+                some_us,
+                full_us: Some(0),
+            })
+            .ok_or(CgroupError::Unsupported {
+                what: "memory.pressure",
+                version: self.version,
+            })
+    }
+}
+
+fn job(target: u64, interim: u64) -> ReclaimJob {
+    ReclaimJob {
+        cgroup: "/pod/ctr".into(),
+        target,
+        interim,
+        headroom: 16 * MIB,
+        timeout: Duration::from_millis(200),
+        step_interval: Duration::from_millis(1),
+        force_memory_high: false,
+        max_stall: Share::new(1.0),
+    }
+}
+
+#[test]
+fn v1_page_cache_converges_in_one_limit_write() {
+    let fake = FakeMemcg::new(CgroupVersion::V1, 450 * MIB, 50 * MIB, 466 * MIB);
+    let out = reclaim_to(
+        &fake,
+        &job(128 * MIB, 466 * MIB),
+        &CancellationToken::new(),
+        |_| {},
+    );
+    assert!(
+        matches!(&out, ReclaimOutcome::Reached { passes: 1, end, .. } if end.usage == 128 * MIB),
+        "{out:?}"
+    );
+    assert_eq!(fake.state.lock().unwrap().writes, ["limit 128"]);
+}
+
+#[test]
+fn v1_anonymous_times_out_with_the_limit_following_usage_down() {
+    let fake = FakeMemcg::new(CgroupVersion::V1, 330 * MIB, 300 * MIB, 346 * MIB);
+    let out = reclaim_to(
+        &fake,
+        &job(100 * MIB, 346 * MIB),
+        &CancellationToken::new(),
+        |_| {},
+    );
+    let ReclaimOutcome::TimedOut { kept, end, .. } = out else {
+        panic!("{out:?}");
+    };
+    assert_eq!(end.usage, 300 * MIB);
+    assert_eq!(kept, 316 * MIB);
+    let s = fake.state.lock().unwrap();
+    assert_eq!(s.limit, 316 * MIB, "the kept limit is in place");
+    assert!(
+        s.writes
+            .iter()
+            .all(|w| w == "limit 100" || w == "limit 316"),
+        "{:?}",
+        s.writes
+    );
+}
+
+#[test]
+fn v2_reclaims_until_usage_fits_and_never_writes_memory_max() {
+    let fake = FakeMemcg::new(CgroupVersion::V2, 450 * MIB, 50 * MIB, 466 * MIB);
+    let mut seen = Vec::new();
+    let out = reclaim_to(
+        &fake,
+        &job(128 * MIB, 466 * MIB),
+        &CancellationToken::new(),
+        |p| seen.push(*p),
+    );
+    assert!(matches!(out, ReclaimOutcome::Reached { .. }), "{out:?}");
+    let s = fake.state.lock().unwrap();
+    assert_eq!(s.writes, ["reclaim 323"]);
+    assert!(s.usage <= 128 * MIB);
+    let last = seen.last().expect("a pass");
+    assert_eq!(last.usage.usage, s.usage);
+    assert_eq!(last.limit, 466 * MIB, "v2: the cgroup keeps the interim");
+}
+
+fn paced(job: ReclaimJob) -> ReclaimJob {
+    ReclaimJob {
+        max_stall: Share::new(0.05),
+        timeout: Duration::from_secs(20),
+        ..job
+    }
+}
+
+/// Reclaim sizes asked for, in MiB.
+fn reclaims(fake: &FakeMemcg) -> Vec<u64> {
+    let s = fake.state.lock().unwrap();
+    s.writes
+        .iter()
+        .filter_map(|w| w.strip_prefix("reclaim ")?.parse().ok())
+        .collect()
+}
+
+#[test]
+fn paced_reclaim_shrinks_its_steps_while_the_workload_stalls_and_still_converges() {
+    let fake = FakeMemcg::new(CgroupVersion::V2, 200 * MIB, 0, 216 * MIB);
+    {
+        let mut s = fake.state.lock().unwrap();
+        s.psi_us = Some(0);
+        // 2 ms of stall per MiB: a 32 MiB step stalls for 64 ms, far over 5 % of a pause.
+        s.stall_us_per_mib = 2_000;
+    }
+    let out = reclaim_to(
+        &fake,
+        &paced(job(72 * MIB, 216 * MIB)),
+        &CancellationToken::new(),
+        |_| {},
+    );
+    assert!(matches!(out, ReclaimOutcome::Reached { .. }), "{out:?}");
+    let steps = reclaims(&fake);
+    assert_eq!(steps[0], 32, "the first paced step: {steps:?}");
+    assert!(steps.iter().all(|s| *s <= 32), "{steps:?}");
+    assert!(
+        steps.contains(&16) && steps.contains(&1),
+        "it slowed down: {steps:?}"
+    );
+    assert!(fake.state.lock().unwrap().usage <= 72 * MIB);
+}
+
+#[test]
+fn paced_reclaim_grows_its_steps_while_the_stall_stays_low() {
+    let fake = FakeMemcg::new(CgroupVersion::V2, 400 * MIB, 0, 416 * MIB);
+    fake.state.lock().unwrap().psi_us = Some(0);
+    let out = reclaim_to(
+        &fake,
+        &paced(job(16 * MIB, 416 * MIB)),
+        &CancellationToken::new(),
+        |_| {},
+    );
+    assert!(matches!(out, ReclaimOutcome::Reached { .. }), "{out:?}");
+    // 32, 64, 128, then the rest (the request rounds up a little past the gap).
+    let steps = reclaims(&fake);
+    assert_eq!(&steps[..3], [32, 64, 128], "{steps:?}");
+    assert_eq!(steps.len(), 4, "{steps:?}");
+}
+
+#[test]
+fn without_psi_a_paced_job_reclaims_unpaced() {
+    let fake = FakeMemcg::new(CgroupVersion::V2, 450 * MIB, 50 * MIB, 466 * MIB);
+    let out = reclaim_to(
+        &fake,
+        &paced(job(128 * MIB, 466 * MIB)),
+        &CancellationToken::new(),
+        |_| {},
+    );
+    assert!(matches!(out, ReclaimOutcome::Reached { .. }), "{out:?}");
+    assert_eq!(reclaims(&fake), [323]);
+}
+
+#[test]
+fn pacing_never_gives_up_before_the_timeout_which_names_the_stall() {
+    // Anonymous memory above the target, and every step stalls the workload.
+    let fake = FakeMemcg::new(CgroupVersion::V2, 300 * MIB, 200 * MIB, 316 * MIB);
+    {
+        let mut s = fake.state.lock().unwrap();
+        s.psi_us = Some(0);
+        s.stall_us_per_mib = 50_000;
+    }
+    let mut j = paced(job(100 * MIB, 316 * MIB));
+    j.timeout = Duration::from_millis(300);
+    let started = Instant::now();
+    let out = reclaim_to(&fake, &j, &CancellationToken::new(), |_| {});
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    let ReclaimOutcome::TimedOut { stall_note, .. } = out else {
+        panic!("{out:?}");
+    };
+    assert!(
+        stall_note.starts_with("; paced by the workload's memory stall (")
+            && stall_note.contains("up to 100 %, ceiling 5 %"),
+        "{stall_note}"
+    );
+}
+
+#[test]
+fn v2_without_memory_reclaim_steps_memory_high_and_restores_it() {
+    let mut fake = FakeMemcg::new(CgroupVersion::V2, 450 * MIB, 50 * MIB, 466 * MIB);
+    fake.has_reclaim = false;
+    let out = reclaim_to(
+        &fake,
+        &job(128 * MIB, 466 * MIB),
+        &CancellationToken::new(),
+        |_| {},
+    );
+    assert!(matches!(out, ReclaimOutcome::Reached { .. }), "{out:?}");
+    let s = fake.state.lock().unwrap();
+    assert_eq!(s.high, None, "memory.high restored: {:?}", s.writes);
+    assert!(
+        s.writes.len() >= 3 && s.writes.last().unwrap() == "high max",
+        "{:?}",
+        s.writes
+    );
+
+    // Anonymous memory above the target: timed out, memory.high restored too.
+    let mut fake = FakeMemcg::new(CgroupVersion::V2, 320 * MIB, 300 * MIB, 336 * MIB);
+    fake.has_reclaim = false;
+    let out = reclaim_to(
+        &fake,
+        &job(100 * MIB, 336 * MIB),
+        &CancellationToken::new(),
+        |_| {},
+    );
+    assert!(
+        matches!(out, ReclaimOutcome::TimedOut { kept, .. } if kept == 316 * MIB),
+        "{out:?}"
+    );
+    assert_eq!(fake.state.lock().unwrap().high, None);
+}
+
+#[test]
+fn cancellation_stops_at_once_and_restores_memory_high() {
+    let mut fake = FakeMemcg::new(CgroupVersion::V2, 320 * MIB, 300 * MIB, 336 * MIB);
+    fake.has_reclaim = false;
+    let cancel = CancellationToken::new();
+    let mut j = job(100 * MIB, 336 * MIB);
+    j.timeout = Duration::from_secs(60);
+    j.step_interval = Duration::from_millis(50);
+    let c = cancel.clone();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(30));
+        c.cancel();
+    });
+    let started = Instant::now();
+    let out = reclaim_to(&fake, &j, &cancel, |_| {});
+    t.join().unwrap();
+    assert_eq!(out, ReclaimOutcome::Cancelled);
+    assert!(started.elapsed() < Duration::from_secs(30));
+    assert_eq!(fake.state.lock().unwrap().high, None);
+}
+
+#[test]
+fn a_vanished_cgroup_is_a_clear_failure() {
+    let cg = crate::cgroup::Cgroups::V2(crate::cgroup::V2 {
+        root: "/nonexistent-nri-resize".into(),
+    });
+    let out = reclaim_to(&cg, &job(1, 2), &CancellationToken::new(), |_| {});
+    assert!(
+        matches!(&out, ReclaimOutcome::Failed(e) if e.contains("does not exist")),
+        "{out:?}"
+    );
+}
