@@ -1,4 +1,4 @@
-//! Reclaim paced by the workload's memory stall. Pure: the staged decrease (`resize/reclaim.rs`)
+//! Reclaim paced by the workload's memory stall. Pure: the staged decrease (`resize/reclaim/`)
 //! reads the container's `memory.pressure` between its reclaim steps and asks the [`Pacer`] how
 //! much to reclaim next and how long to wait first.
 //!

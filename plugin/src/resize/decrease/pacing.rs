@@ -1,4 +1,4 @@
-//! The stall ceiling a staged decrease is paced by (see `resize/reclaim.rs` and
+//! The stall ceiling a staged decrease is paced by (see `resize/reclaim/` and
 //! `policy/pacing.rs`): the node's `[memory_decrease] max_stall`, lowered by the pod's
 //! `memory-decrease.nri-resize.io/max-stall` annotation.
 
