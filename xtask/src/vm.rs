@@ -436,21 +436,6 @@ fn build_suites(root: &Path, suites: &[Suite]) -> anyhow::Result<BTreeMap<String
             tests.push(s.test);
         }
     }
-    if suites.iter().any(Suite::needs_plugin) {
-        // The real-runtime suites start the plugin binary (`NRI_RESIZE_BIN`).
-        crate::run(
-            "build the plugin binary for the VM suites",
-            crate::cargo().args(crate::TEST_DAEMON_BUILD),
-        )?;
-    }
-    if suites.iter().any(|s| s.test == "image_containerd") {
-        // The daemon's image from that binary (`NRI_RESIZE_IMAGE_ARCHIVE`).
-        crate::image::build_archive(
-            &root.join("target/debug/nri-resize"),
-            &crate::image::default_archive(root),
-            &crate::image::image_name(),
-        )?;
-    }
     let mut binaries = BTreeMap::new();
     for (package, tests) in by_package {
         let mut cmd = crate::cargo();
@@ -490,6 +475,23 @@ fn build_suites(root: &Path, suites: &[Suite]) -> anyhow::Result<BTreeMap<String
                 bail!("cargo built no test executable for {package} --test {t}");
             }
         }
+    }
+    // After the suites: building `nri-resize`'s own test targets relinks its binary without
+    // the test-only feature, which the real-runtime suites need (`faults::slow_cgroup_*`).
+    if suites.iter().any(Suite::needs_plugin) {
+        // The real-runtime suites start the plugin binary (`NRI_RESIZE_BIN`).
+        crate::run(
+            "build the plugin binary for the VM suites",
+            crate::cargo().args(crate::TEST_DAEMON_BUILD),
+        )?;
+    }
+    if suites.iter().any(|s| s.test == "image_containerd") {
+        // The daemon's image from that binary (`NRI_RESIZE_IMAGE_ARCHIVE`).
+        crate::image::build_archive(
+            &root.join("target/debug/nri-resize"),
+            &crate::image::default_archive(root),
+            &crate::image::image_name(),
+        )?;
     }
     Ok(binaries)
 }
