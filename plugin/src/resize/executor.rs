@@ -149,14 +149,7 @@ impl Engine {
                 .unwrap_or_default();
             record.target = target.clone();
             self.pods.locked().insert(pod.id.clone(), record.clone());
-            let p = pod.clone();
-            let current = self
-                .off_worker(move |e| e.current_pod(&p))
-                .await
-                .map_err(|source| ResizeError::Cgroup {
-                    pod: full.clone(),
-                    source,
-                })?;
+            let current = self.read_current_pod(pod).await?;
             let steps = match plan(&current, &from_snapshot(&target), &opts) {
                 Ok(p) => p.steps,
                 Err(e) => {

@@ -54,13 +54,18 @@ pub(super) fn update_resources(u: &LimitsUpdate) -> LinuxResources {
 }
 
 impl Engine {
-    /// The pod's current limits: the pod cgroup as cgroupfs says, containers as the model says.
-    pub(super) fn current_pod(&self, pod: &Pod) -> Result<PodResources, PodCgroupError> {
+    /// The pod cgroup's limits as cgroupfs says.
+    fn pod_limits(&self, pod: &Pod) -> Result<Limits, PodCgroupError> {
         let cg = self.cgroups.as_ref().ok_or(PodCgroupError::Off)?;
-        let pod_limits = pod_path(&pod.cgroup_parent)
+        pod_path(&pod.cgroup_parent)
             .and_then(|path| cg.read_actual(&path))
             .map(|a| limits_of(&a))
-            .map_err(|source| PodCgroupError::Pod { source })?;
+            .map_err(|source| PodCgroupError::Pod { source })
+    }
+
+    /// The pod's current limits: the pod cgroup as cgroupfs says, containers as the model says.
+    pub(super) fn current_pod(&self, pod: &Pod) -> Result<PodResources, PodCgroupError> {
+        let pod_limits = self.pod_limits(pod)?;
         let containers = self.state.read_model(|m| {
             m.containers()
                 .filter(|c| c.pod_id == pod.id)
@@ -87,11 +92,8 @@ impl Engine {
     /// exited and its stop is not seen yet) is left out; any other failure is an error: what a
     /// step left cannot be checked.
     pub(super) fn actual_pod(&self, pod: &Pod) -> Result<PodResources, PodCgroupError> {
+        let pod_limits = self.pod_limits(pod)?;
         let cg = self.cgroups.as_ref().ok_or(PodCgroupError::Off)?;
-        let pod_limits = pod_path(&pod.cgroup_parent)
-            .and_then(|path| cg.read_actual(&path))
-            .map(|a| limits_of(&a))
-            .map_err(|source| PodCgroupError::Pod { source })?;
         let containers = self.state.read_model(|m| {
             m.containers()
                 .filter(|c| c.pod_id == pod.id)

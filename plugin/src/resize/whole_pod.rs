@@ -54,6 +54,20 @@ pub enum ResizeError {
 }
 
 impl Engine {
+    /// [`Engine::current_pod`] on a blocking thread, its failure as the resize's.
+    pub(super) async fn read_current_pod(
+        self: &Arc<Self>,
+        pod: &Pod,
+    ) -> Result<PodResources, ResizeError> {
+        let p = pod.clone();
+        self.off_worker(move |e| e.current_pod(&p))
+            .await
+            .map_err(|source| ResizeError::Cgroup {
+                pod: pod.full_name(),
+                source,
+            })
+    }
+
     fn find_pod(&self, namespace: &str, name: &str) -> Option<Pod> {
         self.state.read_model(|m| {
             m.pods()
@@ -76,14 +90,7 @@ impl Engine {
         if req.containers.is_empty() {
             return Err(ResizeError::Invalid("no containers to resize".into()));
         }
-        let p = pod.clone();
-        let current = self
-            .off_worker(move |e| e.current_pod(&p))
-            .await
-            .map_err(|source| ResizeError::Cgroup {
-                pod: full.clone(),
-                source,
-            })?;
+        let current = self.read_current_pod(&pod).await?;
         // A resize in flight: the new request builds on its target (the latest desired state),
         // not on the transient values of a half-done plan.
         let base = self
