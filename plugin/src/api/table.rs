@@ -283,23 +283,12 @@ mod tests {
         ThrottlingView,
     };
     use crate::cgroup::ActualResources;
-    use crate::model::{Container, ContainerState, CpuResources, MemoryResources, Pod};
+    use crate::model::{Container, ContainerState, Pod};
     use crate::policy::ResizeState;
     use crate::resize::ContainerResize;
 
-    fn res(quota: i64, mem: i64) -> LinuxResources {
-        LinuxResources {
-            cpu: Some(CpuResources {
-                quota: Some(quota),
-                period: Some(100_000),
-                ..CpuResources::default()
-            }),
-            memory: Some(MemoryResources {
-                limit: Some(mem),
-                ..MemoryResources::default()
-            }),
-            ..LinuxResources::default()
-        }
+    fn res(quota: i64, memory: i64) -> LinuxResources {
+        crate::model::fixtures::res(quota, 100_000, memory)
     }
 
     fn status() -> Status {

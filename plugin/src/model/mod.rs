@@ -1,6 +1,8 @@
 //! The plugin's view of the node: pods and containers as the runtime reports them, fed by NRI
 //! events and rebuilt from scratch by every `Synchronize`. Plain data, no I/O, no wire types.
 
+#[cfg(test)]
+pub mod fixtures;
 mod journal;
 mod pod_limits;
 mod resources;

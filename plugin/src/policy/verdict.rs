@@ -279,7 +279,6 @@ pub fn judge(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{CpuResources, MemoryResources};
 
     fn sample(
         at_s: u64,
@@ -298,18 +297,7 @@ mod tests {
     }
 
     fn res(quota: i64, memory: i64) -> LinuxResources {
-        LinuxResources {
-            cpu: Some(CpuResources {
-                quota: Some(quota),
-                period: Some(100_000),
-                ..CpuResources::default()
-            }),
-            memory: Some(MemoryResources {
-                limit: Some(memory),
-                ..MemoryResources::default()
-            }),
-            ..LinuxResources::default()
-        }
+        crate::model::fixtures::res(quota, 100_000, memory)
     }
 
     #[test]

@@ -1,22 +1,9 @@
 //! Test fixtures: pods, containers and resources for the state's unit tests.
 
 use crate::cgroup::ActualResources;
-use crate::model::{Container, CpuResources, LinuxResources, MemoryResources, Pod};
+use crate::model::{Container, Pod};
 
-pub fn res(quota: i64, period: u64, mem: i64) -> LinuxResources {
-    LinuxResources {
-        cpu: Some(CpuResources {
-            quota: Some(quota),
-            period: Some(period),
-            ..CpuResources::default()
-        }),
-        memory: Some(MemoryResources {
-            limit: Some(mem),
-            ..MemoryResources::default()
-        }),
-        ..LinuxResources::default()
-    }
-}
+pub use crate::model::fixtures::res;
 
 pub fn actual(quota: i64, period: u64, mem: i64) -> ActualResources {
     ActualResources {
