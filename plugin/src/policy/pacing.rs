@@ -18,6 +18,7 @@ use std::time::Duration;
 use super::annotation::{
     check_value, sanitize, sanitize_key, AnnotationError, MAX_STALL_ANNOTATION,
 };
+use super::share::percent as pct;
 use super::{bytes_text, Share};
 
 /// The first step of a paced reclaim.
@@ -118,15 +119,6 @@ impl Pacer {
             _ => String::new(),
         }
     }
-}
-
-#[expect(
-    clippy::cast_possible_truncation,
-    clippy::cast_sign_loss,
-    reason = "a share in 0..=1 as a whole percentage"
-)]
-fn pct(share: f64) -> u32 {
-    (share * 100.0).round().clamp(0.0, 100.0) as u32
 }
 
 /// Why pacing is off for a staged decrease, if it is: `max_stall` of 1.0 turns it off, and it

@@ -3,6 +3,17 @@
 
 use serde::{Deserialize, Serialize};
 
+/// A share in `0.0..=1.0` as a whole percentage (`0.314` → 31), clamped to `0..=100`.
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "a share in 0..=1 as a whole percentage"
+)]
+#[must_use]
+pub fn percent(share: f64) -> u32 {
+    (share * 100.0).round().clamp(0.0, 100.0) as u32
+}
+
 /// A fraction in `0.0..=1.0` (never NaN: checked when parsed, clamped when built).
 #[derive(Clone, Copy, Debug, Default, PartialEq, PartialOrd, Serialize, Deserialize)]
 #[serde(try_from = "f64", into = "f64")]

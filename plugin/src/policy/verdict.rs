@@ -9,6 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::share::percent as pct;
 use super::{cpu_text, memory_limit_text, Direction, Resource, Share};
 use crate::model::LinuxResources;
 
@@ -192,15 +193,6 @@ fn direction(from: Option<u64>, to: Option<u64>) -> Direction {
         (None, Some(_)) => Direction::Decrease,
         _ => Direction::Increase,
     }
-}
-
-#[expect(
-    clippy::cast_possible_truncation,
-    clippy::cast_sign_loss,
-    reason = "a share in 0..=1 as a whole percentage"
-)]
-fn pct(share: f64) -> u32 {
-    (share * 100.0).round().clamp(0.0, 100.0) as u32
 }
 
 /// Judges a resize from the window `before` and the window `after` it. The reason names what got
