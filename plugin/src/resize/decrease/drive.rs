@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use super::{memory_only, node_has_swap, Engine};
+use super::{deferred_outcome, memory_only, node_has_swap, Engine};
 use crate::cgroup::CgroupIo;
 use crate::clock::now_ms;
 use crate::metrics::DecreaseOutcome;
@@ -109,11 +109,7 @@ impl Engine {
                     if let Some(r) = self.containers.locked().get_mut(id) {
                         r.deferred_target = Some(target);
                     }
-                    let o = if end.unreclaimable() > target && !swap {
-                        DecreaseOutcome::DeferredAnonymous
-                    } else {
-                        DecreaseOutcome::DeferredTimeout
-                    };
+                    let o = deferred_outcome(&end, target, swap);
                     return (o, before.saturating_sub(end.usage));
                 }
                 ReclaimOutcome::Cancelled => return (DecreaseOutcome::Superseded, 0),

@@ -29,6 +29,7 @@ use tracing::{info, warn};
 pub(super) use self::decide::DecreaseVerdict;
 use self::resume::checkpoint_key;
 use super::Engine;
+use crate::metrics::DecreaseOutcome;
 use crate::model::{limited_bytes, LinuxResources, MemoryResources};
 use crate::policy::mib;
 use crate::sync::Locked as _;
@@ -71,6 +72,16 @@ pub(in crate::resize) fn is_memory_decrease(r: &super::ContainerResize) -> bool 
         (Some(d), Some(a)) => d < a,
         (Some(_), None) => true,
         _ => false,
+    }
+}
+
+/// How a staged decrease that ran out of time is counted: anonymous memory that cannot go
+/// (above the target, no swap) or plain timeout. One rule for kubelet's and whole-pod decreases.
+fn deferred_outcome(end: &crate::policy::MemoryUse, target: u64, swap: bool) -> DecreaseOutcome {
+    if end.unreclaimable() > target && !swap {
+        DecreaseOutcome::DeferredAnonymous
+    } else {
+        DecreaseOutcome::DeferredTimeout
     }
 }
 

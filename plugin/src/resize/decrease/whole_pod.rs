@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use super::{memory_limit, node_has_swap, DecreaseVerdict, Engine, ReclaimHandle};
+use super::{
+    deferred_outcome, memory_limit, node_has_swap, DecreaseVerdict, Engine, ReclaimHandle,
+};
 use crate::cgroup::{container_path, CgroupIo};
 use crate::metrics::DecreaseOutcome;
 use crate::model::{Container, Pod};
@@ -136,18 +138,14 @@ impl Engine {
                 stall_note,
                 ..
             } => {
-                let o = if end.unreclaimable() > target {
-                    DecreaseOutcome::DeferredAnonymous
-                } else {
-                    DecreaseOutcome::DeferredTimeout
-                };
+                let swap = node_has_swap();
+                let o = deferred_outcome(&end, target, swap);
                 dec.finished(o, secs, start.usage.saturating_sub(end.usage));
                 if kept < interim {
                     let _ = self.apply_memory_limit(&ctr.id, kept).await;
                 }
                 let reason =
-                    not_reclaimable_reason(&end, target, kept, timeout_secs, node_has_swap())
-                        + &stall_note;
+                    not_reclaimable_reason(&end, target, kept, timeout_secs, swap) + &stall_note;
                 Err(StepFailure::Deferred(format!("{}: {reason}", ctr.name)))
             }
             ReclaimOutcome::Cancelled => {
