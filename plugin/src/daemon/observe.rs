@@ -99,7 +99,6 @@ impl Loop {
     }
 
     fn read_all(&mut self) {
-        let metrics = &self.state.metrics;
         for (id, w) in &mut self.watched {
             if w.cgroup.is_none() {
                 // NRI CreateContainer comes before runc creates the cgroup: retry each tick.
@@ -123,7 +122,7 @@ impl Loop {
             let Some(c) = &w.cgroup else { continue };
             match self.observer.read(c) {
                 Ok(o) => {
-                    w.series.update(metrics, &o);
+                    w.series.update(&o);
                     let at = Instant::now();
                     w.stall = match (w.last.and_then(|l| l.pressure), o.pressure, w.last_at) {
                         (Some(before), Some(after), Some(then)) => {

@@ -8,10 +8,12 @@
 
 pub mod catalog;
 mod confirmation;
+mod containers;
 mod decrease;
 mod openmetrics;
 mod pod;
 mod restart;
+mod series;
 mod server;
 mod verdict;
 
@@ -20,14 +22,16 @@ use std::time::Instant;
 
 use prometheus::core::Collector;
 use prometheus::{
-    Counter, CounterVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry,
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
 pub use confirmation::ConfirmationMetrics;
+pub use containers::ContainerLabels;
+use containers::{ContainerFamilies, LimitValues};
 pub use decrease::{DecreaseMetrics, DecreaseOutcome};
 pub use pod::PodMetrics;
 pub use restart::{RestartMetrics, RestartOutcome};
+pub use series::ContainerSeries;
 pub use server::{serve, MetricsServer, Readiness};
 pub use verdict::VerdictMetrics;
 
@@ -35,14 +39,12 @@ use crate::cgroup::ActualResources;
 use crate::model::LinuxResources;
 use crate::nri::HandlerObserver;
 use crate::observer::{
-    HotplugStrategy, Observation, OomStrategy, PressureResource, PressureStrategy, ReclaimStrategy,
-    Strategies, ThrottleStrategy,
+    HotplugStrategy, OomStrategy, PressureResource, PressureStrategy, ReclaimStrategy, Strategies,
+    ThrottleStrategy,
 };
 use crate::policy::{Direction, Resource};
 
 const PREFIX: &str = "nri_resize";
-const CONTAINER_LABELS: [&str; 3] = ["namespace", "pod", "container"];
-const PRESSURE_LABELS: [&str; 5] = ["namespace", "pod", "container", "resource", "kind"];
 
 /// Errors of metric registration and encoding.
 #[derive(Debug, thiserror::Error)]
@@ -59,35 +61,11 @@ pub enum MetricsError {
     },
 }
 
-/// The labels of a container's series: bounded by the containers on the node.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub struct ContainerLabels {
-    pub namespace: String,
-    pub pod: String,
-    pub container: String,
-}
-
-impl ContainerLabels {
-    fn values(&self) -> [&str; 3] {
-        [&self.namespace, &self.pod, &self.container]
-    }
-}
-
 /// All metrics of the daemon, in their own registry.
 pub struct Metrics {
     registry: Registry,
-    throttled_periods: IntCounterVec,
-    throttled_seconds: CounterVec,
-    reclaimed_bytes: IntCounterVec,
-    direct_reclaim_seconds: CounterVec,
-    oom_kills: IntCounterVec,
-    pressure_stalled_seconds: CounterVec,
-    desired_cpu_millicores: IntGaugeVec,
-    actual_cpu_millicores: IntGaugeVec,
-    desired_memory_bytes: IntGaugeVec,
-    actual_memory_bytes: IntGaugeVec,
-    allocated_cpu_millicores: IntGaugeVec,
-    allocated_memory_bytes: IntGaugeVec,
+    /// Every `namespace, pod, container` series.
+    containers: ContainerFamilies,
     resize_requests: IntCounterVec,
     resize_duration: HistogramVec,
     observer_strategy: IntGaugeVec,
@@ -107,7 +85,6 @@ pub struct Metrics {
     pub pod: PodMetrics,
     /// Verdicts on applied resizes.
     pub verdict: VerdictMetrics,
-    page_size: u64,
 }
 
 impl fmt::Debug for Metrics {
@@ -128,10 +105,6 @@ fn opts(name: &str, help: &str) -> Opts {
 }
 
 impl Metrics {
-    #[expect(
-        clippy::too_many_lines,
-        reason = "one declaration per metric: the catalog reads top to bottom"
-    )]
     pub fn new() -> Result<Self, MetricsError> {
         let registry =
             Registry::new_custom(Some(PREFIX.to_owned()), None).map_err(MetricsError::Register)?;
@@ -141,82 +114,13 @@ impl Metrics {
                 .map_err(MetricsError::Register)
                 .and_then(|c| register(r, c))
         };
-        let counter = |name: &str, help: &str, labels: &[&str]| {
-            CounterVec::new(opts(name, help), labels)
-                .map_err(MetricsError::Register)
-                .and_then(|c| register(r, c))
-        };
         let gauge = |name: &str, help: &str, labels: &[&str]| {
             IntGaugeVec::new(opts(name, help), labels)
                 .map_err(MetricsError::Register)
                 .and_then(|c| register(r, c))
         };
-        let page_size = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
-            .ok()
-            .flatten()
-            .and_then(|p| u64::try_from(p).ok())
-            .unwrap_or(4096);
         Ok(Metrics {
-            throttled_periods: int_counter(
-                "container_throttled_periods_total",
-                "CFS throttle events of the container's cgroup (see docs/observer.md for what one event is per strategy).",
-                &CONTAINER_LABELS,
-            )?,
-            throttled_seconds: counter(
-                "container_throttled_seconds_total",
-                "Time the container's cgroup spent CFS-throttled.",
-                &CONTAINER_LABELS,
-            )?,
-            reclaimed_bytes: int_counter(
-                "container_reclaimed_bytes_total",
-                "Memory reclaimed from the container's memcg (pages stolen by kswapd and direct reclaim times the page size).",
-                &CONTAINER_LABELS,
-            )?,
-            direct_reclaim_seconds: counter(
-                "container_direct_reclaim_seconds_total",
-                "Time the container's tasks spent in memcg direct reclaim.",
-                &CONTAINER_LABELS,
-            )?,
-            oom_kills: int_counter(
-                "container_oom_kills_total",
-                "OOM kills of processes in the container's memcg.",
-                &CONTAINER_LABELS,
-            )?,
-            pressure_stalled_seconds: counter(
-                "container_pressure_stalled_seconds_total",
-                "Time some (kind=some) or all (kind=full) of the container's tasks were stalled on cpu, memory or io (cgroup v2 pressure stall information).",
-                &PRESSURE_LABELS,
-            )?,
-            desired_cpu_millicores: gauge(
-                "container_desired_cpu_millicores",
-                "CPU limit the runtime was last asked for (quota / period), in millicores.",
-                &CONTAINER_LABELS,
-            )?,
-            actual_cpu_millicores: gauge(
-                "container_actual_cpu_millicores",
-                "CPU limit in the container's cgroup when last read, in millicores.",
-                &CONTAINER_LABELS,
-            )?,
-            desired_memory_bytes: gauge(
-                "container_desired_memory_bytes",
-                "Memory limit the runtime was last asked for, in bytes.",
-                &CONTAINER_LABELS,
-            )?,
-            actual_memory_bytes: gauge(
-                "container_actual_memory_bytes",
-                "Memory limit in the container's cgroup when last read, in bytes.",
-                &CONTAINER_LABELS,
-            )?,
-            allocated_cpu_millicores: gauge(
-                "container_allocated_cpu_millicores",
-                "CPU limit the runtime holds for the container (its spec after the last accepted update), in millicores.",
-                &CONTAINER_LABELS,
-            )?,
-            allocated_memory_bytes: gauge(
-                "container_allocated_memory_bytes",
-                "Memory limit the runtime holds for the container, in bytes.",
-                &CONTAINER_LABELS,
-            )?,
+            containers: register(r, ContainerFamilies::new()?)?,
             resize_requests: int_counter(
                 "resize_requests_total",
                 "Resize requests per resource and direction they change, by outcome.",
@@ -295,7 +199,6 @@ impl Metrics {
             confirmation: ConfirmationMetrics::new(r)?,
             pod: PodMetrics::new(r)?,
             verdict: VerdictMetrics::new(r)?,
-            page_size,
             registry,
         })
     }
@@ -348,18 +251,15 @@ impl Metrics {
         );
         let l = ContainerLabels::default();
         let mut s = self.container(&l);
-        s.update(
-            self,
-            &Observation {
-                reclaim: crate::observer::Reclaim {
-                    pgsteal_direct: Some(1),
-                    direct_reclaim_ns: Some(1),
-                    ..crate::observer::Reclaim::default()
-                },
-                pressure: Some(crate::observer::Pressure::default()),
-                ..Observation::default()
+        s.update(&crate::observer::Observation {
+            reclaim: crate::observer::Reclaim {
+                pgsteal_direct: Some(1),
+                direct_reclaim_ns: Some(1),
+                ..crate::observer::Reclaim::default()
             },
-        );
+            pressure: Some(crate::observer::Pressure::default()),
+            ..crate::observer::Observation::default()
+        });
         self.set_desired(&l, &test_resources());
         self.set_allocated(&l, &test_resources());
         let p = crate::model::PodLimits {
@@ -415,118 +315,46 @@ impl Metrics {
 
     /// The series of one container; counters start from the observer's first reading.
     pub fn container(&self, labels: &ContainerLabels) -> ContainerSeries {
-        let v = labels.values();
-        ContainerSeries {
-            throttled_periods: self.throttled_periods.with_label_values(&v),
-            throttled_seconds: self.throttled_seconds.with_label_values(&v),
-            oom_kills: self.oom_kills.with_label_values(&v),
-            reclaimed_bytes: None,
-            direct_reclaim_seconds: None,
-            pressure: None,
-            labels: labels.clone(),
-            last: Observation::default(),
-            page_size: self.page_size,
-        }
+        self.containers.with(labels, |v| {
+            v.counters.get_or_insert((0, 0.0, 0));
+        });
+        ContainerSeries::new(self.containers.clone(), labels.clone())
     }
 
     /// Sets the desired limits of a container (from the runtime's spec or the last update).
     pub fn set_desired(&self, labels: &ContainerLabels, desired: &LinuxResources) {
-        let v = labels.values();
-        match desired.cpu_limit_millis() {
-            Some(m) => self
-                .desired_cpu_millicores
-                .with_label_values(&v)
-                .set(i64::try_from(m).unwrap_or(i64::MAX)),
-            None => {
-                let _ = self.desired_cpu_millicores.remove_label_values(&v);
-            }
-        }
-        match desired.memory_limit() {
-            Some(l) if l > 0 => self.desired_memory_bytes.with_label_values(&v).set(l),
-            _ => {
-                let _ = self.desired_memory_bytes.remove_label_values(&v);
-            }
-        }
+        let l = limit_values(desired.cpu_limit_millis(), desired.memory_limit());
+        self.containers.with(labels, |v| v.desired = l);
     }
 
     /// Sets the allocated limits of a container: what the runtime holds for it.
     pub fn set_allocated(&self, labels: &ContainerLabels, allocated: &LinuxResources) {
-        let v = labels.values();
-        match allocated.cpu_limit_millis() {
-            Some(m) => self
-                .allocated_cpu_millicores
-                .with_label_values(&v)
-                .set(i64::try_from(m).unwrap_or(i64::MAX)),
-            None => {
-                let _ = self.allocated_cpu_millicores.remove_label_values(&v);
-            }
-        }
-        match allocated.memory_limit() {
-            Some(l) if l > 0 => self.allocated_memory_bytes.with_label_values(&v).set(l),
-            _ => {
-                let _ = self.allocated_memory_bytes.remove_label_values(&v);
-            }
-        }
+        let l = limit_values(allocated.cpu_limit_millis(), allocated.memory_limit());
+        self.containers.with(labels, |v| v.allocated = l);
     }
 
     /// Sets the actual limits of a container (read from its cgroup).
     pub fn set_actual(&self, labels: &ContainerLabels, actual: &ActualResources) {
-        let v = labels.values();
-        match actual.cpu_limit_millis() {
-            Some(m) => self
-                .actual_cpu_millicores
-                .with_label_values(&v)
-                .set(i64::try_from(m).unwrap_or(i64::MAX)),
-            None => {
-                let _ = self.actual_cpu_millicores.remove_label_values(&v);
-            }
-        }
-        match actual.memory_limit {
-            Some(l) if l > 0 => self.actual_memory_bytes.with_label_values(&v).set(l),
-            _ => {
-                let _ = self.actual_memory_bytes.remove_label_values(&v);
-            }
-        }
+        let l = limit_values(actual.cpu_limit_millis(), actual.memory_limit);
+        self.containers.with(labels, |v| v.actual = l);
     }
 
     /// Removes every series of a container that went away.
     pub fn remove_container(&self, labels: &ContainerLabels) {
-        let v = labels.values();
-        let _ = self.throttled_periods.remove_label_values(&v);
-        let _ = self.throttled_seconds.remove_label_values(&v);
-        let _ = self.reclaimed_bytes.remove_label_values(&v);
-        let _ = self.direct_reclaim_seconds.remove_label_values(&v);
-        let _ = self.oom_kills.remove_label_values(&v);
-        for [resource, kind] in pressure_label_pairs() {
-            let [ns, pod, ctr] = v;
-            let _ = self
-                .pressure_stalled_seconds
-                .remove_label_values(&[ns, pod, ctr, resource, kind]);
-        }
-        let _ = self.desired_cpu_millicores.remove_label_values(&v);
-        let _ = self.actual_cpu_millicores.remove_label_values(&v);
-        let _ = self.desired_memory_bytes.remove_label_values(&v);
-        let _ = self.actual_memory_bytes.remove_label_values(&v);
-        let _ = self.allocated_cpu_millicores.remove_label_values(&v);
-        let _ = self.allocated_memory_bytes.remove_label_values(&v);
+        self.containers.remove(labels);
     }
 
-    /// A container's pressure series, in [`pressure_label_pairs`] order.
-    fn pressure_series(&self, labels: &ContainerLabels) -> [Counter; 6] {
-        let [ns, pod, ctr] = labels.values();
-        pressure_label_pairs().map(|[resource, kind]| {
-            self.pressure_stalled_seconds
-                .with_label_values(&[ns, pod, ctr, resource, kind])
-        })
+    /// Containers with series (for the footprint's accounting and tests).
+    pub fn containers_with_series(&self) -> usize {
+        self.containers.len()
     }
+}
 
-    /// Series that only exist once their strategy has something to say.
-    fn reclaim_series(&self, labels: &ContainerLabels) -> (IntCounter, Counter) {
-        let v = labels.values();
-        (
-            self.reclaimed_bytes.with_label_values(&v),
-            self.direct_reclaim_seconds.with_label_values(&v),
-        )
+/// A limit pair as series: an unlimited CPU or a memory limit of 0 or less has none.
+fn limit_values(cpu_millis: Option<u64>, memory: Option<i64>) -> LimitValues {
+    LimitValues {
+        cpu_millicores: cpu_millis.map(|m| i64::try_from(m).unwrap_or(i64::MAX)),
+        memory_bytes: memory.filter(|l| *l > 0),
     }
 }
 
@@ -593,86 +421,6 @@ fn pressure_label_pairs() -> [[&'static str; 2]; 6] {
     ]
 }
 
-/// One container's series, holding the metric handles (no label lookup per update) and the
-/// last observation (counters advance by the difference).
-#[derive(Debug)]
-pub struct ContainerSeries {
-    throttled_periods: IntCounter,
-    throttled_seconds: Counter,
-    oom_kills: IntCounter,
-    reclaimed_bytes: Option<IntCounter>,
-    direct_reclaim_seconds: Option<Counter>,
-    /// Created at the first reading with pressure (absent on cgroup v1 and without PSI).
-    pressure: Option<[Counter; 6]>,
-    labels: ContainerLabels,
-    last: Observation,
-    page_size: u64,
-}
-
-#[expect(
-    clippy::cast_precision_loss,
-    reason = "nanoseconds to seconds as f64 for a counter"
-)]
-fn ns_to_secs(ns: u64) -> f64 {
-    ns as f64 / 1e9
-}
-
-impl ContainerSeries {
-    pub fn labels(&self) -> &ContainerLabels {
-        &self.labels
-    }
-
-    /// Advances the counters to `now`. A counter that went backwards (eBPF map entry forgotten,
-    /// cgroup recreated) restarts from the new value.
-    pub fn update(&mut self, metrics: &Metrics, now: &Observation) {
-        let delta = |new: u64, old: u64| if new >= old { new - old } else { new };
-        if let Some(t) = now.throttling {
-            let old = self.last.throttling.unwrap_or_default();
-            self.throttled_periods.inc_by(delta(t.count, old.count));
-            self.throttled_seconds
-                .inc_by(ns_to_secs(delta(t.throttled_ns, old.throttled_ns)));
-        }
-        if let Some(pages) = now.reclaim.pgsteal() {
-            if self.reclaimed_bytes.is_none() {
-                let (bytes, secs) = metrics.reclaim_series(&self.labels);
-                self.reclaimed_bytes = Some(bytes);
-                self.direct_reclaim_seconds = Some(secs);
-            }
-            let old = self.last.reclaim.pgsteal().unwrap_or(0);
-            if let Some(c) = &self.reclaimed_bytes {
-                c.inc_by(delta(pages, old).saturating_mul(self.page_size));
-            }
-            if let (Some(c), Some(ns)) =
-                (&self.direct_reclaim_seconds, now.reclaim.direct_reclaim_ns)
-            {
-                let old = self.last.reclaim.direct_reclaim_ns.unwrap_or(0);
-                c.inc_by(ns_to_secs(delta(ns, old)));
-            }
-        }
-        self.oom_kills
-            .inc_by(delta(now.oom.kills, self.last.oom.kills));
-        if let Some(p) = now.pressure {
-            let series = self
-                .pressure
-                .get_or_insert_with(|| metrics.pressure_series(&self.labels));
-            let old = self.last.pressure.unwrap_or_default();
-            let us = |t: crate::observer::StallTotals| [Some(t.some_us), t.full_us];
-            let news = PressureResource::ALL.into_iter().flat_map(|r| us(p.of(r)));
-            let olds = PressureResource::ALL
-                .into_iter()
-                .flat_map(|r| us(old.of(r)));
-            for ((c, new), old) in series.iter().zip(news).zip(olds) {
-                if let Some(new) = new {
-                    c.inc_by(ns_to_secs(
-                        delta(new, old.unwrap_or(0)).saturating_mul(1000),
-                    ));
-                }
-            }
-        }
-        self.last = *now;
-    }
-}
-
 impl HandlerObserver for Metrics {
     fn observe(&self, event: &'static str, seconds: f64, outcome: &'static str) {
         self.nri_events.with_label_values(&[event]).inc();
@@ -689,6 +437,7 @@ impl HandlerObserver for Metrics {
 mod tests {
     use super::*;
     use crate::model::{CpuResources, MemoryResources};
+    use crate::observer::Observation;
     use crate::observer::{OomKills, Reclaim, Throttling};
 
     fn labels() -> ContainerLabels {
@@ -723,7 +472,7 @@ mod tests {
         use crate::observer::{Pressure, StallTotals};
         let m = Metrics::new().expect("metrics");
         let mut s = m.container(&labels());
-        s.update(&m, &observation(0, 0, None, 0));
+        s.update(&observation(0, 0, None, 0));
         let text = m.encode().expect("encode");
         assert!(!text.contains("nri_resize_container_pressure"), "{text}");
         let at = |cpu_us: u64, memory_full: Option<u64>| Observation {
@@ -740,8 +489,8 @@ mod tests {
             }),
             ..observation(0, 0, None, 0)
         };
-        s.update(&m, &at(1_500_000, Some(250_000)));
-        s.update(&m, &at(2_000_000, Some(500_000)));
+        s.update(&at(1_500_000, Some(250_000)));
+        s.update(&at(2_000_000, Some(500_000)));
         let text = m.encode().expect("encode");
         let series = |resource: &str, kind: &str| {
             format!(
@@ -766,8 +515,8 @@ mod tests {
     fn container_series_follow_observations_and_are_removed() {
         let m = Metrics::new().expect("metrics");
         let mut s = m.container(&labels());
-        s.update(&m, &observation(3, 2_000_000_000, None, 0));
-        s.update(&m, &observation(5, 3_000_000_000, Some(10), 1));
+        s.update(&observation(3, 2_000_000_000, None, 0));
+        s.update(&observation(5, 3_000_000_000, Some(10), 1));
         m.set_desired(&labels(), &test_resources());
         m.set_allocated(&labels(), &test_resources());
         m.set_actual(
@@ -784,7 +533,7 @@ mod tests {
             format!("nri_resize_container_throttled_seconds_total{l} 3"),
             format!(
                 "nri_resize_container_reclaimed_bytes_total{l} {}",
-                10 * m.page_size
+                10 * series::page_size()
             ),
             format!("nri_resize_container_direct_reclaim_seconds_total{l} 0.5"),
             format!("nri_resize_container_oom_kills_total{l} 1"),
@@ -808,7 +557,7 @@ mod tests {
     fn reclaim_series_appear_only_when_the_strategy_knows() {
         let m = Metrics::new().expect("metrics");
         let mut s = m.container(&labels());
-        s.update(&m, &observation(0, 0, None, 0));
+        s.update(&observation(0, 0, None, 0));
         assert!(!m
             .encode()
             .expect("encode")

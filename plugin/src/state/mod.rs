@@ -16,6 +16,7 @@ mod pod_level;
 mod reevaluation;
 mod state_dir;
 mod verdict;
+mod verdict_history;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -11,12 +11,13 @@
 //! one), comparing the window before the first with the window after the last. A container
 //! that goes takes its verdicts with it.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
+use super::verdict_history::History;
 use super::NodeState;
 use crate::clock::now_ms;
 use crate::model::LinuxResources;
@@ -58,7 +59,7 @@ struct Pending {
 #[derive(Debug)]
 pub struct Verdicts {
     epoch: Instant,
-    history: HashMap<String, VecDeque<CounterSample>>,
+    history: HashMap<String, History>,
     pending: HashMap<String, Pending>,
     /// The container's resources when an update arrived (before it applies).
     before_update: HashMap<String, LinuxResources>,
@@ -127,6 +128,9 @@ impl NodeState {
                 None => (at_ms, before.clone()),
             };
             let changes = limit_changes(&before, after);
+            if let Some(h) = v.history.get_mut(id) {
+                h.pin();
+            }
             if changes.is_empty() {
                 // Nothing changed (or a folded resize went back where it started).
                 if folds {
@@ -177,11 +181,11 @@ impl NodeState {
             // Enough history for the window before a resize applied up to a window ago.
             let keep_from = now.saturating_sub(window_ms.saturating_mul(2).saturating_add(5_000));
             for (id, o) in observations {
-                let h = v.history.entry(id.to_owned()).or_default();
-                h.push_back(counter_sample(now, o));
-                while h.front().is_some_and(|s| s.at_ms < keep_from) {
-                    h.pop_front();
-                }
+                v.history.entry(id.to_owned()).or_default().record(
+                    counter_sample(now, o),
+                    window_ms,
+                    keep_from,
+                );
             }
             let ids: Vec<String> = v
                 .pending
@@ -201,9 +205,11 @@ impl NodeState {
     /// Judges `p` for container `id` with what the history holds up to `now`.
     fn judge_one(&self, id: &str, p: &Pending, now: u64, window_ms: u64) {
         let thresholds = self.config.read_locked().verdict.thresholds();
-        let end = p.at_ms.saturating_add(window_ms).min(now);
+        // The window after runs to this tick (judged on the first tick a window after the
+        // resize): the newest sample bounds it, whatever the history's spacing.
+        let end = now;
         let judged = self.verdicts(|v| {
-            let samples: Vec<CounterSample> = v.history.get(id)?.iter().copied().collect();
+            let samples: Vec<CounterSample> = v.history.get(id)?.samples();
             let (a0, a1) = bounds(&samples, p.at_ms, end)?;
             let after = WindowStats::between(&a0, &a1);
             let before = bounds(
@@ -284,7 +290,7 @@ mod tests {
             v.history
                 .entry(id.into())
                 .or_default()
-                .push_back(counter_sample(at_ms, &observation(cpu_stall_us)));
+                .push_unthinned(counter_sample(at_ms, &observation(cpu_stall_us)));
         });
     }
 
