@@ -6,8 +6,33 @@
 use super::row::Row;
 use super::{PodStatus, Status};
 use crate::model::PodLimits;
-use crate::policy::{with_overhead, Limits};
+use crate::policy::{cpu_quantity, memory_quantity, with_overhead, Limits};
 use crate::state::limits_text;
+
+/// What differs between the pod cgroup's desired and actual limits, each with both values: in
+/// quantities, or in exact units where the quantities read the same (`128Mi` either side of a
+/// few KiB).
+fn differences(desired: &PodLimits, actual: &PodLimits) -> Vec<String> {
+    let mut out = Vec::new();
+    if desired.cpu_millis != actual.cpu_millis {
+        let q = |v: Option<u64>| v.map_or_else(|| "max".into(), cpu_quantity);
+        out.push(format!(
+            "cpu: desired {}, actual {}",
+            q(desired.cpu_millis),
+            q(actual.cpu_millis)
+        ));
+    }
+    if desired.memory_bytes != actual.memory_bytes {
+        let q = |v: Option<u64>| v.map_or_else(|| "max".into(), memory_quantity);
+        let exact = |v: Option<u64>| v.map_or_else(|| "max".into(), |b| format!("{b} bytes"));
+        let (mut d, mut a) = (q(desired.memory_bytes), q(actual.memory_bytes));
+        if d == a {
+            (d, a) = (exact(desired.memory_bytes), exact(actual.memory_bytes));
+        }
+        out.push(format!("memory: desired {d}, actual {a}"));
+    }
+    out
+}
 
 /// The cells of the pod row (same columns as the container rows), when the pod has pod-level
 /// resources.
@@ -30,7 +55,16 @@ pub fn pod_row(p: &PodStatus) -> Option<Row> {
         if let Some(e) = &l.error {
             reason.clone_from(e);
         } else if l.matches == Some(false) {
-            reason = "actual differs from desired".into();
+            let named = l
+                .actual
+                .as_ref()
+                .map(|a| differences(&l.desired, a))
+                .unwrap_or_default();
+            reason = if named.is_empty() {
+                "actual differs from desired".into()
+            } else {
+                format!("actual differs from desired: {}", named.join("; "))
+            };
         }
     }
     Some([
@@ -179,5 +213,32 @@ mod tests {
         let mut none = s.clone();
         none.pods[0].pod_level = None;
         assert!(pod_row(&none.pods[0]).is_none());
+    }
+
+    #[test]
+    fn drift_names_the_field_with_values_that_differ_in_the_table() {
+        // 4 KiB short of 128Mi reads as 128Mi on both sides: the reason gives the bytes.
+        let level = PodLevelStatus {
+            desired: PodLimits {
+                cpu_millis: Some(500),
+                memory_bytes: Some(128 * MI),
+            },
+            actual: Some(PodLimits {
+                cpu_millis: Some(400),
+                memory_bytes: Some(128 * MI - 4096),
+            }),
+            matches: Some(false),
+            ..PodLevelStatus::default()
+        };
+        let row = pod_row(&status(level).pods[0]).expect("a row");
+        assert_eq!(
+            (row[2].as_str(), row[4].as_str()),
+            ("500m/128Mi", "400m/128Mi")
+        );
+        assert_eq!(
+            row[10],
+            "actual differs from desired: cpu: desired 500m, actual 400m; \
+             memory: desired 134217728 bytes, actual 134213632 bytes"
+        );
     }
 }
