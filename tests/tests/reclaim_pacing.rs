@@ -249,6 +249,15 @@ async fn unpaced_on_v1(ctrd: &Containerd, config: &str) {
         assert!(Instant::now() < give_up, "still in progress");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let rec = record(&api, &id).await;
+    assert_eq!(rec.state, None, "converged unpaced: {rec:?}");
+    assert_eq!(ctrd.container_memory_limit(&id), 128 * MIB);
+    let events = ctrd.read_container_cgroup(&id, "memory.oom_control");
+    assert_eq!(
+        nri_resize::observer::parse::oom_kill_count(&events),
+        Some(0),
+        "{events}"
+    );
     let log = plugin.log_tail(400);
     assert!(
         log.contains("reclaim pacing off: cgroup v1 has no memory.pressure"),

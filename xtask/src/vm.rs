@@ -166,7 +166,8 @@ pub const SUITES: &[Suite] = &[
     Suite { name: "nri_containerd@1.7",     package: "nri-resize-tests", test: "nri_containerd",     filter: "", skip: TWINS_2,   env: ON_1_7, kernels: NEWEST, timeout_s: 600 },
     Suite { name: "resize_containerd@1.7",  package: "nri-resize-tests", test: "resize_containerd",  filter: "", skip: TWINS_2,   env: ON_1_7, kernels: NEWEST, timeout_s: 900 },
     Suite { name: "memory_decrease@1.7",    package: "nri-resize-tests", test: "memory_decrease",    filter: "", skip: TWINS_2,   env: ON_1_7, kernels: NEWEST, timeout_s: 900 },
-    // Paced reclaim side by side with the direct write (needs v2's PSI; one run, ~3 min).
+    // Paced reclaim side by side with the direct write (needs v2's PSI; 98-113 s in the guest);
+    // `cargo xtask bench` runs it as benchmark `reclaim_pacing`. Its 1.7 twin runs on 6.1 below.
     Suite { name: "reclaim_pacing@2.1",     package: "nri-resize-tests", test: "reclaim_pacing",     filter: "", skip: &[],       env: ON_2,   kernels: NEWEST, timeout_s: 600 },
     // The other real-runtime suites against 1.7.24 go to 6.1's guest, which boots beside 6.12's
     // and would otherwise sit idle after its kernel-facing suites: every suite then runs against
