@@ -423,9 +423,10 @@ fn bench() -> anyhow::Result<()> {
     eprintln!(
         "\n==> benchmark {name}: paced reclaim vs the direct write and unpaced (VM tier, 6.12)"
     );
-    setup(true)?;
-    build_ebpf()?;
-    let vm = vm::Options::parse(&["--kernel", "6.12", "--suite", name].map(String::from))
+    // A failure here (setup, eBPF build, the guest) fails this benchmark, not the whole run.
+    let vm = setup(true)
+        .and_then(|()| build_ebpf())
+        .and_then(|()| vm::Options::parse(&["--kernel", "6.12", "--suite", name].map(String::from)))
         .and_then(|opts| vm::vm_test(&root(), &opts, &mut Vec::new()));
     std::env::remove_var("NRI_RESIZE_BENCH_TABLE");
     if let Err(e) = vm {
