@@ -340,26 +340,29 @@ async fn paced_reclaim_side_by_side_containerd_2() {
             f.outcome
         );
     }
-    // The contract for pacing: a paced reclaim that did not keep the stall under the
-    // ceiling was held back, and its end says so (Deferred at the timeout, the reason naming the
-    // stall); one that converged did so under the ceiling. A working set that no longer fits keeps stalling
-    // whatever the step: then the stall share is reported over the ceiling, not asserted under it.
-    if !stall_met {
+    // The contract for pacing: a paced reclaim over the ceiling is held back, never
+    // given up; when it ends at its timeout (Deferred), the reason names the stall. It may still
+    // converge, slowed (pacing alone never ends a decrease). A working set that no longer fits
+    // keeps stalling whatever the step: then the stall share is reported over the ceiling, not
+    // asserted under it.
+    if !stall_met && paced.outcome.starts_with("Deferred") {
         assert!(
-            paced.outcome.starts_with("Deferred")
-                && paced
-                    .outcome
-                    .contains("paced by the workload's memory stall"),
+            paced
+                .outcome
+                .contains("paced by the workload's memory stall"),
             "paced: memory stall {} over the ceiling {}, and the end does not name the stall: {}",
             pct(paced.stall_during),
             pct(CEILING),
             paced.outcome
         );
+    }
+    if !stall_met {
         eprintln!(
-            "!!! paced: memory stall {} during the decrease, over the ceiling {} (the direct write's: {}); held back, Deferred naming the stall",
+            "!!! paced: memory stall {} during the decrease, over the ceiling {} (the direct write's: {}); {}",
             pct(paced.stall_during),
             pct(CEILING),
-            pct(direct.stall_during)
+            pct(direct.stall_during),
+            paced.outcome
         );
     }
     // Not asserted: the p99 within 2× of undisturbed. A uniformly hot 400 MiB set that
