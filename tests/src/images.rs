@@ -5,7 +5,9 @@
 //! own `ctr images import`:
 //! * [`PAUSE_IMAGE`]: a static C program that sleeps in `pause()` and exits 0 on SIGTERM/SIGINT;
 //! * [`BUSYBOX_IMAGE`]: Debian's static `/bin/busybox` with every applet linked under
-//!   `/bin`, `/sbin`, `/usr/bin` and `/usr/sbin` (`sh`, `sleep`, `dd`, `cat`, `yes`, `head`, ...).
+//!   `/bin`, `/sbin`, `/usr/bin` and `/usr/sbin` (`sh`, `sleep`, `dd`, `cat`, `yes`, `head`, ...),
+//!   and our static C `/bin/latency-probe` (`latency_probe.c`: random 4 KiB reads of a file it
+//!   keeps cached, per-read latency percentiles per time window; read by [`crate::probe`]).
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -22,7 +24,7 @@ pub const PAUSE_IMAGE: &str = "localhost/nri-resize/pause:test";
 pub const BUSYBOX_IMAGE: &str = "localhost/nri-resize/busybox:test";
 
 /// Bump when the archive layout changes, to invalidate cached archives.
-const FORMAT: &str = "nri-resize-oci-v1";
+const FORMAT: &str = "nri-resize-oci-v2";
 const TAG: &str = "test";
 
 const PAUSE_C: &str = r"
@@ -46,6 +48,8 @@ int main(void) {
     return 0;
 }
 ";
+
+const LATENCY_PROBE_C: &str = include_str!("latency_probe.c");
 
 /// The two image archives of this machine.
 #[derive(Debug, Clone)]
@@ -80,28 +84,27 @@ fn sha256_hex(data: &[u8]) -> String {
         })
 }
 
-fn pause_archive(dir: &Path) -> PathBuf {
-    let gcc = require_in_path("gcc", "gcc (to build the pause image)");
-    let gcc_version = Command::new(&gcc)
+/// `gcc --version` (part of the cache keys: another compiler, another binary).
+fn gcc_version(gcc: &Path) -> Vec<u8> {
+    Command::new(gcc)
         .arg("--version")
         .output()
         .map(|o| o.stdout)
-        .unwrap_or_default();
-    let key = sha256_hex(&[FORMAT.as_bytes(), PAUSE_C.as_bytes(), &gcc_version].concat());
-    let archive = dir.join(format!("pause-{}.tar", &key[..16]));
-    if archive.is_file() {
-        return archive;
-    }
+        .unwrap_or_default()
+}
+
+/// Compiles the C program `source` statically; returns the stripped binary.
+fn static_c(dir: &Path, gcc: &Path, name: &str, source: &str) -> Vec<u8> {
     let work = dir.join(format!(
-        "pause-build-{}-{}",
+        "{name}-build-{}-{}",
         std::process::id(),
         next_instance()
     ));
     std::fs::create_dir_all(&work).unwrap_or_else(|e| panic!("create {}: {e}", work.display()));
-    let src = work.join("pause.c");
-    let bin = work.join("pause");
-    std::fs::write(&src, PAUSE_C).unwrap_or_else(|e| panic!("write {}: {e}", src.display()));
-    let out = Command::new(&gcc)
+    let src = work.join(format!("{name}.c"));
+    let bin = work.join(name);
+    std::fs::write(&src, source).unwrap_or_else(|e| panic!("write {}: {e}", src.display()));
+    let out = Command::new(gcc)
         .args(["-static", "-O2", "-s", "-o"])
         .arg(&bin)
         .arg(&src)
@@ -109,12 +112,23 @@ fn pause_archive(dir: &Path) -> PathBuf {
         .unwrap_or_else(|e| panic!("run gcc: {e}"));
     assert!(
         out.status.success(),
-        "gcc -static failed to build the pause image ({}): {}; `cargo xtask test` installs gcc and libc6-dev",
+        "gcc -static failed to build {name} ({}): {}; `cargo xtask test` installs gcc and libc6-dev",
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
     let binary = std::fs::read(&bin).unwrap_or_else(|e| panic!("read {}: {e}", bin.display()));
     let _ = std::fs::remove_dir_all(&work);
+    binary
+}
+
+fn pause_archive(dir: &Path) -> PathBuf {
+    let gcc = require_in_path("gcc", "gcc (to build the pause image)");
+    let key = sha256_hex(&[FORMAT.as_bytes(), PAUSE_C.as_bytes(), &gcc_version(&gcc)].concat());
+    let archive = dir.join(format!("pause-{}.tar", &key[..16]));
+    if archive.is_file() {
+        return archive;
+    }
+    let binary = static_c(dir, &gcc, "pause", PAUSE_C);
 
     let mut layer = LayerBuilder::new();
     for d in ["dev", "proc", "sys", "etc"] {
@@ -134,11 +148,21 @@ fn busybox_archive(dir: &Path) -> PathBuf {
     require_binary(busybox, "busybox-static (/bin/busybox)");
     let binary =
         std::fs::read(busybox).unwrap_or_else(|e| panic!("read {}: {e}", busybox.display()));
-    let key = sha256_hex(&[FORMAT.as_bytes(), &binary].concat());
+    let gcc = require_in_path("gcc", "gcc (to build the latency probe)");
+    let key = sha256_hex(
+        &[
+            FORMAT.as_bytes(),
+            &binary,
+            LATENCY_PROBE_C.as_bytes(),
+            &gcc_version(&gcc),
+        ]
+        .concat(),
+    );
     let archive = dir.join(format!("busybox-{}.tar", &key[..16]));
     if archive.is_file() {
         return archive;
     }
+    let probe = static_c(dir, &gcc, "latency-probe", LATENCY_PROBE_C);
     let out = Command::new(busybox)
         .arg("--list-full")
         .output()
@@ -158,6 +182,7 @@ fn busybox_archive(dir: &Path) -> PathBuf {
     }
     layer.dir("tmp", 0o1777);
     layer.file("bin/busybox", 0o755, &binary);
+    layer.file("bin/latency-probe", 0o755, &probe);
     layer.file(
         "etc/passwd",
         0o644,

@@ -45,6 +45,7 @@ mod image;
 mod images;
 mod plugin;
 mod pod;
+pub mod probe;
 mod util;
 mod version;
 

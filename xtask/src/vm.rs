@@ -66,6 +66,28 @@ impl Suite {
 /// The harness's knob for another containerd 2.x build (`tests/src/version.rs`).
 const CONTAINERD_BIN_ENV: &str = "NRI_RESIZE_CONTAINERD_BIN";
 
+/// The benchmark table's file (`plugin/src/bench_table.rs`), passed through to the guest.
+const BENCH_TABLE_ENV: &str = "NRI_RESIZE_BENCH_TABLE";
+/// Where the guest writes its rows, in the run directory.
+const GUEST_BENCH_TABLE: &str = "bench-table.jsonl";
+
+/// Appends the rows the guest wrote in `run` to the host's benchmark table, if one is set.
+fn copy_bench_rows(run: &Path) -> anyhow::Result<()> {
+    let (Some(table), Ok(rows)) = (
+        std::env::var_os(BENCH_TABLE_ENV),
+        std::fs::read_to_string(run.join(GUEST_BENCH_TABLE)),
+    ) else {
+        return Ok(());
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&table)
+        .with_context(|| format!("open {}", table.to_string_lossy()))?;
+    f.write_all(rows.as_bytes())
+        .with_context(|| format!("append to {}", table.to_string_lossy()))
+}
+
 /// Every kernel of the tier.
 const ALL: &[&str] = &["6.1", "6.12"];
 /// The kernel the real-runtime suites run on (trixie's, what current nodes boot).
@@ -144,6 +166,9 @@ pub const SUITES: &[Suite] = &[
     Suite { name: "nri_containerd@1.7",     package: "nri-resize-tests", test: "nri_containerd",     filter: "", skip: TWINS_2,   env: ON_1_7, kernels: NEWEST, timeout_s: 600 },
     Suite { name: "resize_containerd@1.7",  package: "nri-resize-tests", test: "resize_containerd",  filter: "", skip: TWINS_2,   env: ON_1_7, kernels: NEWEST, timeout_s: 900 },
     Suite { name: "memory_decrease@1.7",    package: "nri-resize-tests", test: "memory_decrease",    filter: "", skip: TWINS_2,   env: ON_1_7, kernels: NEWEST, timeout_s: 900 },
+    // Paced reclaim side by side with the direct write (needs v2's PSI; 98-113 s in the guest);
+    // `cargo xtask bench` runs it as benchmark `reclaim_pacing`. Its 1.7 twin runs on 6.1 below.
+    Suite { name: "reclaim_pacing@2.1",     package: "nri-resize-tests", test: "reclaim_pacing",     filter: "", skip: &[],       env: ON_2,   kernels: NEWEST, timeout_s: 600 },
     // The other real-runtime suites against 1.7.24 go to 6.1's guest, which boots beside 6.12's
     // and would otherwise sit idle after its kernel-facing suites: every suite then runs against
     // both containerd versions on cgroup v2 without lengthening the tier.
@@ -152,6 +177,7 @@ pub const SUITES: &[Suite] = &[
     Suite { name: "observer_containerd@1.7", package: "nri-resize-tests", test: "observer_containerd", filter: "", skip: TWINS_2, env: ON_1_7, kernels: OLDEST, timeout_s: 900 },
     Suite { name: "pod_level_containerd@1.7", package: "nri-resize-tests", test: "pod_level_containerd", filter: "", skip: TWINS_2, env: ON_1_7, kernels: OLDEST, timeout_s: 300 },
     Suite { name: "image_containerd@1.7",   package: "nri-resize-tests", test: "image_containerd",   filter: "", skip: TWINS_2,   env: ON_1_7, kernels: OLDEST, timeout_s: 600 },
+    Suite { name: "reclaim_pacing@1.7",     package: "nri-resize-tests", test: "reclaim_pacing",     filter: "", skip: &[],       env: ON_1_7, kernels: OLDEST, timeout_s: 600 },
 ];
 
 /// A Debian kernel the tier boots.
@@ -950,6 +976,15 @@ fn guest_script(
             quote(&dir.to_string_lossy())
         );
     }
+    // `cargo xtask bench`: the guest's benchmark rows go to the run directory, and
+    // [`copy_bench_rows`] appends them to the host's table afterwards.
+    if std::env::var_os(BENCH_TABLE_ENV).is_some() {
+        let _ = writeln!(
+            s,
+            "export {BENCH_TABLE_ENV}={}",
+            quote(&run.join(GUEST_BENCH_TABLE).to_string_lossy())
+        );
+    }
     s.push_str(GUEST_LOGS);
     for suite in suites {
         let bin = &binaries[suite.test];
@@ -1385,6 +1420,12 @@ fn run_vm(
                 seconds: 0,
             });
         }
+    }
+    if let Err(e) = copy_bench_rows(&run) {
+        eprintln!(
+            "!!! kernel {}: the guest's benchmark rows: {e:#}",
+            kernel.name
+        );
     }
     let failed = outcome.is_err() || results.iter().any(|r| !r.passed());
     if failed {

@@ -1,0 +1,380 @@
+//! Reclaim paced by the workload's memory stall (issue 18, part 4), side by side in one run on
+//! cgroup v2 (the VM tier): a container running `/bin/latency-probe` (random 4 KiB reads of a
+//! 400 MiB file it keeps cached) is decreased 512 MiB → 128 MiB three ways:
+//!
+//! 1. **direct**: no plugin, the runtime writes `memory.max` (what runc does alone);
+//! 2. **unpaced**: the plugin's staged reclaim with `max_stall = 1.0`;
+//! 3. **paced**: the plugin's staged reclaim with the default `max_stall = 0.05`.
+//!
+//! For each: the probe's p50/p99 before (undisturbed), during the decrease and in the 5 s after
+//! it, the container's memory stall share (`memory.pressure` `some` over wall time) during and
+//! after, the time to converge (or the Deferred reason), and the OOM kills. A 400 MiB working set
+//! cannot stay cached under 128 MiB: once the limit is in force every path thrashes, so "after"
+//! shows what the decrease costs for good, and "during" what the way of getting there costs.
+//! With `NRI_RESIZE_BENCH_TABLE` set (`cargo xtask bench`) the run writes one benchmark row.
+//!
+//! Asserted: no OOM kill on the staged ways, each ends by converging or by its timeout, and
+//! pacing keeps its contract (converged under the stall ceiling, or Deferred naming the stall).
+//! Reported, not asserted: the issue's targets of a paced stall under the ceiling and a p99
+//! within 2× of undisturbed, which this workload misses on some kernels (see the README).
+
+use std::time::{Duration, Instant, SystemTime};
+
+use nri_resize::api::ApiClient;
+use nri_resize::policy::ResizeState;
+use nri_resize_tests::probe::{self, Latency};
+use nri_resize_tests::{
+    Containerd, ContainerdOptions, ContainerdVersion, PluginProcess, Resources,
+};
+
+const MIB: i64 = 1 << 20;
+const TIMEOUT_MS: u64 = 30_000;
+/// The default ceiling (`[memory_decrease] max_stall`).
+const CEILING: f64 = 0.05;
+const SPAN: Duration = Duration::from_secs(5);
+
+/// What one way of decreasing did.
+#[derive(Debug)]
+struct Figures {
+    name: &'static str,
+    before: Latency,
+    during: Latency,
+    after: Latency,
+    stall_during: f64,
+    stall_after: f64,
+    /// `io.pressure` over the decrease: refaults of pages the kernel does not count as thrashing
+    /// wait here, not in `memory.pressure`.
+    io_during: f64,
+    took: Duration,
+    outcome: String,
+    oom_kills: u64,
+}
+
+/// `some` stalled µs of the container's `memory.pressure` or `io.pressure`.
+fn stall_us(ctrd: &Containerd, id: &str, file: &str) -> u64 {
+    let text = ctrd.read_container_cgroup(id, file);
+    nri_resize::cgroup::stall_totals(&text)
+        .unwrap_or_else(|| panic!("{file} unreadable: {text:?}"))
+        .some_us
+}
+
+/// Stall share of the container between two readings `wall` apart.
+fn share(before_us: u64, after_us: u64, wall: Duration) -> f64 {
+    let wall = u64::try_from(wall.as_micros()).unwrap_or(u64::MAX);
+    nri_resize::observer::pressure::share(after_us.saturating_sub(before_us), wall)
+}
+
+/// The probe's output, read through its `/proc/<pid>/root` (no exec into the container).
+fn memory_stall_us(ctrd: &Containerd, id: &str) -> u64 {
+    stall_us(ctrd, id, "memory.pressure")
+}
+
+fn probe_windows(ctrd: &Containerd, id: &str) -> Vec<probe::Window> {
+    let procs = ctrd.read_container_cgroup(id, "cgroup.procs");
+    let pid = procs.lines().next().expect("the probe's pid");
+    let path = format!("/proc/{pid}/root/tmp/probe.log");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {path}: {e}"));
+    probe::parse(&text)
+}
+
+async fn record(api: &ApiClient, id: &str) -> nri_resize::resize::ContainerResize {
+    api.resizes()
+        .await
+        .expect("resizes API")
+        .containers
+        .get(id)
+        .cloned()
+        .expect("a resize record for the container")
+}
+
+/// Decreases one probe container through `plugin` (or, without one, the runtime alone).
+async fn decrease(
+    ctrd: &Containerd,
+    plugin: Option<&PluginProcess>,
+    name: &'static str,
+) -> Figures {
+    let script = probe::command("/tmp/probe.data", 400, 100, "/tmp/probe.log");
+    let (pod, id) = ctrd.loaded_pod(name, &[], &script, 390 * MIB).await;
+    // Undisturbed: after the file is written and a few windows have passed.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let b0 = SystemTime::now();
+    tokio::time::sleep(SPAN).await;
+    let b1 = SystemTime::now();
+
+    let (stall0, io0) = (
+        memory_stall_us(ctrd, &id),
+        stall_us(ctrd, &id, "io.pressure"),
+    );
+    let (d0, t0) = (SystemTime::now(), Instant::now());
+    let update = ctrd
+        .update_container_resources(&id, &Resources::limits(100_000, 128 * MIB))
+        .await;
+    let outcome = match (plugin, update) {
+        (_, Err(e)) => format!("update failed: {}", e.message()),
+        (None, Ok(())) => format!(
+            "written (limit {} MiB, usage {} MiB)",
+            ctrd.container_memory_limit(&id) / MIB,
+            ctrd.container_memory_usage(&id) / MIB
+        ),
+        (Some(p), Ok(())) => {
+            let api = p.api();
+            let give_up =
+                Instant::now() + Duration::from_millis(TIMEOUT_MS) + Duration::from_secs(60);
+            let rec = loop {
+                let r = record(&api, &id).await;
+                if r.state != Some(ResizeState::InProgress) {
+                    break r;
+                }
+                assert!(Instant::now() < give_up, "{name}: still in progress: {r:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            match rec.state {
+                None => format!(
+                    "converged (limit {} MiB)",
+                    ctrd.container_memory_limit(&id) / MIB
+                ),
+                Some(s) => format!("{s:?}: {}", rec.reason),
+            }
+        }
+    };
+    let (took, d1, stall1) = (t0.elapsed(), SystemTime::now(), memory_stall_us(ctrd, &id));
+    let io1 = stall_us(ctrd, &id, "io.pressure");
+    tokio::time::sleep(SPAN).await;
+    let stall2 = memory_stall_us(ctrd, &id);
+    let a1 = SystemTime::now();
+
+    let windows = probe_windows(ctrd, &id);
+    let events = ctrd.read_container_cgroup(&id, "memory.events");
+    let figures = Figures {
+        name,
+        before: Latency::between(&windows, b0, b1),
+        during: Latency::between(&windows, d0, d1),
+        after: Latency::between(&windows, d1, a1),
+        stall_during: share(stall0, stall1, took),
+        stall_after: share(stall1, stall2, SPAN),
+        io_during: share(io0, io1, took),
+        took,
+        outcome,
+        oom_kills: nri_resize::observer::parse::oom_kill_count(&events).unwrap_or(0),
+    };
+    eprintln!("{name}: {figures:?}");
+    for (span, l) in [
+        ("before", &figures.before),
+        ("during", &figures.during),
+        ("after", &figures.after),
+    ] {
+        assert!(
+            l.reads > 0,
+            "{name}: the probe read nothing {span} the decrease: {l:?}"
+        );
+    }
+    // Free the guest's memory for the next way.
+    ctrd.stop_pod(&pod).await.expect("StopPodSandbox");
+    ctrd.remove_pod(&pod).await.expect("RemovePodSandbox");
+    figures
+}
+
+fn us(d: Duration) -> String {
+    format!("{} µs", d.as_micros())
+}
+
+fn pct(share: f64) -> String {
+    format!("{:.1} %", share * 100.0)
+}
+
+/// The share of reads in `span` slower than twice the undisturbed p99 (the issue's p99 target
+/// holds when it is at most 1 %).
+fn slow(f: &Figures, span: &Latency) -> f64 {
+    span.share_over(f.before.p99() * 2)
+}
+
+fn print_table(all: &[Figures]) {
+    eprintln!("\nmemory decrease 512Mi → 128Mi under a 400 MiB random-read working set (latency-probe), cgroup v2");
+    eprintln!(
+        "  {:<8} {:>10} {:>10} | {:>10} {:>10} {:>11} {:>6} {:>8} {:>8} | {:>10} {:>6} {:>8} | {:>8} {:>4} | outcome",
+        "way",
+        "p50 before",
+        "p99 before",
+        "p50 during",
+        "p99 during",
+        "max during",
+        "slow",
+        "stall",
+        "io stall",
+        "p99 after",
+        "slow",
+        "stall",
+        "time",
+        "OOM"
+    );
+    eprintln!("  (slow: reads slower than 2× the undisturbed p99; stall: memory.pressure some / wall time; io stall: io.pressure some / wall time; after: the 5 s after the decrease ended)");
+    for f in all {
+        eprintln!(
+            "  {:<8} {:>10} {:>10} | {:>10} {:>10} {:>11} {:>6} {:>8} {:>8} | {:>10} {:>6} {:>8} | {:>6.1} s {:>4} | {}",
+            f.name,
+            us(f.before.p50()),
+            us(f.before.p99()),
+            us(f.during.p50()),
+            us(f.during.p99()),
+            us(f.during.max),
+            pct(slow(f, &f.during)),
+            pct(f.stall_during),
+            pct(f.io_during),
+            us(f.after.p99()),
+            pct(slow(f, &f.after)),
+            pct(f.stall_after),
+            f.took.as_secs_f64(),
+            f.oom_kills,
+            f.outcome
+        );
+    }
+}
+
+/// cgroup v1 has no `memory.pressure`: nothing to pace by, and the plugin says so. The side by
+/// side needs v2: the VM tier runs it (`cargo xtask vm-test --kernel 6.12 --suite reclaim_pacing`).
+async fn unpaced_on_v1(ctrd: &Containerd, config: &str) {
+    eprintln!(
+        "!!! cgroup v1: no memory.pressure, so no paced reclaim to measure here; checking that the \
+         plugin says so and converges unpaced. The side by side runs in the VM tier (cgroup v2)"
+    );
+    let plugin = PluginProcess::start_ready(ctrd, "nri-resize", Some(config)).await;
+    let script = probe::command("/tmp/probe.data", 400, 100, "/tmp/probe.log");
+    let (_pod, id) = ctrd.loaded_pod("v1", &[], &script, 390 * MIB).await;
+    ctrd.update_container_resources(&id, &Resources::limits(100_000, 128 * MIB))
+        .await
+        .expect("accepted");
+    let api = plugin.api();
+    let give_up = Instant::now() + Duration::from_millis(TIMEOUT_MS) + Duration::from_secs(30);
+    while record(&api, &id).await.state == Some(ResizeState::InProgress) {
+        assert!(Instant::now() < give_up, "still in progress");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let rec = record(&api, &id).await;
+    assert_eq!(rec.state, None, "converged unpaced: {rec:?}");
+    assert_eq!(ctrd.container_memory_limit(&id), 128 * MIB);
+    let events = ctrd.read_container_cgroup(&id, "memory.oom_control");
+    assert_eq!(
+        nri_resize::observer::parse::oom_kill_count(&events),
+        Some(0),
+        "{events}"
+    );
+    let log = plugin.log_tail(400);
+    assert!(
+        log.contains("reclaim pacing off: cgroup v1 has no memory.pressure"),
+        "the plugin says why the reclaim is unpaced: {log}"
+    );
+    assert!(!probe_windows(ctrd, &id).is_empty(), "the probe reports");
+}
+
+/// One row of `cargo xtask bench`'s table: ours = paced, baseline = the direct write.
+fn bench_row(direct: &Figures, unpaced: &Figures, paced: &Figures, stall_met: bool, p99_met: bool) {
+    let during = |f: &Figures| {
+        format!(
+            "memory stall {} (io {}), p99 {} (undisturbed {}), {} of reads over 2× that, {:.1} s, {} OOM kill(s)",
+            pct(f.stall_during),
+            pct(f.io_during),
+            us(f.during.p99()),
+            us(f.before.p99()),
+            pct(slow(f, &f.during)),
+            f.took.as_secs_f64(),
+            f.oom_kills
+        )
+    };
+    let ratio = (direct.stall_during > 0.0).then(|| paced.stall_during / direct.stall_during);
+    let verdict = nri_resize::bench_table::verdict;
+    nri_resize::bench_table::row(
+        &format!(
+            "memory decrease 512Mi → 128Mi of a container reading a 400 MiB file at random (latency-probe), cgroup v2, kernel {} (VM tier): memory stall share (ratio) and read p99 while decreasing",
+            std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim()
+        ),
+        &format!("direct memory.max write (runtime alone): {}", during(direct)),
+        &format!(
+            "paced staged reclaim: {}, {}. Unpaced: {}, {}",
+            during(paced),
+            paced.outcome,
+            during(unpaced),
+            unpaced.outcome
+        ),
+        ratio,
+        &format!(
+            "paced memory stall ≤ {}: {}; p99 ≤ 2× undisturbed: {}; 0 OOM kills: {}",
+            pct(CEILING),
+            verdict(stall_met),
+            verdict(p99_met),
+            verdict(paced.oom_kills == 0)
+        ),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn paced_reclaim_side_by_side_containerd_2() {
+    let ctrd = Containerd::start(ContainerdVersion::V2, ContainerdOptions::default()).await;
+    let config = |max_stall: &str| {
+        format!("[memory_decrease]\ninline_max = 0\ntimeout_ms = {TIMEOUT_MS}\n{max_stall}")
+    };
+    if ctrd.cgroups().mode() == nri_resize_tests::CgroupMode::V1 {
+        Box::pin(unpaced_on_v1(&ctrd, &config(""))).await;
+        return;
+    }
+    let direct = decrease(&ctrd, None, "direct").await;
+    let plugin =
+        PluginProcess::start_ready(&ctrd, "nri-resize", Some(&config("max_stall = 1.0\n"))).await;
+    let unpaced = decrease(&ctrd, Some(&plugin), "unpaced").await;
+    drop(plugin);
+    let plugin = PluginProcess::start_ready(&ctrd, "nri-resize", Some(&config(""))).await;
+    let paced = decrease(&ctrd, Some(&plugin), "paced").await;
+    drop(plugin);
+    let all = [direct, unpaced, paced];
+    print_table(&all);
+    let [direct, unpaced, paced] = &all;
+    let stall_met = paced.stall_during <= CEILING;
+    let p99_met = paced.during.p99() <= paced.before.p99() * 2;
+    bench_row(direct, unpaced, paced, stall_met, p99_met);
+
+    for f in [unpaced, paced] {
+        assert_eq!(f.oom_kills, 0, "{}: never an OOM kill", f.name);
+        assert!(
+            f.outcome.starts_with("converged") || f.outcome.starts_with("Deferred"),
+            "{}: a staged decrease ends by converging or by its timeout: {}",
+            f.name,
+            f.outcome
+        );
+    }
+    // The issue's contract for pacing: a paced reclaim over the ceiling is held back, never
+    // given up; when it ends at its timeout (Deferred), the reason names the stall. It may still
+    // converge, slowed (pacing alone never ends a decrease). A working set that no longer fits
+    // keeps stalling whatever the step: then the stall share is reported over the ceiling, not
+    // asserted under it.
+    if !stall_met && paced.outcome.starts_with("Deferred") {
+        assert!(
+            paced
+                .outcome
+                .contains("paced by the workload's memory stall"),
+            "paced: memory stall {} over the ceiling {}, and the end does not name the stall: {}",
+            pct(paced.stall_during),
+            pct(CEILING),
+            paced.outcome
+        );
+    }
+    if !stall_met {
+        eprintln!(
+            "!!! paced: memory stall {} during the decrease, over the ceiling {} (the direct write's: {}); {}",
+            pct(paced.stall_during),
+            pct(CEILING),
+            pct(direct.stall_during),
+            paced.outcome
+        );
+    }
+    // Not asserted: the issue's p99 within 2× of undisturbed. A uniformly hot 400 MiB set that
+    // must end under 128 MiB loses most of its pages whichever way; once more than 1 % of the
+    // reads go to disk the p99 is a disk read (measured: every way, ~50× undisturbed; see the
+    // README). The table and the benchmark row say met / NOT met, with the figures.
+    if !p99_met {
+        eprintln!(
+            "!!! paced: p99 {} during the decrease vs {} undisturbed: the 2× target is NOT met ({} of reads slower than 2×)",
+            us(paced.during.p99()),
+            us(paced.before.p99()),
+            pct(slow(paced, &paced.during))
+        );
+    }
+}
