@@ -257,3 +257,14 @@ impl Drop for PluginProcess {
         }
     }
 }
+
+/// The plugin's resize record of container `id` (`/v1/resizes`); panics when there is none.
+pub async fn resize_record(api: &ApiClient, id: &str) -> nri_resize::resize::ContainerResize {
+    api.resizes()
+        .await
+        .expect("resizes API")
+        .containers
+        .get(id)
+        .cloned()
+        .expect("a resize record for the container")
+}

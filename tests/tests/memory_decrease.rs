@@ -20,8 +20,8 @@ use nri_resize::api::ApiClient;
 use nri_resize::policy::ResizeState;
 use nri_resize_tests::cri::ContainerState;
 use nri_resize_tests::{
-    scrape_metrics, CgroupMode, Containerd, ContainerdOptions, ContainerdVersion, PluginProcess,
-    Pod, Resources,
+    resize_record, scrape_metrics, CgroupMode, Containerd, ContainerdOptions, ContainerdVersion,
+    PluginProcess, Pod, Resources,
 };
 
 const MIB: i64 = 1 << 20;
@@ -79,16 +79,6 @@ async fn status_limit(ctrd: &Containerd, id: &str) -> i64 {
         .map_or(-1, |r| r.memory_limit_in_bytes)
 }
 
-async fn record(api: &ApiClient, id: &str) -> nri_resize::resize::ContainerResize {
-    api.resizes()
-        .await
-        .expect("resizes API")
-        .containers
-        .get(id)
-        .cloned()
-        .expect("a resize record for the container")
-}
-
 /// Waits until the record of `id` leaves `InProgress`; returns it.
 async fn settled(
     api: &ApiClient,
@@ -97,7 +87,7 @@ async fn settled(
 ) -> nri_resize::resize::ContainerResize {
     let deadline = Instant::now() + within;
     loop {
-        let r = record(api, id).await;
+        let r = resize_record(api, id).await;
         if r.state != Some(ResizeState::InProgress) {
             return r;
         }
@@ -326,7 +316,7 @@ async fn memory_decrease_strategies_reject_and_restart() {
         "in place when the update returns"
     );
     assert_eq!(status_limit(&ctrd, &id).await, 128 * MIB);
-    assert_eq!(record(&api, &id).await.state, None);
+    assert_eq!(resize_record(&api, &id).await.state, None);
     assert!(outcome_count(&api, "inline").await >= 1.0);
     assert!(running(&ctrd, &id).await);
     assert_eq!(oom_kills(&ctrd, &id), 0);
@@ -349,7 +339,7 @@ async fn memory_decrease_strategies_reject_and_restart() {
     );
     assert_eq!(limit(&ctrd, &id), 512 * MIB, "nothing applied");
     assert!(running(&ctrd, &id).await);
-    let rec = record(&api, &id).await;
+    let rec = resize_record(&api, &id).await;
     assert_eq!(rec.state, Some(ResizeState::Deferred), "{rec:?}");
 
     let id = loaded_container(
@@ -374,7 +364,7 @@ async fn memory_decrease_strategies_reject_and_restart() {
     // The cgroup went with the container: the runtime's exit reason tells an OOM kill.
     let st = ctrd.container_status(&id).await.expect("status");
     assert_ne!(st.reason, "OOMKilled", "evicted, not OOM-killed: {st:?}");
-    let rec = record(&api, &id).await;
+    let rec = resize_record(&api, &id).await;
     assert!(rec.reason.contains("restart"), "{rec:?}");
 
     // A looser annotation than the node default is ignored and reported.
@@ -500,7 +490,10 @@ async fn kubelet_sees_progress_and_reason(version: ContainerdVersion) {
         Some((150_000, interim)),
         "2: nothing changed by the repeat; CPU stays applied"
     );
-    assert_eq!(record(&api, &id).await.state, Some(ResizeState::InProgress));
+    assert_eq!(
+        resize_record(&api, &id).await.state,
+        Some(ResizeState::InProgress)
+    );
 
     // 3. The reclaim times out: Deferred, the kept limit in the spec.
     let rec = settled(&api, &id, Duration::from_secs(30)).await;
@@ -525,7 +518,7 @@ async fn kubelet_sees_progress_and_reason(version: ContainerdVersion) {
             && err.message().contains("reclaiming again"),
         "4: {err:?}"
     );
-    let rec = record(&api, &id).await;
+    let rec = resize_record(&api, &id).await;
     assert_eq!(
         rec.state,
         Some(ResizeState::InProgress),

@@ -20,11 +20,10 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use nri_resize::api::ApiClient;
 use nri_resize::policy::ResizeState;
 use nri_resize_tests::probe::{self, Latency};
 use nri_resize_tests::{
-    Containerd, ContainerdOptions, ContainerdVersion, PluginProcess, Resources,
+    resize_record, Containerd, ContainerdOptions, ContainerdVersion, PluginProcess, Resources,
 };
 
 const MIB: i64 = 1 << 20;
@@ -77,16 +76,6 @@ fn probe_windows(ctrd: &Containerd, id: &str) -> Vec<probe::Window> {
     probe::parse(&text)
 }
 
-async fn record(api: &ApiClient, id: &str) -> nri_resize::resize::ContainerResize {
-    api.resizes()
-        .await
-        .expect("resizes API")
-        .containers
-        .get(id)
-        .cloned()
-        .expect("a resize record for the container")
-}
-
 /// Decreases one probe container through `plugin` (or, without one, the runtime alone).
 async fn decrease(
     ctrd: &Containerd,
@@ -121,7 +110,7 @@ async fn decrease(
             let give_up =
                 Instant::now() + Duration::from_millis(TIMEOUT_MS) + Duration::from_secs(60);
             let rec = loop {
-                let r = record(&api, &id).await;
+                let r = resize_record(&api, &id).await;
                 if r.state != Some(ResizeState::InProgress) {
                     break r;
                 }
@@ -245,11 +234,11 @@ async fn unpaced_on_v1(ctrd: &Containerd, config: &str) {
         .expect("accepted");
     let api = plugin.api();
     let give_up = Instant::now() + Duration::from_millis(TIMEOUT_MS) + Duration::from_secs(30);
-    while record(&api, &id).await.state == Some(ResizeState::InProgress) {
+    while resize_record(&api, &id).await.state == Some(ResizeState::InProgress) {
         assert!(Instant::now() < give_up, "still in progress");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let rec = record(&api, &id).await;
+    let rec = resize_record(&api, &id).await;
     assert_eq!(rec.state, None, "converged unpaced: {rec:?}");
     assert_eq!(ctrd.container_memory_limit(&id), 128 * MIB);
     let events = ctrd.read_container_cgroup(&id, "memory.oom_control");

@@ -8,13 +8,12 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
-use nri_resize::api::ApiClient;
 use nri_resize::policy::ResizeState;
 use nri_resize::resize::{ContainerTarget, PodResize, PodResizeRequest};
 use nri_resize_tests::cri::ContainerState;
 use nri_resize_tests::{
-    CgroupMode, ContainerSpec, Containerd, ContainerdOptions, ContainerdVersion, PluginProcess,
-    Pod, PodSpec, Resources,
+    resize_record, CgroupMode, ContainerSpec, Containerd, ContainerdOptions, ContainerdVersion,
+    PluginProcess, Pod, PodSpec, Resources,
 };
 
 const MIB: i64 = 1 << 20;
@@ -70,16 +69,6 @@ async fn wait_exited(ctrd: &Containerd, id: &str) {
     }
 }
 
-async fn container_record(api: &ApiClient, id: &str) -> nri_resize::resize::ContainerResize {
-    api.resizes()
-        .await
-        .expect("resizes API")
-        .containers
-        .get(id)
-        .cloned()
-        .expect("a resize record for the container")
-}
-
 /// Each policy and action, as pod owners set them through annotations.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[expect(
@@ -123,7 +112,7 @@ async fn resize_policy_and_actions() {
         .await
         .ok();
     wait_exited(&ctrd, &ids[0]).await;
-    let rec = container_record(&api, &ids[0]).await;
+    let rec = resize_record(&api, &ids[0]).await;
     assert!(rec.reason.contains("restart required"), "{rec:?}");
 
     // ...while a CPU-only resize of the same policy stays in place.
@@ -190,7 +179,7 @@ async fn resize_policy_and_actions() {
     let st = ctrd.container_status(&ids[0]).await.expect("status");
     assert_eq!(st.state, ContainerState::ContainerRunning as i32);
     assert_eq!(
-        container_record(&api, &ids[0]).await.state,
+        resize_record(&api, &ids[0]).await.state,
         Some(ResizeState::Error)
     );
 
@@ -267,7 +256,7 @@ async fn restart_happens_and_is_confirmed(version: ContainerdVersion) {
     // Confirmed once the runtime reported the stop.
     let deadline = Instant::now() + Duration::from_secs(15);
     let rec = loop {
-        let rec = container_record(&api, &ids[0]).await;
+        let rec = resize_record(&api, &ids[0]).await;
         if rec.reason.contains("restarted") || Instant::now() > deadline {
             break rec;
         }
@@ -335,7 +324,7 @@ async fn admission_enforce_and_observe() {
         )
         .await;
         let r = ctrd.update_container_resources(&ids[0], &huge).await;
-        let rec = container_record(&plugin.api(), &ids[0]).await;
+        let rec = resize_record(&plugin.api(), &ids[0]).await;
         assert_eq!(rec.state, Some(ResizeState::Infeasible), "{mode}: {rec:?}");
         assert!(
             rec.reason.contains("memory"),
@@ -386,7 +375,7 @@ async fn admission_defers_what_does_not_fit_next_to_other_pods() {
         .await
         .expect_err("deferred in enforce mode");
     assert!(err.message().contains("Deferred"), "{err:?}");
-    let rec = container_record(&plugin.api(), &ids[0]).await;
+    let rec = resize_record(&plugin.api(), &ids[0]).await;
     assert_eq!(rec.state, Some(ResizeState::Deferred), "{rec:?}");
     assert_eq!(cpu_quota(&ctrd, &ids[0]), 10_000, "nothing applied");
     eprintln!("deferred: {}", rec.reason);

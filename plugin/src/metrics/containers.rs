@@ -151,7 +151,14 @@ impl Collector for ContainerFamilies {
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
-        let map = self.values.locked();
+        // A copy of the numbers, so that the NRI handlers and the observer setting them never
+        // wait for a scrape building its thousands of series.
+        let map: Vec<(ContainerLabels, Values)> = self
+            .values
+            .locked()
+            .iter()
+            .map(|(l, v)| (l.clone(), v.clone()))
+            .collect();
         FAMILIES
             .iter()
             .map(|(name, help, kind, samples)| {
@@ -159,7 +166,7 @@ impl Collector for ContainerFamilies {
                 family.set_name((*name).to_owned());
                 family.set_help((*help).to_owned());
                 family.set_field_type(*kind);
-                for (l, v) in map.iter() {
+                for (l, v) in &map {
                     for (extra, value) in samples(v) {
                         // Label pairs sorted by name, as the crate's own vectors give them.
                         let mut labels = vec![pair("container", &l.container)];
