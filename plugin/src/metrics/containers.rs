@@ -128,6 +128,14 @@ impl ContainerFamilies {
         }
     }
 
+    /// Changes the numbers of the container labelled `labels` if it still has series: a reading
+    /// that races the container's removal does not bring its series back.
+    pub fn update(&self, labels: &ContainerLabels, change: impl FnOnce(&mut Values)) {
+        if let Some(v) = self.values.locked().get_mut(labels) {
+            change(v);
+        }
+    }
+
     /// Every series of a container that went away.
     pub fn remove(&self, labels: &ContainerLabels) {
         self.values.locked().remove(labels);

@@ -545,8 +545,11 @@ mod tests {
             "{text}"
         );
         m.remove_container(&labels());
+        // The observer's reading that raced the removal does not bring the series back.
+        s.update(&observation(7, 4_000_000_000, Some(12), 1));
         let text = m.encode().expect("encode");
         assert!(!text.contains(r#"container="app""#), "{text}");
+        assert_eq!(m.containers_with_series(), 0);
         assert!(
             !m.encode_openmetrics().contains(r#"container="app""#),
             "gone from OpenMetrics too"

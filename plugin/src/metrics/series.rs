@@ -53,11 +53,11 @@ impl ContainerSeries {
         &self.labels
     }
 
-    /// Advances the counters to `now`.
+    /// Advances the counters to `now` (nothing, once the container's series were removed).
     pub fn update(&mut self, now: &Observation) {
         let last = self.last;
         let page_size = self.page_size;
-        self.families.with(&self.labels, |v| {
+        self.families.update(&self.labels, |v| {
             let c = v.counters.get_or_insert((0, 0.0, 0));
             if let Some(t) = now.throttling {
                 let old = last.throttling.unwrap_or_default();
