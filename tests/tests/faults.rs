@@ -220,6 +220,7 @@ async fn container_removed_during_a_reclaim_is_one_clear_line_not_a_retry_storm(
     );
     assert!(
         count(&log, "superseded")
+            + count(&log, "staged memory decrease ended")
             + count(&log, "staged memory decrease failed")
             + count(&log, "staged memory decrease done")
             >= 1,

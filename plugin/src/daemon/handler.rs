@@ -296,7 +296,9 @@ impl Handler for ModelHandler {
     async fn stop_container(&self, pod: Pod, mut ctr: Container) -> Vec<ContainerUpdate> {
         ctr.state = ContainerState::Stopped;
         if let Some(engine) = &self.engine {
-            engine.container_stopped(&ctr.id);
+            // Ends a staged decrease, if any (its checkpoint goes: file I/O, off the workers).
+            let (engine, id) = (Arc::clone(engine), ctr.id.clone());
+            off_worker("stopped", move || engine.container_stopped(&id)).await;
         }
         self.container_event(EventKind::StopContainer, pod, ctr);
         Vec::new()

@@ -141,5 +141,7 @@ impl Engine {
     /// The runtime reported the container stopped (a restart waiting for it is confirmed).
     pub fn container_stopped(&self, id: &str) {
         self.restarts.note(id, restart::Seen::Stopped);
+        // Its cgroup is going: a staged decrease has nothing left to reclaim or to apply.
+        self.end_reclaim(id, "container stopped: staged memory decrease ended");
     }
 }

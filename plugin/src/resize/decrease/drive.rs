@@ -70,7 +70,15 @@ impl Engine {
                             self.finish_record(id, None, "");
                             return (DecreaseOutcome::Converged, before.saturating_sub(end.usage));
                         }
-                        Err(e) if started.elapsed() < timeout && !cancel.is_cancelled() => {
+                        // Superseded or the container stopped while the limit was applied:
+                        // the failure is the container's going, not the decrease's.
+                        Err(_) if cancel.is_cancelled() => {
+                            return (
+                                DecreaseOutcome::Superseded,
+                                before.saturating_sub(end.usage),
+                            );
+                        }
+                        Err(e) if started.elapsed() < timeout => {
                             warn!(container = %name, error = %e, "applying the requested limit failed (usage grew?); reclaiming again");
                         }
                         Err(e) => {
@@ -113,6 +121,9 @@ impl Engine {
                     return (o, before.saturating_sub(end.usage));
                 }
                 ReclaimOutcome::Cancelled => return (DecreaseOutcome::Superseded, 0),
+                ReclaimOutcome::Failed(_) if cancel.is_cancelled() => {
+                    return (DecreaseOutcome::Superseded, 0);
+                }
                 ReclaimOutcome::Failed(e) => {
                     error!(container = %name, error = %e, "staged memory decrease failed");
                     self.finish_record(id, Some(ResizeState::Error), &e);

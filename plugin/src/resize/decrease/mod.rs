@@ -92,14 +92,18 @@ fn node_has_swap() -> bool {
 }
 
 impl Engine {
-    /// Cancels the staged decrease of `container_id`, if any.
+    /// Cancels the staged decrease of `container_id`, if any: a newer update supersedes it.
     pub(in crate::resize) fn supersede_reclaim(&self, container_id: &str) {
+        self.end_reclaim(
+            container_id,
+            "newer update: staged memory decrease superseded",
+        );
+    }
+
+    /// Cancels the staged decrease of `container_id`, if any, saying why (`what`).
+    pub(in crate::resize) fn end_reclaim(&self, container_id: &str, what: &'static str) {
         if let Some(h) = self.reclaims.locked().remove(container_id) {
-            info!(
-                container_id,
-                target_mib = mib(h.target),
-                "newer update: staged memory decrease superseded"
-            );
+            info!(container_id, target_mib = mib(h.target), "{what}");
             h.cancel.cancel();
             // It must not be resumed after a restart; a newer staged decrease writes its own.
             if let Some(store) = &self.checkpoints {
