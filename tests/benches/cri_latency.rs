@@ -1,28 +1,138 @@
-//! CRI `CreateContainer` and `UpdateContainerResources` latency against real containerd, with the
-//! plugin attached vs not, side by side in one run. Target: the plugin adds < 2 ms at p99.
+//! CRI `CreateContainer` and `UpdateContainerResources` latency against real containerd, side by
+//! side in one run: no plugin, a do-nothing plugin on our transport (containerd's own NRI path,
+//! subscribed to the same events), and nri-resize. Target: nri-resize adds at most 1 ms at p50
+//! and 2 ms at p99 over containerd without a plugin.
+//!
+//! The sides alternate in rounds (nri-resize attached, detached, the do-nothing plugin attached,
+//! nri-resize attached again, ...), so drift in the machine's load hits every side alike. Each
+//! side makes `NRI_RESIZE_BENCH_ITERS` calls of each kind (default 300) over
+//! `NRI_RESIZE_BENCH_ROUNDS` rounds (default 3); the percentiles are over all of a side's calls,
+//! with their spread over the rounds (the lowest and highest round's value).
 //!
 //! Run: `cargo bench -p nri-resize-tests --bench cri_latency` (part of `cargo xtask bench`).
-//! `NRI_RESIZE_BENCH_ITERS` sets the samples per measurement (default 60).
 
 use std::time::{Duration, Instant};
 
 use nri_resize_tests::{
-    percentile, ContainerSpec, Containerd, ContainerdOptions, ContainerdVersion, PluginProcess,
-    Pod, PodSpec, Resources,
+    percentile, scrape_metrics, ContainerSpec, Containerd, ContainerdOptions, ContainerdVersion,
+    PluginProcess, Pod, PodSpec, Resources,
 };
 
 const MIB: i64 = 1 << 20;
+const PERCENTILES: [(f64, &str); 3] = [(0.5, "p50"), (0.9, "p90"), (0.99, "p99")];
+/// The target: added at p50, added at p99.
+const TARGET: (Duration, Duration) = (Duration::from_millis(1), Duration::from_millis(2));
 
-struct Sample {
-    create: Vec<Duration>,
-    update: Vec<Duration>,
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Ours,
+    Base,
+    Null,
 }
 
-async fn measure(ctrd: &Containerd, pod: &Pod, iters: usize, tag: &str) -> Sample {
-    let mut s = Sample {
-        create: Vec::new(),
-        update: Vec::new(),
-    };
+impl Side {
+    fn label(self) -> &'static str {
+        match self {
+            Side::Ours => "nri-resize",
+            Side::Base => "no plugin",
+            Side::Null => "do-nothing plugin",
+        }
+    }
+}
+
+/// One side's calls of one kind, per round.
+#[derive(Default)]
+struct Calls {
+    rounds: Vec<Vec<Duration>>,
+}
+
+impl Calls {
+    fn all(&self) -> Vec<Duration> {
+        self.rounds.iter().flatten().copied().collect()
+    }
+
+    /// The percentile over every call, and its lowest and highest value over the rounds.
+    fn at(&self, p: f64) -> (Duration, Duration, Duration) {
+        let mut per_round: Vec<Duration> = self
+            .rounds
+            .iter()
+            .map(|r| percentile(&mut r.clone(), p))
+            .collect();
+        per_round.sort_unstable();
+        (
+            percentile(&mut self.all(), p),
+            per_round[0],
+            per_round[per_round.len() - 1],
+        )
+    }
+
+    fn len(&self) -> usize {
+        self.rounds.iter().map(Vec::len).sum()
+    }
+}
+
+#[derive(Default)]
+struct Side3 {
+    create: Calls,
+    update: Calls,
+}
+
+/// nri-resize's own time in its handlers (`nri_resize_nri_handler_duration_seconds`, from the
+/// request decoded to the answer ready), summed over the rounds: event (`update_container`) →
+/// (seconds, count).
+#[derive(Default)]
+struct HandlerTime(std::collections::BTreeMap<String, (f64, f64)>);
+
+impl HandlerTime {
+    fn add(&mut self, metrics: &str) {
+        for line in metrics.lines() {
+            let Some(rest) = line.strip_prefix("nri_resize_nri_handler_duration_seconds_") else {
+                continue;
+            };
+            let (kind, rest) = rest.split_once('{').unwrap_or(("", ""));
+            let Some((labels, value)) = rest.split_once("} ") else {
+                continue;
+            };
+            let Some(event) = labels
+                .split(',')
+                .find_map(|l| l.strip_prefix("event=\"")?.strip_suffix('"'))
+            else {
+                continue;
+            };
+            let Ok(v) = value.trim().parse::<f64>() else {
+                continue;
+            };
+            let e = self.0.entry(event.to_string()).or_default();
+            match kind {
+                "sum" => e.0 += v,
+                "count" => e.1 += v,
+                _ => {}
+            }
+        }
+    }
+
+    /// Mean time per call of `events` together (the NRI requests one CRI call makes).
+    fn mean(&self, events: &[&str]) -> Option<Duration> {
+        let mut total = 0.0;
+        for e in events {
+            let (sum, count) = self.0.get(*e)?;
+            if *count == 0.0 {
+                return None;
+            }
+            total += sum / count;
+        }
+        Some(Duration::from_secs_f64(total))
+    }
+}
+
+/// `iters` creates (each removed at once) and `iters` updates of one running container.
+async fn measure(
+    ctrd: &Containerd,
+    pod: &Pod,
+    iters: usize,
+    tag: &str,
+) -> (Vec<Duration>, Vec<Duration>) {
+    let (mut create, mut update) = (Vec::new(), Vec::new());
     let mut c = ContainerSpec::new(&format!("upd-{tag}"), &["sleep", "3600"]);
     c.resources = Resources::limits(50_000, 64 * MIB);
     let target = Box::pin(ctrd.create_container(pod, c))
@@ -38,7 +148,7 @@ async fn measure(ctrd: &Containerd, pod: &Pod, iters: usize, tag: &str) -> Sampl
         let id = Box::pin(ctrd.create_container(pod, c))
             .await
             .expect("CreateContainer");
-        s.create.push(t.elapsed());
+        create.push(t.elapsed());
         ctrd.remove_container(&id).await.expect("RemoveContainer");
 
         let quota = if i % 2 == 0 { 60_000 } else { 50_000 };
@@ -46,73 +156,118 @@ async fn measure(ctrd: &Containerd, pod: &Pod, iters: usize, tag: &str) -> Sampl
         ctrd.update_container_resources(&target, &Resources::limits(quota, 64 * MIB))
             .await
             .expect("UpdateContainerResources");
-        s.update.push(t.elapsed());
+        update.push(t.elapsed());
     }
     ctrd.stop_container(&target, 0).await.expect("stop");
     ctrd.remove_container(&target).await.expect("remove");
-    s
+    (create, update)
 }
 
 fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)
 }
 
-fn row(name: &str, base: &mut [Duration], null: &mut [Duration], ours: &mut [Duration]) {
-    let (b50, b99) = (percentile(base, 0.5), percentile(base, 0.99));
-    let (n50, n99) = (percentile(null, 0.5), percentile(null, 0.99));
-    let (o50, o99) = (percentile(ours, 0.5), percentile(ours, 0.99));
-    let added = o99.saturating_sub(b99);
+/// `+0.42 ms` / `-0.10 ms`.
+fn delta(a: Duration, b: Duration) -> String {
+    format!("{:+.2} ms", (a.as_secs_f64() - b.as_secs_f64()) * 1e3)
+}
+
+fn added(ours: Duration, base: Duration) -> Duration {
+    ours.saturating_sub(base)
+}
+
+fn report(name: &str, base: &Calls, null: &Calls, ours: &Calls, handler: Option<Duration>) {
     println!(
-        "{name:<36} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {}",
-        ms(b50),
-        ms(b99),
-        ms(n50),
-        ms(n99),
-        ms(o50),
-        ms(o99),
-        ms(added),
-        ms(o50.saturating_sub(n50)),
-        if added < Duration::from_millis(2) {
-            "ok"
-        } else {
-            "OVER TARGET"
-        }
+        "{name} ({} calls per side)",
+        ours.len().min(base.len()).min(null.len())
     );
+    for (side, calls) in [(Side::Base, base), (Side::Null, null), (Side::Ours, ours)] {
+        let cols: Vec<String> = PERCENTILES
+            .iter()
+            .map(|(p, label)| {
+                let (v, lo, hi) = calls.at(*p);
+                format!("{label} {} ({}–{})", ms(v), ms(lo), ms(hi))
+            })
+            .collect();
+        println!("  {:<18} {}", side.label(), cols.join("   "));
+    }
+    let line = |what: &str, a: &Calls, b: &Calls| {
+        let cols: Vec<String> = PERCENTILES
+            .iter()
+            .map(|(p, label)| format!("{label} {}", delta(a.at(*p).0, b.at(*p).0)))
+            .collect();
+        println!("  {what:<38} {}", cols.join("   "));
+    };
+    line("nri-resize − no plugin (the target)", ours, base);
+    line(
+        "do-nothing − no plugin (containerd's NRI floor)",
+        null,
+        base,
+    );
+    line("nri-resize − do-nothing (ours)", ours, null);
+    let handler_text = handler.map_or_else(
+        || "not in the plugin's /metrics".to_string(),
+        |h| format!("{} per call (mean)", ms(h)),
+    );
+    println!(
+        "  {:<38} {handler_text}",
+        "nri-resize's handlers (its own work)"
+    );
+
+    let (b50, b90, b99) = (base.at(0.5).0, base.at(0.9).0, base.at(0.99).0);
+    let (n50, n99) = (null.at(0.5).0, null.at(0.99).0);
+    let (o50, o90, o99) = (ours.at(0.5), ours.at(0.9).0, ours.at(0.99));
+    let met = added(o50.0, b50) <= TARGET.0 && added(o99.0, b99) <= TARGET.1;
     nri_resize::bench_table::row(
-        &format!("CRI latency: {name}"),
         &format!(
-            "no plugin: {} p50 / {} p99; do-nothing plugin: {} p50",
-            ms(b50),
-            ms(b99),
-            ms(n50)
+            "CRI latency: {name}, {} calls per side in {} alternating rounds",
+            ours.len(),
+            ours.rounds.len()
         ),
-        &format!("{} p50 / {} p99 (+{} p99)", ms(o50), ms(o99), ms(added)),
-        Some(o99.as_secs_f64() / b99.as_secs_f64().max(1e-9)),
         &format!(
-            "added < 2 ms at p99: {}",
-            nri_resize::bench_table::verdict(added < Duration::from_millis(2))
+            "no plugin: {} p50 / {} p90 / {} p99; do-nothing plugin (containerd's NRI floor): {} p50 / {} p99",
+            ms(b50),
+            ms(b90),
+            ms(b99),
+            delta(n50, b50),
+            delta(n99, b99),
+        ),
+        &format!(
+            "{} p50 / {} p90 / {} p99 ({} p50, {} p99; p99 over rounds {}–{}); handlers: {handler_text}",
+            ms(o50.0),
+            ms(o90),
+            ms(o99.0),
+            delta(o50.0, b50),
+            delta(o99.0, b99),
+            ms(o99.1),
+            ms(o99.2),
+        ),
+        Some(o99.0.as_secs_f64() / b99.as_secs_f64().max(1e-9)),
+        &format!(
+            "≤ +1 ms p50 and ≤ +2 ms p99: {}",
+            nri_resize::bench_table::verdict(met)
         ),
     );
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 4)]
-async fn main() {
-    let iters: usize = std::env::var("NRI_RESIZE_BENCH_ITERS")
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(60);
-    println!("CRI latency, {iters} samples each, interleaved rounds; base = containerd without plugin, null = a do-nothing plugin on our transport, ours = nri-resize (target: ours - base < 2 ms at p99)");
+        .unwrap_or(default)
+        .max(1)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 4)]
+async fn main() {
+    let iters = env_usize("NRI_RESIZE_BENCH_ITERS", 300);
+    let rounds = env_usize("NRI_RESIZE_BENCH_ROUNDS", 3);
+    let per_round = iters.div_ceil(rounds);
     println!(
-        "{:<36} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}",
-        "measure",
-        "base p50",
-        "base p99",
-        "null p50",
-        "null p99",
-        "ours p50",
-        "ours p99",
-        "added p99",
-        "ours-null p50"
+        "CRI latency, {} calls of each kind per side in {rounds} alternating rounds \
+         (nri-resize, no plugin, do-nothing plugin, ...); percentiles over all calls, \
+         (lowest–highest round); target: nri-resize − no plugin ≤ 1 ms at p50 and ≤ 2 ms at p99",
+        per_round * rounds
     );
     for version in ContainerdVersion::all() {
         let ctrd = Containerd::start(version, ContainerdOptions::default()).await;
@@ -120,55 +275,57 @@ async fn main() {
         spec.resources = Resources::limits(400_000, 2048 * MIB);
         let pod = Box::pin(ctrd.run_pod(spec)).await.expect("RunPodSandbox");
         // Warm-up: image unpack, shim start.
-        drop(measure(&ctrd, &pod, 3, "warm").await);
-        // Interleaved rounds (without, with, without, with, ...) so that drift in machine load
-        // hits both sides alike.
-        let rounds = 3;
-        let mut base = Sample {
-            create: Vec::new(),
-            update: Vec::new(),
-        };
-        let mut ours = Sample {
-            create: Vec::new(),
-            update: Vec::new(),
-        };
-        let mut null = Sample {
-            create: Vec::new(),
-            update: Vec::new(),
-        };
+        drop(measure(&ctrd, &pod, 5, "warm").await);
+        let (mut base, mut null, mut ours) = (Side3::default(), Side3::default(), Side3::default());
+        let mut handlers = HandlerTime::default();
         for round in 0..rounds {
-            let b = measure(&ctrd, &pod, iters / rounds, &format!("base{round}")).await;
-            base.create.extend(b.create);
-            base.update.extend(b.update);
-            // Second baseline: a do-nothing plugin on the same transport.
-            let mut np = std::process::Command::new(env!("CARGO_BIN_EXE_null_plugin"))
-                .arg(ctrd.nri_socket())
-                .spawn()
-                .expect("start null plugin");
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            let n = measure(&ctrd, &pod, iters / rounds, &format!("null{round}")).await;
-            null.create.extend(n.create);
-            null.update.extend(n.update);
-            let _ = np.kill();
-            let _ = np.wait();
-            let mut plugin = PluginProcess::start(&ctrd, &format!("nri-resize-bench{round}"), &[]);
-            plugin.wait_ready(Duration::from_secs(15)).await;
-            let o = measure(&ctrd, &pod, iters / rounds, &format!("ours{round}")).await;
-            ours.create.extend(o.create);
-            ours.update.extend(o.update);
-            plugin.stop();
+            for side in [Side::Ours, Side::Base, Side::Null] {
+                let tag = format!("{}{round}", side.label().replace(' ', "-"));
+                let (create, update) = match side {
+                    Side::Base => measure(&ctrd, &pod, per_round, &tag).await,
+                    Side::Null => {
+                        let mut np = std::process::Command::new(env!("CARGO_BIN_EXE_null_plugin"))
+                            .arg(ctrd.nri_socket())
+                            .spawn()
+                            .expect("start the do-nothing plugin");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        let out = measure(&ctrd, &pod, per_round, &tag).await;
+                        let _ = np.kill();
+                        let _ = np.wait();
+                        out
+                    }
+                    Side::Ours => {
+                        let mut plugin =
+                            PluginProcess::start(&ctrd, &format!("nri-resize-bench{round}"), &[]);
+                        plugin.wait_ready(Duration::from_secs(15)).await;
+                        let out = measure(&ctrd, &pod, per_round, &tag).await;
+                        handlers.add(&scrape_metrics(&plugin.api()).await);
+                        plugin.stop();
+                        out
+                    }
+                };
+                let into = match side {
+                    Side::Base => &mut base,
+                    Side::Null => &mut null,
+                    Side::Ours => &mut ours,
+                };
+                into.create.rounds.push(create);
+                into.update.rounds.push(update);
+            }
         }
-        row(
+        report(
             &format!("{version} CreateContainer"),
-            &mut base.create,
-            &mut null.create,
-            &mut ours.create,
+            &base.create,
+            &null.create,
+            &ours.create,
+            handlers.mean(&["create_container", "post_create_container"]),
         );
-        row(
+        report(
             &format!("{version} UpdateContainerResources"),
-            &mut base.update,
-            &mut null.update,
-            &mut ours.update,
+            &base.update,
+            &null.update,
+            &ours.update,
+            handlers.mean(&["update_container", "post_update_container"]),
         );
         ctrd.stop_pod(&pod).await.expect("stop pod");
         ctrd.remove_pod(&pod).await.expect("remove pod");

@@ -5,11 +5,13 @@
 //! transport's deadline can always fire and answer fail-open.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tracing::{debug, info, warn};
 
 use super::off_worker::off_worker;
+use super::read_back::ReadBacks;
 use crate::model::{Container, ContainerState, EventKind, LinuxResources, Pod};
 use crate::nri::{
     ContainerUpdate, CreateReply, Deadline, EventSet, Handler, Rejection, RuntimeInfo, UpdateReply,
@@ -26,6 +28,8 @@ pub struct ModelHandler {
     engine: Option<Arc<Engine>>,
     /// Node capacity for pod-level admission; `None`: no node checks.
     node: Option<NodeReader>,
+    /// Cgroup read-backs that follow the answer instead of delaying it.
+    read_backs: Arc<ReadBacks>,
 }
 
 impl ModelHandler {
@@ -34,6 +38,7 @@ impl ModelHandler {
             state,
             engine: None,
             node: None,
+            read_backs: Arc::default(),
         }
     }
 
@@ -50,6 +55,11 @@ impl ModelHandler {
 
     pub(super) fn node_reader(&self) -> Option<&NodeReader> {
         self.node.as_ref()
+    }
+
+    /// Waits, at most `within`, for the read-backs started after answers.
+    pub async fn settle(&self, within: Duration) {
+        self.read_backs.settle(within).await;
     }
 
     /// With the resize engine deciding kubelet-driven updates.
@@ -231,10 +241,14 @@ impl Handler for ModelHandler {
     async fn post_start_container(&self, pod: Pod, ctr: Container) {
         let id = ctr.id.clone();
         self.container_event(EventKind::PostStartContainer, pod, ctr);
-        // The runtime has written the container's limits by now: its actual values, read back.
-        // (The observer's first read of a new cgroup can come before runc wrote them.)
+        // The runtime has written the container's limits by now: its actual values, read back
+        // once the runtime has its answer. (The observer's first read of a new cgroup can come
+        // before runc wrote them.)
         let state = Arc::clone(&self.state);
-        off_worker("confirm", move || state.confirm(&id, None)).await;
+        let rb_id = id.clone();
+        self.read_backs.start("confirm", &rb_id, move || {
+            state.confirm(&id, None);
+        });
     }
 
     async fn update_container(
@@ -283,18 +297,26 @@ impl Handler for ModelHandler {
     async fn post_update_container(&self, pod: Pod, ctr: Container) {
         let id = ctr.id.clone();
         self.container_event(EventKind::PostUpdateContainer, pod, ctr);
-        // Confirmation: what the update asked vs what the cgroup now says.
         if let Some(engine) = &self.engine {
             if let Some(c) = self.state.read_model(|m| m.container(&id).cloned()) {
                 engine.applied(&c);
             }
         }
+        // Confirmation: what the update asked vs what the cgroup now says. The request is taken
+        // now, in memory; the read-back runs once the runtime has its answer, so that the CRI
+        // call kubelet waits on does not wait for it too.
+        let taken = self.state.take_update(&id);
         let state = Arc::clone(&self.state);
-        off_worker("confirm", move || state.confirm_update(&id)).await;
+        let rb_id = id.clone();
+        self.read_backs.start("confirm", &rb_id, move || {
+            state.confirm_taken(&id, taken);
+        });
     }
 
     async fn stop_container(&self, pod: Pod, mut ctr: Container) -> Vec<ContainerUpdate> {
         ctr.state = ContainerState::Stopped;
+        // A read-back of this container still running sees its cgroup before runc stops it.
+        self.read_backs.finish(&ctr.id).await;
         if let Some(engine) = &self.engine {
             // Ends a staged decrease, if any (its checkpoint goes: file I/O, off the workers).
             let (engine, id) = (Arc::clone(engine), ctr.id.clone());
@@ -306,6 +328,7 @@ impl Handler for ModelHandler {
 
     async fn remove_container(&self, pod: Pod, ctr: Container) {
         debug!(pod = %pod.full_name(), container = %ctr.name, id = %ctr.id, "container removed");
+        self.read_backs.finish(&ctr.id).await;
         self.state
             .record(EventKind::RemoveContainer, &pod, Some(&ctr), None);
         self.state.untrack(&ctr.id);

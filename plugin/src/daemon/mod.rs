@@ -11,6 +11,7 @@ mod observe;
 mod off_worker;
 mod pod_level;
 mod pod_read;
+mod read_back;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -170,8 +171,16 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
             .with_node(NodeReader::new("/")),
     );
     let handler_observer: Arc<dyn HandlerObserver> = state.metrics.clone();
-    let exit = session_loop(&opts, handler, &link, Some(handler_observer), &cancel).await;
+    let exit = session_loop(
+        &opts,
+        handler.clone(),
+        &link,
+        Some(handler_observer),
+        &cancel,
+    )
+    .await;
     cancel.cancel();
+    handler.settle(Duration::from_secs(1)).await;
     engine.shutdown().await;
     if let Some(task) = capacity_task {
         if let Err(err) = task.await {
@@ -189,9 +198,15 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
             Err(err) => warn!(%err, "metrics task ended abnormally"),
         }
     }
-    // The observer stops at its next tick; while it is still loading its eBPF programs (seconds on
-    // slow machines) the exit does not wait for it: the process ends and the kernel drops them.
-    // (A plain thread joins it: the runtime's shutdown waits for its blocking pool, not for this.)
+    join_observer(observer_thread).await;
+    Ok(exit)
+}
+
+/// Waits for the observer thread, at most 3 s. It stops at its next tick; while it is still
+/// loading its eBPF programs (seconds on slow machines) the exit does not wait for it: the
+/// process ends and the kernel drops them. (A plain thread joins it: the runtime's shutdown
+/// waits for its blocking pool, not for this.)
+async fn join_observer(observer_thread: std::thread::JoinHandle<()>) {
     let (joined_tx, joined_rx) = tokio::sync::oneshot::channel();
     std::thread::spawn(move || {
         let _ = joined_tx.send(observer_thread.join().is_ok());
@@ -201,7 +216,6 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
         Ok(_) => warn!("observer thread ended abnormally"),
         Err(_) => warn!("observer still starting after 3 s; exiting without waiting for it"),
     }
-    Ok(exit)
 }
 
 /// Starts the capacity watcher (`[capacity] enabled`) once the observer handed over its cpuhp

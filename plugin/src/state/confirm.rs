@@ -83,15 +83,34 @@ pub fn differences(
     compared.then_some(found)
 }
 
+/// An update taken for confirmation: what it asked and when (`None`: none was waiting).
+#[derive(Debug)]
+#[must_use = "confirm it with NodeState::confirm_taken"]
+pub struct TakenUpdate(Option<(LinuxResources, std::time::Instant)>);
+
 impl NodeState {
-    /// At `PostUpdateContainer`: reads the cgroup back against what the update asked (or the
-    /// spec, when no update is waiting) and, when it holds every limit asked for, observes the
-    /// time since the `UpdateContainer` in `nri_resize_resize_confirmation_seconds`.
-    pub(crate) fn confirm_update(&self, id: &str) -> Option<Confirmation> {
+    /// At `PostUpdateContainer`, in memory: takes the update waiting for confirmation (what it
+    /// asked and when) and starts the resize's verdict window. The cgroup read is
+    /// [`Self::confirm_taken`], which the handler runs after answering the runtime.
+    pub(crate) fn take_update(&self, id: &str) -> TakenUpdate {
         let pending = self.observed(|o| o.pending.remove(id));
         self.verdict_update_applied(id, pending.as_ref().map(|(r, _)| r));
-        let since = pending.as_ref().map(|(_, at)| *at);
-        let c = self.confirm(id, pending.map(|(r, _)| r))?;
+        TakenUpdate(pending)
+    }
+
+    /// Reads the cgroup back against what the taken update asked (or the spec, when no update
+    /// was waiting) and, when it holds every limit asked for, observes the time since the
+    /// `UpdateContainer` in `nri_resize_resize_confirmation_seconds`. Blocking (cgroupfs).
+    /// `None` also when a newer update of the container came meanwhile: its own
+    /// `PostUpdateContainer` confirms it, and this older reading would be compared with the
+    /// wrong request.
+    pub(crate) fn confirm_taken(&self, id: &str, taken: TakenUpdate) -> Option<Confirmation> {
+        if self.observed(|o| o.pending.contains_key(id)) {
+            debug!(container_id = %id, "confirmation superseded by a newer update");
+            return None;
+        }
+        let since = taken.0.as_ref().map(|(_, at)| *at);
+        let c = self.confirm(id, taken.0.map(|(r, _)| r))?;
         if let (Some(at), Some(true)) = (since, c.matches) {
             self.metrics
                 .confirmation

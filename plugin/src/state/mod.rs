@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, RwLock};
 pub use capacity::{
     CapacityChange, CapacityResource, ChangeKind, LastChange, NodeStatus, PinnedContainer,
 };
-pub use confirm::{desired_matches, differences};
+pub use confirm::{desired_matches, differences, TakenUpdate};
 pub use observed::{Confirmation, ContainerObservation, Observed, ObserverInfo, Target};
 pub use pod_level::{limits_text, PodLevelStatus};
 pub use reevaluation::{Reevaluation, ReevaluationOutcome};
