@@ -366,6 +366,19 @@ async fn sigterm_during_a_staged_decrease_exits_at_once_and_resumes() {
         "exits cleanly within 30 s (the reclaim's own timeout is 120 s):\n{}",
         plugin.log_tail(30)
     );
+    // The promise: under 1 s. The VM tier's guests emulate the CPU (TCG): 5 s there.
+    let promised = if std::env::var_os("NRI_RESIZE_IN_VM").is_some() {
+        Duration::from_secs(5)
+    } else {
+        Duration::from_secs(1)
+    };
+    assert!(
+        took < promised,
+        "SIGTERM during a staged decrease: exit took {} ms, over {} ms:\n{}",
+        took.as_millis(),
+        promised.as_millis(),
+        plugin.log_tail(40)
+    );
     let log = std::fs::read_to_string(&plugin.log_path).expect("plugin log");
     assert!(
         log.contains("stays checkpointed"),
@@ -505,6 +518,21 @@ async fn slow_cgroup_fails_open(version: ContainerdVersion) {
     eprintln!(
         "{version}: UpdateContainer with a cgroup read stuck for {STUCK_MS} ms answered in {} ms (runtime timeout 2000 ms, budget 1500 ms)",
         took.as_millis()
+    );
+    // Answered by the plugin's deadline, 3/4 of the runtime's 2 s: not before it (the stuck read
+    // takes 4 s) and before the runtime's own timeout. The VM tier's guests emulate the CPU
+    // (TCG) and run late: up to 4 s there.
+    let latest = if std::env::var_os("NRI_RESIZE_IN_VM").is_some() {
+        Duration::from_secs(4)
+    } else {
+        Duration::from_secs(2)
+    };
+    assert!(
+        took >= Duration::from_millis(1450) && took < latest,
+        "{version}: answered in {} ms, expected at the 1500 ms budget (under {} ms):\n{}",
+        took.as_millis(),
+        latest.as_millis(),
+        plugin.log_tail(30)
     );
     first.unwrap_or_else(|e| {
         panic!(

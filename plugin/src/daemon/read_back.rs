@@ -91,7 +91,7 @@ mod tests {
     async fn settle_waits_bounded_and_gives_up_on_a_stuck_read() {
         let rb = ReadBacks::default();
         rb.start("test", "c1", || {
-            std::thread::sleep(Duration::from_millis(20))
+            std::thread::sleep(Duration::from_millis(20));
         });
         rb.start("test", "c2", || std::thread::sleep(Duration::from_secs(3)));
         let t = std::time::Instant::now();

@@ -5,7 +5,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 
 use aya::maps::{Map, MapData, PerCpuHashMap, RingBuf};
-use aya::programs::{BtfTracePoint, FEntry, TracePoint};
+use aya::programs::{BtfTracePoint, FEntry, Program, TracePoint};
 use aya::{Ebpf, EbpfLoader};
 use aya_log::EbpfLogger;
 use nri_resize_ebpf_common::{
@@ -250,6 +250,30 @@ fn fallback(
 ) {
     tracing::warn!(program, reason = %reason, fallback = ?next, "observer: program refused, falling back");
     fallbacks.push(Fallback { program, reason });
+}
+
+impl Drop for KernelSide {
+    /// Detaches the programs side by side: each detach waits for the kernel's RCU grace
+    /// periods (tens of ms each, hundreds in a row: the daemon's exit waited for them one by
+    /// one), and waits that overlap share grace periods.
+    fn drop(&mut self) {
+        std::thread::scope(|s| {
+            for (name, program) in self.ebpf.programs_mut() {
+                s.spawn(move || {
+                    // The kinds the observer attaches; any other is left to the drop.
+                    let unloaded = match program {
+                        Program::TracePoint(p) => p.unload(),
+                        Program::BtfTracePoint(p) => p.unload(),
+                        Program::FEntry(p) => p.unload(),
+                        _ => Ok(()),
+                    };
+                    if let Err(e) = unloaded {
+                        tracing::debug!(program = name, error = %e, "observer: unload");
+                    }
+                });
+            }
+        });
+    }
 }
 
 impl KernelSide {
