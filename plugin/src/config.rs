@@ -41,8 +41,8 @@ pub enum ConfigError {
 /// timeout_ms = 60000            # reclaim gives up after this and keeps a safe limit
 /// headroom = 16777216           # bytes above usage the interim limit keeps
 /// step_interval_ms = 100        # first pause between reclaim passes (doubles up to 1 s)
-/// inline_max = 1073741824       # page cache up to this is tried inside the update (0: off);
-///                               # bounded by time: half of the runtime's deadline left
+/// inline_max = 1073741824       # at most this much page cache reclaimed inside the update
+///                               # (0: off); bounded by time: half of the deadline left
 /// max_stall = 0.05              # staged reclaim slows down above this memory stall share (PSI)
 ///
 /// [policy]                      # node defaults; see docs/annotations.md
@@ -126,11 +126,11 @@ pub struct MemoryDecreaseConfig {
     pub headroom: u64,
     /// First pause between reclaim passes in milliseconds; it doubles up to one second.
     pub step_interval_ms: u64,
-    /// Up to this many bytes to reclaim, when what must go is page cache, a reclaim is tried
-    /// inside the update itself; 0 turns it off. Time bounds it, not bytes: it stops at half of
-    /// what is left of the runtime's deadline (about 750 ms of containerd's default 2 s), and the
-    /// decrease continues
-    /// staged.
+    /// When what must go is page cache, a reclaim runs inside the update itself, bounded by
+    /// time: it stops at half of what is left of the runtime's deadline (about 750 ms of
+    /// containerd's default 2 s), and the decrease continues staged. This caps the bytes it
+    /// reclaims there (a larger decrease reclaims this much inline, the rest staged); 0 turns
+    /// it off.
     pub inline_max: u64,
     /// Staged reclaim's ceiling on the container's memory stall share (PSI `some`, cgroup v2):
     /// above it the next step is smaller and later. Pods may lower it

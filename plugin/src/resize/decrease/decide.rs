@@ -136,12 +136,13 @@ impl Engine {
 
     /// The fast path: when what must go is page cache (anonymous and shared memory fit under
     /// the target), reclaim inside the update, bounded by time: half of what is left of the
-    /// runtime's deadline (750 ms with containerd's default 2 s). It reclaims in [`INLINE_CHUNK`] passes —
-    /// v1: the limit lowered a chunk at a time (the kernel reclaims inside the write or refuses
-    /// with `EBUSY`, never an OOM kill), v2: `memory.reclaim` a chunk at a time — and stops when
-    /// usage fits or the time is spent; the decrease then continues as a staged one. `inline_max`
-    /// (0: off) caps the bytes tried. `true`: usage fits the target now, and the runtime writes
-    /// the limit as asked.
+    /// runtime's deadline (750 ms with containerd's default 2 s). It reclaims in
+    /// [`INLINE_CHUNK`] passes — v1: the limit lowered a chunk at a time (the kernel reclaims
+    /// inside the write or refuses with `EBUSY`, never an OOM kill), v2: `memory.reclaim` a chunk
+    /// at a time — and stops when usage fits or the time is spent; the decrease then continues as
+    /// a staged one. `inline_max` (0: off) caps the bytes reclaimed here: a larger decrease
+    /// reclaims that much inline and the rest staged. `true`: usage fits the target now, and the
+    /// runtime writes the limit as asked.
     fn reclaim_inline(
         &self,
         ctr: &Container,
@@ -151,9 +152,11 @@ impl Engine {
         deadline: &Deadline,
     ) -> bool {
         let need = usage.usage.saturating_sub(target);
-        if need == 0 || need > inline_max || usage.unreclaimable() >= target {
+        if need == 0 || inline_max == 0 || usage.unreclaimable() >= target {
             return false;
         }
+        // Bytes reclaimed inline stop here even with time left (the staged decrease takes over).
+        let floor = usage.usage.saturating_sub(inline_max).max(target);
         let (Some(cg), Ok(path)) = (self.cgroups.as_ref(), container_path(&ctr.cgroups_path))
         else {
             return false;
@@ -171,7 +174,7 @@ impl Engine {
                     crate::cgroup::CgroupVersion::V2 => true,
                 };
             }
-            if Instant::now() >= until {
+            if Instant::now() >= until || (floor > target && now_usage <= floor) {
                 break false;
             }
             let step = match cg.version() {
