@@ -1,6 +1,7 @@
 //! CRI `CreateContainer` and `UpdateContainerResources` latency against real containerd, side by
 //! side in one run: no plugin, a do-nothing plugin on our transport (containerd's own NRI path,
-//! subscribed to the same events), and nri-resize. Target: nri-resize adds at most 1 ms at p50
+//! subscribed to the same events), nri-resize with its observer polling (`--no-ebpf`), and
+//! nri-resize as deployed. Target: nri-resize adds at most 1 ms at p50
 //! and 2 ms at p99 over containerd without a plugin.
 //!
 //! The sides alternate in rounds (nri-resize attached, detached, the do-nothing plugin attached,
@@ -28,6 +29,8 @@ enum Side {
     Ours,
     Base,
     Null,
+    /// nri-resize with its observer polling (`--no-ebpf`): what the eBPF programs cost.
+    NoEbpf,
 }
 
 impl Side {
@@ -36,6 +39,7 @@ impl Side {
             Side::Ours => "nri-resize",
             Side::Base => "no plugin",
             Side::Null => "do-nothing plugin",
+            Side::NoEbpf => "nri-resize --no-ebpf",
         }
     }
 }
@@ -72,7 +76,7 @@ impl Calls {
 }
 
 #[derive(Default)]
-struct Side3 {
+struct SideCalls {
     create: Calls,
     update: Calls,
 }
@@ -176,12 +180,31 @@ fn added(ours: Duration, base: Duration) -> Duration {
     ours.saturating_sub(base)
 }
 
-fn report(name: &str, base: &Calls, null: &Calls, ours: &Calls, handler: Option<Duration>) {
+/// One kind of call on every side.
+struct Kind<'a> {
+    base: &'a Calls,
+    null: &'a Calls,
+    ours: &'a Calls,
+    no_ebpf: &'a Calls,
+}
+
+fn report(name: &str, k: &Kind<'_>, handler: Option<Duration>) {
+    let Kind {
+        base,
+        null,
+        ours,
+        no_ebpf,
+    } = *k;
     println!(
         "{name} ({} calls per side)",
         ours.len().min(base.len()).min(null.len())
     );
-    for (side, calls) in [(Side::Base, base), (Side::Null, null), (Side::Ours, ours)] {
+    for (side, calls) in [
+        (Side::Base, base),
+        (Side::Null, null),
+        (Side::NoEbpf, no_ebpf),
+        (Side::Ours, ours),
+    ] {
         let cols: Vec<String> = PERCENTILES
             .iter()
             .map(|(p, label)| {
@@ -189,7 +212,7 @@ fn report(name: &str, base: &Calls, null: &Calls, ours: &Calls, handler: Option<
                 format!("{label} {} ({}–{})", ms(v), ms(lo), ms(hi))
             })
             .collect();
-        println!("  {:<18} {}", side.label(), cols.join("   "));
+        println!("  {:<21} {}", side.label(), cols.join("   "));
     }
     let line = |what: &str, a: &Calls, b: &Calls| {
         let cols: Vec<String> = PERCENTILES
@@ -205,6 +228,7 @@ fn report(name: &str, base: &Calls, null: &Calls, ours: &Calls, handler: Option<
         base,
     );
     line("nri-resize − do-nothing (ours)", ours, null);
+    line("nri-resize − nri-resize --no-ebpf (eBPF)", ours, no_ebpf);
     let handler_text = handler.map_or_else(
         || "not in the plugin's /metrics".to_string(),
         |h| format!("{} per call (mean)", ms(h)),
@@ -233,7 +257,7 @@ fn report(name: &str, base: &Calls, null: &Calls, ours: &Calls, handler: Option<
             delta(n99, b99),
         ),
         &format!(
-            "{} p50 / {} p90 / {} p99 ({} p50, {} p99; p99 over rounds {}–{}); handlers: {handler_text}",
+            "{} p50 / {} p90 / {} p99 ({} p50, {} p99; p99 over rounds {}–{}); its handlers: {handler_text}; its eBPF programs (vs --no-ebpf): {} p50",
             ms(o50.0),
             ms(o90),
             ms(o99.0),
@@ -241,6 +265,7 @@ fn report(name: &str, base: &Calls, null: &Calls, ours: &Calls, handler: Option<
             delta(o99.0, b99),
             ms(o99.1),
             ms(o99.2),
+            delta(o50.0, no_ebpf.at(0.5).0),
         ),
         Some(o99.0.as_secs_f64() / b99.as_secs_f64().max(1e-9)),
         &format!(
@@ -276,10 +301,15 @@ async fn main() {
         let pod = Box::pin(ctrd.run_pod(spec)).await.expect("RunPodSandbox");
         // Warm-up: image unpack, shim start.
         drop(measure(&ctrd, &pod, 5, "warm").await);
-        let (mut base, mut null, mut ours) = (Side3::default(), Side3::default(), Side3::default());
+        let (mut base, mut null, mut ours, mut no_ebpf) = (
+            SideCalls::default(),
+            SideCalls::default(),
+            SideCalls::default(),
+            SideCalls::default(),
+        );
         let mut handlers = HandlerTime::default();
         for round in 0..rounds {
-            for side in [Side::Ours, Side::Base, Side::Null] {
+            for side in [Side::Ours, Side::Base, Side::Null, Side::NoEbpf] {
                 let tag = format!("{}{round}", side.label().replace(' ', "-"));
                 let (create, update) = match side {
                     Side::Base => measure(&ctrd, &pod, per_round, &tag).await,
@@ -294,12 +324,19 @@ async fn main() {
                         let _ = np.wait();
                         out
                     }
-                    Side::Ours => {
+                    Side::Ours | Side::NoEbpf => {
+                        let extra: &[&str] = if side == Side::NoEbpf {
+                            &["--no-ebpf"]
+                        } else {
+                            &[]
+                        };
                         let mut plugin =
-                            PluginProcess::start(&ctrd, &format!("nri-resize-bench{round}"), &[]);
+                            PluginProcess::start(&ctrd, &format!("nri-resize-bench{round}"), extra);
                         plugin.wait_ready(Duration::from_secs(15)).await;
                         let out = measure(&ctrd, &pod, per_round, &tag).await;
-                        handlers.add(&scrape_metrics(&plugin.api()).await);
+                        if side == Side::Ours {
+                            handlers.add(&scrape_metrics(&plugin.api()).await);
+                        }
                         plugin.stop();
                         out
                     }
@@ -308,6 +345,7 @@ async fn main() {
                     Side::Base => &mut base,
                     Side::Null => &mut null,
                     Side::Ours => &mut ours,
+                    Side::NoEbpf => &mut no_ebpf,
                 };
                 into.create.rounds.push(create);
                 into.update.rounds.push(update);
@@ -315,16 +353,22 @@ async fn main() {
         }
         report(
             &format!("{version} CreateContainer"),
-            &base.create,
-            &null.create,
-            &ours.create,
+            &Kind {
+                base: &base.create,
+                null: &null.create,
+                ours: &ours.create,
+                no_ebpf: &no_ebpf.create,
+            },
             handlers.mean(&["create_container", "post_create_container"]),
         );
         report(
             &format!("{version} UpdateContainerResources"),
-            &base.update,
-            &null.update,
-            &ours.update,
+            &Kind {
+                base: &base.update,
+                null: &null.update,
+                ours: &ours.update,
+                no_ebpf: &no_ebpf.update,
+            },
             handlers.mean(&["update_container", "post_update_container"]),
         );
         ctrd.stop_pod(&pod).await.expect("stop pod");
