@@ -237,6 +237,16 @@ fn merge(base: &mut toml::Table, overlay: toml::Table) {
 }
 
 impl Config {
+    /// The keys a configuration may have at the top (`journal_size` and the tables), derived
+    /// from the configuration itself so that a new section is known the day it is added.
+    pub fn top_level_keys() -> Vec<String> {
+        toml::Table::try_from(Config::default())
+            .expect("the default configuration is a TOML table")
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect()
+    }
+
     /// Parses TOML text; `origin` names where it came from, for the error message.
     pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
         Self::default().overlay(text, origin)
@@ -387,6 +397,40 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_top_level_keys_are_the_fields_of_the_configuration() {
+        // Exhaustive: a new field does not compile until it is named here.
+        let Config {
+            journal_size: _,
+            resize: _,
+            policy: _,
+            memory_decrease: _,
+            capacity: _,
+            verdict: _,
+        } = Config::default();
+        let mut fields = [
+            "journal_size",
+            "resize",
+            "policy",
+            "memory_decrease",
+            "capacity",
+            "verdict",
+        ];
+        fields.sort_unstable();
+        let mut keys = Config::top_level_keys();
+        keys.sort();
+        assert_eq!(keys, fields);
+        for key in &keys {
+            let text = if key == "journal_size" {
+                format!("{key} = 1")
+            } else {
+                format!("[{key}]")
+            };
+            assert!(Config::parse(&text, "test").is_ok(), "{text}");
+        }
+        assert!(Config::parse("[verdicts]", "test").is_err());
+    }
 
     #[test]
     fn empty_text_gives_defaults() {

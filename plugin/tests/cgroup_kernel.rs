@@ -12,6 +12,8 @@
 //! Also the staged decrease's reclaim loop (`nri_resize::resize::reclaim`) on a real memcg: on
 //! cgroup v2 with PSI it is paced (steps read `memory.pressure` between them), on v1 it is not.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -483,7 +485,8 @@ fn the_kernels_refusals_come_back_as_distinct_errors() {
         CgroupVersion::V2 => {
             below.expect("v2 accepts memory.max below usage");
             let child = tree.children.last_mut().expect("child");
-            let status = child.wait().expect("wait");
+            let status =
+                common::wait_within(child, Duration::from_secs(60), "the OOM-killed process");
             assert_eq!(
                 std::os::unix::process::ExitStatusExt::signal(&status),
                 Some(9),

@@ -1,12 +1,18 @@
 //! The `nri-resize` binary on bad input: it must say what is wrong and exit non-zero.
 
-use std::process::Command;
+use std::process::{Command, Stdio};
 
+/// Runs the binary to its end, at most 30 s (a command that regressed into hanging, `run`
+/// above all, fails the test instead of hanging it).
 fn nri_resize(args: &[&str]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_nri-resize"))
+    let child = Command::new(env!("CARGO_BIN_EXE_nri-resize"))
         .args(args)
-        .output()
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("run nri-resize");
+    let out = output_within(child, std::time::Duration::from_secs(30));
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -105,8 +111,8 @@ impl Daemon {
     fn start() -> Daemon {
         let dir = tempfile::tempdir().expect("tempdir");
         let child = daemon_command(dir.path(), "no-runtime.sock")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
             .spawn()
             .expect("start nri-resize run");
         let d = Daemon { child, dir };
@@ -242,8 +248,8 @@ fn status_watch_redraws_until_interrupted() {
             "--api-socket",
             d.api_socket().to_str().expect("utf8"),
         ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("start status --watch");
     std::thread::sleep(std::time::Duration::from_millis(1500));
@@ -282,7 +288,7 @@ fn status_watch_json_prints_one_document_per_line() {
             "--api-socket",
             d.api_socket().to_str().expect("utf8"),
         ])
-        .stdout(std::process::Stdio::piped())
+        .stdout(Stdio::piped())
         .spawn()
         .expect("start status --watch --json");
     std::thread::sleep(std::time::Duration::from_secs(1));
@@ -309,8 +315,8 @@ fn exit_on_disconnect_exits_on_a_broken_session_too() {
         std::os::unix::net::UnixListener::bind(dir.path().join("nri.sock")).expect("bind");
     let mut child = daemon_command(dir.path(), "nri.sock")
         .arg("--exit-on-disconnect")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("start nri-resize run");
     listener.set_nonblocking(true).expect("nonblocking");

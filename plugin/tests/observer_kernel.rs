@@ -21,6 +21,8 @@
     reason = "before/after pairs of kernel and eBPF counters"
 )]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -481,7 +483,7 @@ fn oom_kill_is_attributed_to_the_victims_memcg_once() {
     // dd allocates its 300 MiB block and fills it: anonymous memory over the limit, no swap.
     let pid = cgroup.spawn("exec dd if=/dev/zero of=/dev/null bs=300M count=1");
     let child = cgroup.children.last_mut().expect("child");
-    let status = child.wait().expect("wait dd");
+    let status = common::wait_within(child, Duration::from_secs(60), "dd (to be OOM-killed)");
     assert_eq!(
         std::os::unix::process::ExitStatusExt::signal(&status),
         Some(9),
@@ -585,7 +587,7 @@ fn page_cache_reclaim_agrees_with_memory_stat() {
         file.display()
     ));
     let child = cgroup.children.last_mut().expect("child");
-    let status = child.wait().expect("wait dd");
+    let status = common::wait_within(child, Duration::from_secs(120), "dd (read into the cgroup)");
     assert!(
         status.success(),
         "dd (read into the cgroup) failed: {status}"

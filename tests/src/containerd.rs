@@ -412,7 +412,9 @@ impl Containerd {
     }
 
     async fn import(&self, archive: &Path) {
-        let out = tokio::process::Command::new(self.version.ctr_bin())
+        const WITHIN: Duration = Duration::from_secs(300);
+        let mut import = tokio::process::Command::new(self.version.ctr_bin());
+        import
             .arg("--address")
             .arg(self.cri_socket())
             .args(["-n", "k8s.io", "images", "import"])
@@ -424,8 +426,16 @@ impl Containerd {
                     self.version.bin_dir().display()
                 ),
             )
-            .output()
+            // A hung import is killed when the timeout drops it.
+            .kill_on_drop(true);
+        let out = tokio::time::timeout(WITHIN, import.output())
             .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "ctr images import {} did not finish within {WITHIN:?}: killed",
+                    archive.display()
+                )
+            })
             .unwrap_or_else(|e| panic!("run {}: {e}", self.version.ctr_bin().display()));
         assert!(
             out.status.success(),

@@ -10,7 +10,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::util::tail_lines;
+use crate::util::{output_within, tail_lines};
+
+/// How long one `ctr` command may take (an image import included) before it counts as hung.
+const CTR_TIMEOUT: Duration = Duration::from_secs(300);
+/// The same for the best-effort cleanup in `Drop` (which never panics).
+const CTR_CLEANUP_TIMEOUT: Duration = Duration::from_secs(30);
 use crate::Containerd;
 
 /// The image's name, as `cargo xtask image` writes it.
@@ -145,10 +150,7 @@ impl DaemonContainer {
     }
 
     fn run_ctr(&self, what: &str, args: &[&str]) -> std::process::Output {
-        let out = self
-            .ctr()
-            .args(args)
-            .output()
+        let out = output_within(self.ctr().args(args), CTR_TIMEOUT, what)
             .unwrap_or_else(|e| panic!("{what}: run {}: {e}", self.ctr.display()));
         assert!(
             out.status.success(),
@@ -278,12 +280,14 @@ impl DaemonContainer {
     /// Runs `args` inside the daemon container (`ctr task exec`): (exit code, stdout, stderr).
     pub fn exec(&self, args: &[&str]) -> (i32, String, String) {
         let exec_id = format!("exec-{}", crate::util::next_instance());
-        let out = self
-            .ctr()
-            .args(["task", "exec", "--exec-id", &exec_id, &self.id])
-            .args(args)
-            .output()
-            .unwrap_or_else(|e| panic!("ctr task exec: {e}"));
+        let out = output_within(
+            self.ctr()
+                .args(["task", "exec", "--exec-id", &exec_id, &self.id])
+                .args(args),
+            CTR_TIMEOUT,
+            "ctr task exec",
+        )
+        .unwrap_or_else(|e| panic!("ctr task exec: {e}"));
         (
             out.status.code().unwrap_or(-1),
             String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -295,22 +299,29 @@ impl DaemonContainer {
 impl Drop for DaemonContainer {
     fn drop(&mut self) {
         // By id, best effort: the harness's own cleanup kills whatever is left in its cgroups.
-        let _ = self
-            .ctr()
-            .args(["task", "kill", "--signal", "SIGKILL", &self.id])
-            .output();
+        let _ = output_within(
+            self.ctr()
+                .args(["task", "kill", "--signal", "SIGKILL", &self.id]),
+            CTR_CLEANUP_TIMEOUT,
+            "ctr task kill",
+        );
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
-            let ok = self
-                .ctr()
-                .args(["task", "delete", "--force", &self.id])
-                .output()
-                .is_ok_and(|o| o.status.success());
+            let ok = output_within(
+                self.ctr().args(["task", "delete", "--force", &self.id]),
+                CTR_CLEANUP_TIMEOUT,
+                "ctr task delete",
+            )
+            .is_ok_and(|o| o.status.success());
             if ok {
                 break;
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        let _ = self.ctr().args(["container", "delete", &self.id]).output();
+        let _ = output_within(
+            self.ctr().args(["container", "delete", &self.id]),
+            CTR_CLEANUP_TIMEOUT,
+            "ctr container delete",
+        );
     }
 }

@@ -52,6 +52,37 @@ pub(crate) fn require_in_path(name: &str, what: &str) -> PathBuf {
     panic!("nri-resize-tests: {what} is missing: `{name}` not found in PATH; {INSTALL_HINT}");
 }
 
+/// Runs `cmd` to its end with its output captured, at most `within`. A child still running then
+/// is killed and the run is an error of kind `TimedOut` naming `what`, so a hung tool (`ctr`
+/// stuck on a dead socket) fails the test instead of hanging it.
+pub(crate) fn output_within(
+    cmd: &mut std::process::Command,
+    within: Duration,
+    what: &str,
+) -> std::io::Result<std::process::Output> {
+    use std::process::Stdio;
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid fits i32"));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    if let Ok(out) = rx.recv_timeout(within) {
+        out
+    } else {
+        // The waiting thread owns the child and reaps it once it is dead.
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("{what} did not exit within {within:?}: killed"),
+        ))
+    }
+}
+
 /// Last `n` lines of a text file (empty when unreadable).
 pub fn tail_lines(path: &Path, n: usize) -> String {
     let text = std::fs::read(path)
@@ -102,4 +133,30 @@ pub async fn scrape_metrics(api: &nri_resize::api::ApiClient) -> String {
     let mut body = String::new();
     s.read_to_string(&mut body).expect("read /metrics");
     body
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_child_past_its_time_is_killed_and_named() {
+        let started = Instant::now();
+        let err = output_within(
+            std::process::Command::new("sleep").arg("30"),
+            Duration::from_millis(200),
+            "sleep 30",
+        )
+        .expect_err("sleep outlives 200 ms");
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+        assert!(err.to_string().contains("sleep 30"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(10));
+        let out = output_within(
+            std::process::Command::new("echo").arg("hi"),
+            Duration::from_secs(10),
+            "echo",
+        )
+        .expect("echo runs");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "hi\n");
+    }
 }

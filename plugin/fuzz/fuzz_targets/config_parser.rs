@@ -7,17 +7,24 @@
 //!   keeps the file's keys it does not name.
 #![no_main]
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
 use nri_resize::config::Config;
+use nri_resize::policy::Share;
 
-const KNOWN: [&str; 5] = ["journal_size", "resize", "policy", "memory_decrease", "capacity"];
+/// From the configuration itself: a new section is known as soon as it exists.
+static KNOWN: LazyLock<Vec<String>> = LazyLock::new(Config::top_level_keys);
+
+fn is_share(s: Share) -> bool {
+    (0.0..=1.0).contains(&s.get())
+}
 
 fuzz_target!(|text: &str| {
     let parsed = Config::parse(text, "fuzz");
     if let Ok(table) = text.parse::<toml::Table>() {
-        if table.keys().any(|k| !KNOWN.contains(&k.as_str())) {
+        if table.keys().any(|k| !KNOWN.contains(k)) {
             assert!(parsed.is_err(), "an unknown key was accepted: {text:?}");
         }
     }
@@ -32,8 +39,14 @@ fuzz_target!(|text: &str| {
     assert!((1_000..=3_600_000).contains(&md.timeout_ms));
     assert!(md.inline_max <= 4 << 30);
     assert!((1..=10_000).contains(&md.step_interval_ms) && md.headroom <= 64 << 30);
+    assert!(is_share(md.max_stall));
     let resync = cfg.capacity.resync_interval;
     assert!(resync >= Duration::from_secs(1) && resync <= Duration::from_secs(3600));
+    let v = &cfg.verdict;
+    assert!(v.window >= Duration::from_secs(1) && v.window <= Duration::from_secs(3600));
+    assert!(is_share(v.cpu_stall_increase));
+    assert!(is_share(v.memory_stall_increase));
+    assert!(is_share(v.throttle_increase));
 
     let written = toml::to_string(&cfg).expect("a parsed configuration serializes");
     let again = Config::parse(&written, "fuzz round trip")

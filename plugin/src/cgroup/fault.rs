@@ -37,18 +37,32 @@ impl Slow {
     }
 }
 
+/// A malformed [`ENV`] value.
+#[derive(Debug, thiserror::Error)]
+pub enum FaultSpecError {
+    #[error("{}={spec:?}: expected <ms>:<flag file>", ENV)]
+    Format { spec: String },
+    #[error("{}={spec:?}: delay: {source}", ENV)]
+    Delay {
+        spec: String,
+        #[source]
+        source: std::num::ParseIntError,
+    },
+}
+
 /// `cgroups`, slowed when [`ENV`] asks for it; a malformed value is an error (a test that set
 /// it wants it).
-pub fn from_env(cgroups: Cgroups) -> Result<Cgroups, String> {
+pub fn from_env(cgroups: Cgroups) -> Result<Cgroups, FaultSpecError> {
     let Ok(spec) = std::env::var(ENV) else {
         return Ok(cgroups);
     };
-    let (ms, flag) = spec
-        .split_once(':')
-        .ok_or_else(|| format!("{ENV}={spec:?}: expected <ms>:<flag file>"))?;
-    let ms: u64 = ms
-        .parse()
-        .map_err(|e| format!("{ENV}={spec:?}: delay: {e}"))?;
+    let Some((ms, flag)) = spec.split_once(':') else {
+        return Err(FaultSpecError::Format { spec });
+    };
+    let ms: u64 = ms.parse().map_err(|source| FaultSpecError::Delay {
+        spec: spec.clone(),
+        source,
+    })?;
     tracing::warn!(delay_ms = ms, flag = %flag, "fault injection active: cgroup I/O slowed while the flag file exists");
     Ok(Cgroups::Slow(Slow {
         inner: Box::new(cgroups),
@@ -100,5 +114,24 @@ impl CgroupIo for Slow {
     fn memory_pressure(&self, cgroup: &Path) -> Result<super::StallTotals, CgroupError> {
         self.pause(cgroup);
         self.inner.memory_pressure(cgroup)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_malformed_spec_names_the_variable_and_the_problem() {
+        let spec = "soon:/tmp/flag".to_string();
+        let source = "soon".parse::<u64>().unwrap_err();
+        assert_eq!(
+            FaultSpecError::Delay { spec, source }.to_string(),
+            "NRI_RESIZE_FAULT_SLOW_CGROUP=\"soon:/tmp/flag\": delay: invalid digit found in string"
+        );
+        assert_eq!(
+            FaultSpecError::Format { spec: "500".into() }.to_string(),
+            "NRI_RESIZE_FAULT_SLOW_CGROUP=\"500\": expected <ms>:<flag file>"
+        );
     }
 }

@@ -148,11 +148,16 @@ impl Handler for ModelHandler {
         };
         self.state.retrack(&pods, &containers);
         self.state.retain_pod_levels(&pods);
+        let present: Vec<String> = pods.iter().map(|p| p.id.clone()).collect();
         self.state.write_model(|m| m.rebuild(pods, containers));
         if let Some(engine) = &self.engine {
-            // Reads the checkpoint directory.
             let engine = Arc::clone(engine);
-            off_worker("resume checkpoints", move || engine.resume_checkpointed()).await;
+            // Forgets the records of pods that are gone, then reads the checkpoint directory.
+            off_worker("resume checkpoints", move || {
+                engine.retain_pods(&present);
+                engine.resume_checkpointed();
+            })
+            .await;
         }
         self.state
             .record(EventKind::Synchronize, &sync_pod, None, None);
@@ -216,6 +221,12 @@ impl Handler for ModelHandler {
         self.state.untrack_pod(&pod.id);
         self.state.forget_pod_level(&pod);
         self.state.write_model(|m| m.remove_pod(&pod.id));
+        if let Some(engine) = &self.engine {
+            // After the model forgot the pod: a whole-pod resize ending now sees it gone and
+            // leaves no record. Removes reclaim checkpoints of leftover containers, if any.
+            let (engine, id) = (Arc::clone(engine), pod.id.clone());
+            off_worker("forget pod", move || engine.forget_pod(&id)).await;
+        }
     }
 
     async fn create_container(

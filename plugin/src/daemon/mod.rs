@@ -102,7 +102,7 @@ fn open_checkpoints(dir: &std::path::Path, state: &NodeState) -> Option<Checkpoi
 
 /// Runs the daemon until `cancel` fires (or the runtime goes away with `exit_on_disconnect`).
 pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<Exit> {
-    nri::validate_idx(&opts.identity.idx).map_err(anyhow::Error::msg)?;
+    nri::validate_idx(&opts.identity.idx)?;
     let file_config = match &opts.config_path {
         Some(p) => Config::load(p)?,
         None => Config::default(),

@@ -64,7 +64,7 @@ impl ModelHandler {
         });
         let (actual, usage, error) = match read.actual {
             Ok((a, u)) => (Some(a), u, None),
-            Err(e) => (None, None, Some(e)),
+            Err(e) => (None, None, Some(e.to_string())),
         };
         let verdict = admit_pod_level(
             &read.node.unwrap_or_default(),
@@ -153,7 +153,7 @@ impl ModelHandler {
                 }
                 Err(e) => {
                     r.matches = None;
-                    r.error = Some(e);
+                    r.error = Some(e.to_string());
                 }
             }
         });

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tracing::warn;
 
-use crate::cgroup::{pod_path, CgroupIo, Cgroups};
+use crate::cgroup::{pod_path, CgroupError, CgroupIo, Cgroups};
 use crate::config::ResizeConfig;
 use crate::model::PodLimits;
 use crate::policy::NodeCapacity;
@@ -16,9 +16,23 @@ use crate::state::NodeStatus;
 /// How long a pod-level handler may spend reading the pod cgroup and the node.
 pub const READ_BUDGET: Duration = Duration::from_millis(500);
 
+/// Why the pod cgroup was not read.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum PodReadError {
+    #[error("cgroup access is off")]
+    NoCgroupAccess,
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+    /// The blocking read panicked or was cancelled.
+    #[error("pod cgroup read failed: {0}")]
+    Failed(#[source] tokio::task::JoinError),
+    #[error("pod cgroup read took longer than {budget:?}")]
+    TooSlow { budget: Duration },
+}
+
 /// One read of the pod cgroup and the node.
 pub(super) struct PodRead {
-    pub actual: Result<(PodLimits, Option<u64>), String>,
+    pub actual: Result<(PodLimits, Option<u64>), PodReadError>,
     pub node: Option<NodeCapacity>,
 }
 
@@ -34,7 +48,7 @@ pub(super) async fn read_pod(
 ) -> PodRead {
     let work = tokio::task::spawn_blocking(move || {
         let actual = match &cgroups {
-            None => Err("cgroup access is off".to_owned()),
+            None => Err(PodReadError::NoCgroupAccess),
             Some(cg) => pod_path(&cgroup_parent)
                 .and_then(|p| cg.read_actual(&p))
                 .map(|a| {
@@ -43,7 +57,7 @@ pub(super) async fn read_pod(
                         a.memory_usage,
                     )
                 })
-                .map_err(|e| e.to_string()),
+                .map_err(PodReadError::from),
         };
         let node = node.and_then(|n| {
             n.capacity_with(snapshot.as_ref(), &reserve)
@@ -55,11 +69,13 @@ pub(super) async fn read_pod(
     match tokio::time::timeout(READ_BUDGET, work).await {
         Ok(Ok(read)) => read,
         Ok(Err(e)) => PodRead {
-            actual: Err(format!("pod cgroup read failed: {e}")),
+            actual: Err(PodReadError::Failed(e)),
             node: None,
         },
         Err(_) => PodRead {
-            actual: Err(format!("pod cgroup read took longer than {READ_BUDGET:?}")),
+            actual: Err(PodReadError::TooSlow {
+                budget: READ_BUDGET,
+            }),
             node: None,
         },
     }

@@ -31,8 +31,26 @@ pub const DECODED_METHODS: [&str; 19] = [
     "Shutdown",
 ];
 
-fn parse<M: Message>(method: &str, payload: &[u8]) -> Result<M, String> {
-    M::parse_from_bytes(payload).map_err(|e| format!("{method}: {e}"))
+/// Why a request payload could not be decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// The payload is not a valid message of the method's request type.
+    #[error("{method}: {source}")]
+    Parse {
+        method: String,
+        #[source]
+        source: protobuf::Error,
+    },
+    /// The plugin service serves no such method.
+    #[error("unknown method {0}")]
+    UnknownMethod(String),
+}
+
+fn parse<M: Message>(method: &str, payload: &[u8]) -> Result<M, DecodeError> {
+    M::parse_from_bytes(payload).map_err(|source| DecodeError::Parse {
+        method: method.to_string(),
+        source,
+    })
 }
 
 /// The pod (and container) as the service converts them; a count so nothing is optimized away.
@@ -55,7 +73,7 @@ fn resources(r: &MessageField<pb::LinuxResources>) -> usize {
 
 /// Decodes one request payload of `method` (see [`DECODED_METHODS`]).
 #[doc(hidden)]
-pub fn decode_plugin_request(method: &str, payload: &[u8]) -> Result<usize, String> {
+pub fn decode_plugin_request(method: &str, payload: &[u8]) -> Result<usize, DecodeError> {
     let m = method;
     Ok(match method {
         "Configure" => parse::<pb::ConfigureRequest>(m, payload)?.config.len(),
@@ -126,6 +144,6 @@ pub fn decode_plugin_request(method: &str, payload: &[u8]) -> Result<usize, Stri
             parse::<pb::Empty>(m, payload)?;
             0
         }
-        other => return Err(format!("unknown method {other}")),
+        other => return Err(DecodeError::UnknownMethod(other.to_string())),
     })
 }

@@ -76,14 +76,21 @@ pub enum TransportError {
     Mux(#[from] MuxError),
 }
 
+/// A plugin index the runtime would refuse.
+#[derive(Debug, thiserror::Error)]
+#[error("plugin index must be two digits (00-99), got {idx:?}")]
+pub struct IdxError {
+    pub idx: String,
+}
+
 /// Validates a plugin index the way the runtime does (two decimal digits).
-pub fn validate_idx(idx: &str) -> Result<(), String> {
+pub fn validate_idx(idx: &str) -> Result<(), IdxError> {
     if idx.len() == 2 && idx.bytes().all(|b| b.is_ascii_digit()) {
         Ok(())
     } else {
-        Err(format!(
-            "plugin index must be two digits (00-99), got {idx:?}"
-        ))
+        Err(IdxError {
+            idx: idx.to_string(),
+        })
     }
 }
 
@@ -203,4 +210,4 @@ where
 #[cfg(test)]
 mod tests;
 
-pub use decode::{decode_plugin_request, DECODED_METHODS};
+pub use decode::{decode_plugin_request, DecodeError, DECODED_METHODS};

@@ -15,6 +15,7 @@ use nri_resize_ebpf_common::{
 };
 
 use super::btf::KernelBtf;
+use super::probe::ProbeError;
 use super::{
     maps, parse, Fallback, HotplugStrategy, ObjectSource, ObserverError, ObserverSettings,
     OomStrategy, ProgramStats, Reclaim, ReclaimStrategy, Strategies, ThrottleStrategy,
@@ -61,16 +62,16 @@ impl log::Log for TracingLog {
 struct Resolved {
     config: ObserverConfig,
     /// task → cgroup chain (needed by every BTF-walking program).
-    task_chain: Result<(), String>,
+    task_chain: Result<(), ProbeError>,
     /// `task_struct::throttled` (task-based throttling).
-    task_throttled: Result<(), String>,
+    task_throttled: Result<(), ProbeError>,
     /// `cfs_rq::tg`, `task_group::css` and the `unthrottle_cfs_rq` function.
-    cfs_rq: Result<(), String>,
-    memcg_events: Result<(), String>,
-    reclaim_end: Result<(), String>,
-    cpuhp: Result<(), String>,
+    cfs_rq: Result<(), ProbeError>,
+    memcg_events: Result<(), ProbeError>,
+    reclaim_end: Result<(), ProbeError>,
+    cpuhp: Result<(), ProbeError>,
     /// `oom/mark_victim` passes the victim's `task_struct` (6.8+; before, only its pid).
-    mark_victim_task: Result<(), String>,
+    mark_victim_task: Result<(), ProbeError>,
 }
 
 #[expect(
@@ -79,7 +80,7 @@ struct Resolved {
 )]
 fn resolve(
     btf: &KernelBtf,
-    tracefs: Result<&Path, &str>,
+    tracefs: Result<&Path, &ProbeError>,
     cpu_hierarchy: u32,
     memory_hierarchy: u32,
 ) -> Resolved {
@@ -100,7 +101,7 @@ fn resolve(
         c.memory_subsys = btf.enum_value("cgroup_subsys_id", "memory_cgrp_id")?;
         Ok(())
     })()
-    .map_err(|e| e.to_string());
+    .map_err(ProbeError::from);
 
     let task_throttled = btf
         .member("task_struct", "throttled")
@@ -108,7 +109,9 @@ fn resolve(
             c.task_throttled = loc.byte_offset();
             c.task_throttled_mask = loc.byte_mask();
         })
-        .map_err(|e| format!("{e} (kernel without task-based CFS throttling, added in 6.18)"));
+        .map_err(|e| ProbeError::NoTaskThrottling {
+            lookup: std::sync::Arc::new(e),
+        });
 
     let cfs_rq = (|| -> Result<(), ObserverError> {
         if !btf.has_function("unthrottle_cfs_rq") {
@@ -121,7 +124,7 @@ fn resolve(
         c.cfs_rq_throttled_clock = btf.offset("cfs_rq", "throttled_clock").unwrap_or(NO_FIELD);
         Ok(())
     })()
-    .map_err(|e| e.to_string());
+    .map_err(ProbeError::from);
 
     let mut any_item = false;
     for slot in ReclaimSlot::ALL {
@@ -132,26 +135,29 @@ fn resolve(
         c.reclaim_items[slot as usize] = item;
     }
 
-    let format = |category: &str, event: &str| -> Result<Vec<parse::FormatField>, String> {
-        let root = tracefs.map_err(str::to_owned)?;
+    let format = |category: &str, event: &str| -> Result<Vec<parse::FormatField>, ProbeError> {
+        let root = tracefs.map_err(Clone::clone)?;
         let path = root
             .join("events")
             .join(category)
             .join(event)
             .join("format");
-        let text =
-            std::fs::read_to_string(&path).map_err(|e| format!("read {}: {e}", path.display()))?;
+        let text = std::fs::read_to_string(&path).map_err(|e| ProbeError::TracepointFormat {
+            path: path.clone(),
+            source: std::sync::Arc::new(e),
+        })?;
         Ok(parse::tracefs_format(&text))
     };
-    let offset_of = |fields: &[parse::FormatField], name: &str| -> Result<u32, String> {
-        parse::field(fields, name)
-            .map(|f| f.offset)
-            .ok_or_else(|| format!("no field {name}"))
-    };
+    let offset_of =
+        |fields: &[parse::FormatField], name: &'static str| -> Result<u32, ProbeError> {
+            parse::field(fields, name)
+                .map(|f| f.offset)
+                .ok_or(ProbeError::NoField { name })
+        };
 
     let memcg_events = format("memcg", "count_memcg_events").and_then(|fields| {
         if !any_item {
-            return Err("enum vm_event_item has none of the reclaim events".into());
+            return Err(ProbeError::NoReclaimEvents);
         }
         c.memcg_events = MemcgEventsLayout {
             id: offset_of(&fields, "id")?,
@@ -185,10 +191,8 @@ fn resolve(
     let mark_victim_task = match btf.tracepoint_param_is_struct_ptr("mark_victim", 1, "task_struct")
     {
         Ok(true) => Ok(()),
-        Ok(false) => Err(
-            "oom/mark_victim passes no task_struct on this kernel (a pid only, before 6.8)".into(),
-        ),
-        Err(e) => Err(e.to_string()),
+        Ok(false) => Err(ProbeError::MarkVictimPidOnly),
+        Err(e) => Err(e.into()),
     };
 
     Resolved {
@@ -205,7 +209,7 @@ fn resolve(
 
 /// The tracefs mount: the configured one, or `/sys/kernel/tracing` (mounted if needed), or the
 /// debugfs one.
-fn tracefs(configured: Option<&Path>) -> Result<PathBuf, String> {
+fn tracefs(configured: Option<&Path>) -> Result<PathBuf, ProbeError> {
     if let Some(path) = configured {
         return Ok(path.to_owned());
     }
@@ -224,11 +228,9 @@ fn tracefs(configured: Option<&Path>) -> Result<PathBuf, String> {
         nix::mount::MsFlags::empty(),
         None::<&str>,
     )
-    .map_err(|e| {
-        format!(
-            "tracefs not mounted and `mount -t tracefs tracefs {}` failed: {e}",
-            standard.display()
-        )
+    .map_err(|source| ProbeError::TracefsMount {
+        path: standard.to_owned(),
+        source,
     })?;
     tracing::info!(path = %standard.display(), "observer: mounted tracefs");
     Ok(standard.to_owned())
@@ -245,9 +247,10 @@ pub(super) struct KernelSide {
 fn fallback(
     fallbacks: &mut Vec<Fallback>,
     program: &'static str,
-    reason: String,
+    reason: &ProbeError,
     next: &dyn std::fmt::Debug,
 ) {
+    let reason = reason.to_string();
     tracing::warn!(program, reason = %reason, fallback = ?next, "observer: program refused, falling back");
     fallbacks.push(Fallback { program, reason });
 }
@@ -299,12 +302,7 @@ impl KernelSide {
         // parse dropped before aya parses it again, so that the two are never alive together.
         let btf = KernelBtf::from_file(&settings.btf)?;
         let tracefs = tracefs(settings.tracefs.as_deref());
-        let r = resolve(
-            &btf,
-            tracefs.as_deref().map_err(String::as_str),
-            cpu_hierarchy,
-            memory_hierarchy,
-        );
+        let r = resolve(&btf, tracefs.as_deref(), cpu_hierarchy, memory_hierarchy);
         drop(btf);
         let aya_btf =
             aya::Btf::parse_file(&settings.btf, aya::Endianness::default()).map_err(|e| {
@@ -537,7 +535,7 @@ fn attach_throttle(
         });
         if let Err(reason) = attached {
             throttle = ThrottleStrategy::TpBtfSchedSwitch;
-            fallback(fallbacks, names::PROG_UNTHROTTLE, reason, &throttle);
+            fallback(fallbacks, names::PROG_UNTHROTTLE, &reason, &throttle);
         }
     }
     if throttle == ThrottleStrategy::TpBtfSchedSwitch {
@@ -548,7 +546,7 @@ fn attach_throttle(
             .and_then(|()| attach_tp_btf(ebpf, names::PROG_SCHED_SWITCH, "sched_switch", aya_btf));
         if let Err(reason) = attached {
             throttle = ThrottleStrategy::CpuStatPolling;
-            fallback(fallbacks, names::PROG_SCHED_SWITCH, reason, &throttle);
+            fallback(fallbacks, names::PROG_SCHED_SWITCH, &reason, &throttle);
         }
     }
     throttle
@@ -596,14 +594,14 @@ fn attach_reclaim(
                     fallback(
                         fallbacks,
                         names::PROG_RECLAIM_BEGIN,
-                        reason,
+                        &reason,
                         &"no direct reclaim time",
                     );
                 }
             }
             Err(reason) => {
                 reclaim = ReclaimStrategy::MemoryStatPolling;
-                fallback(fallbacks, names::PROG_MEMCG_EVENTS, reason, &reclaim);
+                fallback(fallbacks, names::PROG_MEMCG_EVENTS, &reason, &reclaim);
             }
         }
     }
@@ -627,7 +625,7 @@ fn attach_oom(
             .and_then(|()| attach_tp_btf(ebpf, names::PROG_MARK_VICTIM, "mark_victim", aya_btf));
         if let Err(reason) = attached {
             oom = OomStrategy::MemoryEventsPolling;
-            fallback(fallbacks, names::PROG_MARK_VICTIM, reason, &oom);
+            fallback(fallbacks, names::PROG_MARK_VICTIM, &reason, &oom);
         }
     }
     oom
@@ -646,17 +644,17 @@ fn attach_hotplug(
         let attached = r.cpuhp.clone().and_then(|()| {
             attach_tracepoint(ebpf, names::PROG_CPUHP_ENTER, "cpuhp", "cpuhp_enter")?;
             attach_tracepoint(ebpf, names::PROG_CPUHP_EXIT, "cpuhp", "cpuhp_exit")?;
-            let map = ebpf
-                .take_map(names::CPUHP_RING)
-                .ok_or("no map CPUHP_EVENTS")?;
-            RingBuf::try_from(map).map_err(|e| e.to_string())
+            let map = ebpf.take_map(names::CPUHP_RING).ok_or(ProbeError::NoMap {
+                map: names::CPUHP_RING,
+            })?;
+            RingBuf::try_from(map).map_err(|e| ProbeError::MapType(std::sync::Arc::new(e)))
         });
         match attached {
             Ok(rb) => {
                 ring = Some(rb);
                 hotplug = HotplugStrategy::CpuhpTracepoints;
             }
-            Err(reason) => fallback(fallbacks, names::PROG_CPUHP_ENTER, reason, &hotplug),
+            Err(reason) => fallback(fallbacks, names::PROG_CPUHP_ENTER, &reason, &hotplug),
         }
     }
     (hotplug, ring)
@@ -679,51 +677,49 @@ pub(super) fn decode_hotplug(bytes: &[u8]) -> Option<CpuHotplugEvent> {
 
 fn attach_fentry(
     ebpf: &mut Ebpf,
-    program: &str,
+    program: &'static str,
     function: &str,
     btf: &aya::Btf,
-) -> Result<(), String> {
+) -> Result<(), ProbeError> {
     let p: &mut FEntry = ebpf
         .program_mut(program)
-        .ok_or_else(|| format!("no program {program} in the object"))?
+        .ok_or(ProbeError::NoProgram { program })?
         .try_into()
-        .map_err(|e: aya::programs::ProgramError| e.to_string())?;
-    p.load(function, btf).map_err(|e| format!("load: {e:#}"))?;
-    p.attach().map_err(|e| format!("attach: {e:#}"))?;
+        .map_err(ProbeError::program_type)?;
+    p.load(function, btf).map_err(ProbeError::load)?;
+    p.attach().map_err(ProbeError::attach)?;
     Ok(())
 }
 
 fn attach_tp_btf(
     ebpf: &mut Ebpf,
-    program: &str,
+    program: &'static str,
     tracepoint: &str,
     btf: &aya::Btf,
-) -> Result<(), String> {
+) -> Result<(), ProbeError> {
     let p: &mut BtfTracePoint = ebpf
         .program_mut(program)
-        .ok_or_else(|| format!("no program {program} in the object"))?
+        .ok_or(ProbeError::NoProgram { program })?
         .try_into()
-        .map_err(|e: aya::programs::ProgramError| e.to_string())?;
-    p.load(tracepoint, btf)
-        .map_err(|e| format!("load: {e:#}"))?;
-    p.attach().map_err(|e| format!("attach: {e:#}"))?;
+        .map_err(ProbeError::program_type)?;
+    p.load(tracepoint, btf).map_err(ProbeError::load)?;
+    p.attach().map_err(ProbeError::attach)?;
     Ok(())
 }
 
 fn attach_tracepoint(
     ebpf: &mut Ebpf,
-    program: &str,
+    program: &'static str,
     category: &str,
     name: &str,
-) -> Result<(), String> {
+) -> Result<(), ProbeError> {
     let p: &mut TracePoint = ebpf
         .program_mut(program)
-        .ok_or_else(|| format!("no program {program} in the object"))?
+        .ok_or(ProbeError::NoProgram { program })?
         .try_into()
-        .map_err(|e: aya::programs::ProgramError| e.to_string())?;
-    p.load().map_err(|e| format!("load: {e:#}"))?;
-    p.attach(category, name)
-        .map_err(|e| format!("attach: {e:#}"))?;
+        .map_err(ProbeError::program_type)?;
+    p.load().map_err(ProbeError::load)?;
+    p.attach(category, name).map_err(ProbeError::attach)?;
     Ok(())
 }
 

@@ -22,6 +22,7 @@ mod kernel;
 mod maps;
 pub mod parse;
 pub mod pressure;
+mod probe;
 
 use std::fmt;
 use std::os::unix::fs::MetadataExt as _;

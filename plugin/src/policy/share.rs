@@ -39,14 +39,21 @@ impl Share {
     }
 }
 
-impl TryFrom<f64> for Share {
-    type Error = String;
+/// A number that is not a share (outside `0.0..=1.0`, or NaN).
+#[derive(Clone, Copy, Debug, PartialEq, thiserror::Error)]
+#[error("{value} is not a share within 0.0..=1.0")]
+pub struct ShareError {
+    pub value: f64,
+}
 
-    fn try_from(value: f64) -> Result<Self, String> {
+impl TryFrom<f64> for Share {
+    type Error = ShareError;
+
+    fn try_from(value: f64) -> Result<Self, ShareError> {
         if (0.0..=1.0).contains(&value) {
             Ok(Self(value))
         } else {
-            Err(format!("{value} is not a share within 0.0..=1.0"))
+            Err(ShareError { value })
         }
     }
 }
@@ -70,7 +77,10 @@ mod tests {
     #[test]
     fn parses_within_range_only() {
         assert_eq!(Share::try_from(0.05), Ok(Share::new(0.05)));
-        assert!(Share::try_from(1.5).is_err());
+        assert_eq!(
+            Share::try_from(1.5).unwrap_err().to_string(),
+            "1.5 is not a share within 0.0..=1.0"
+        );
         assert!(Share::try_from(f64::NAN).is_err());
         assert!(Share::new(f64::NAN).get().abs() < f64::EPSILON);
         assert!((Share::new(2.0).get() - 1.0).abs() < f64::EPSILON);

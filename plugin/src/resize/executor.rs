@@ -92,6 +92,11 @@ impl Engine {
                 ))
             }
         });
+        // The pod was removed meanwhile (`forget_pod` came before the record's last update):
+        // its record goes with it.
+        if self.state.read_model(|m| m.pod(&pod.id).is_none()) {
+            self.pods.locked().remove(&pod.id);
+        }
         self.targets.locked().remove(&pod.id);
         if let Some(store) = &self.checkpoints {
             if let Err(e) = store.remove(&checkpoint_key(&pod.id)) {
@@ -403,6 +408,40 @@ mod tests {
         assert_eq!(record.attempts, 2);
         assert_eq!(record.state, Some(ResizeState::Error));
         assert!(record.reason.contains("failed 2 times"), "{record:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pod_removed_during_its_resize_leaves_no_record() {
+        let (_root, engine) = engine(&(256 * MI).to_string());
+        let running = tokio::spawn({
+            let engine = Arc::clone(&engine);
+            async move {
+                let req = PodResizeRequest {
+                    containers: BTreeMap::from([(
+                        "app".to_string(),
+                        ContainerTarget {
+                            cpu_millis: None,
+                            memory_bytes: Some(300 * MI),
+                        },
+                    )]),
+                };
+                engine.resize_pod("ns", "web", &req).await
+            }
+        });
+        // The executor has started (its record is there); paused time stands still meanwhile,
+        // so it cannot have finished (a failed step backs off before the next attempt).
+        while engine.pod_resizes().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        engine.state.write_model(|m| m.remove_pod("pA"));
+        engine.forget_pod("pA");
+        let result = running.await.expect("the resize task");
+        assert!(result.is_err(), "{result:?}");
+        assert_eq!(
+            engine.pod_resizes(),
+            Vec::new(),
+            "the removed pod's record came back"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -2,7 +2,7 @@
 //! state, reason, in the KEP's words) and one per whole-pod resize (its steps, each with the
 //! cgroups' actual values after it).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -193,6 +193,49 @@ impl Engine {
         self.containers.locked().remove(id);
     }
 
+    /// Forgets a removed pod: its whole-pod resize record and the records of any of its
+    /// containers still kept (as [`Engine::forget_container`] does for each: a restart or staged
+    /// decrease of theirs ends too).
+    pub fn forget_pod(&self, pod_id: &str) {
+        self.pods.locked().remove(pod_id);
+        let containers: Vec<String> = self
+            .containers
+            .locked()
+            .iter()
+            .filter(|(_, r)| r.pod_id == pod_id)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in containers {
+            self.forget_container(&id);
+        }
+    }
+
+    /// Keeps the records of the pods whose ids are in `present` only (a synchronize: the
+    /// runtime's whole list); every other pod is forgotten ([`Engine::forget_pod`]).
+    pub fn retain_pods(&self, present: &[String]) {
+        let present: HashSet<&str> = present.iter().map(String::as_str).collect();
+        let known = |id: &str| present.contains(id);
+        let mut gone: Vec<String> = self
+            .pods
+            .locked()
+            .keys()
+            .filter(|id| !known(id))
+            .cloned()
+            .collect();
+        gone.extend(
+            self.containers
+                .locked()
+                .values()
+                .filter(|r| !known(&r.pod_id))
+                .map(|r| r.pod_id.clone()),
+        );
+        gone.sort_unstable();
+        gone.dedup();
+        for id in gone {
+            self.forget_pod(&id);
+        }
+    }
+
     /// The runtime applied an update: what was desired is now allocated.
     pub fn applied(&self, ctr: &Container) {
         self.notify_reclaim_applied(&ctr.id);
@@ -206,5 +249,93 @@ impl Engine {
             }
             r.updated_ms = now_ms();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::nri::RuntimeLink;
+    use crate::resize::node::NodeReader;
+    use crate::state::NodeState;
+
+    fn engine() -> Engine {
+        Engine::new(
+            NodeState::new(Config::default()),
+            RuntimeLink::default(),
+            None,
+            NodeReader::new("/nonexistent/nri-resize-test-node"),
+            None,
+        )
+    }
+
+    /// A pod with one container, both with resize records.
+    fn pod_with_records(engine: &Engine, pod_id: &str) -> Pod {
+        let pod = Pod {
+            id: pod_id.into(),
+            namespace: "ns".into(),
+            name: pod_id.into(),
+            ..Pod::default()
+        };
+        let ctr = Container {
+            id: format!("{pod_id}-c"),
+            pod_id: pod_id.into(),
+            name: "app".into(),
+            ..Container::default()
+        };
+        engine.record(&pod, &ctr, None, Some(ResizeState::Deferred), "test");
+        engine.pods.locked().insert(
+            pod_id.into(),
+            PodResize {
+                pod_id: pod_id.into(),
+                pod: pod.full_name(),
+                ..PodResize::default()
+            },
+        );
+        pod
+    }
+
+    fn pod_ids(engine: &Engine) -> Vec<String> {
+        engine.pod_resizes().into_iter().map(|r| r.pod_id).collect()
+    }
+
+    fn container_ids(engine: &Engine) -> Vec<String> {
+        let mut ids: Vec<String> = engine.container_resizes().into_keys().collect();
+        ids.sort();
+        ids
+    }
+
+    #[test]
+    fn a_removed_pod_leaves_no_records() {
+        let engine = engine();
+        pod_with_records(&engine, "p1");
+        pod_with_records(&engine, "p2");
+        engine.forget_pod("p1");
+        assert_eq!(pod_ids(&engine), ["p2"]);
+        assert_eq!(container_ids(&engine), ["p2-c"]);
+        engine.forget_pod("unknown");
+        assert_eq!(pod_ids(&engine), ["p2"]);
+    }
+
+    #[test]
+    fn a_synchronize_keeps_the_records_of_present_pods_only() {
+        let engine = engine();
+        pod_with_records(&engine, "p1");
+        pod_with_records(&engine, "p2");
+        // A container record whose pod has no whole-pod record goes too.
+        let p3 = Pod {
+            id: "p3".into(),
+            ..Pod::default()
+        };
+        let c3 = Container {
+            id: "p3-c".into(),
+            pod_id: "p3".into(),
+            ..Container::default()
+        };
+        engine.record(&p3, &c3, None, None, "");
+        engine.retain_pods(&["p1".to_string()]);
+        assert_eq!(pod_ids(&engine), ["p1"]);
+        assert_eq!(container_ids(&engine), ["p1-c"]);
     }
 }
