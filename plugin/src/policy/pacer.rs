@@ -1,0 +1,187 @@
+//! The [`Pacer`]: how much a paced staged decrease reclaims next, and when. Pure: the loop
+//! (`resize/reclaim/`) measures the [`Harm`] its last step did and asks.
+//!
+//! The harm is the workload's **stall share** since the last pass (stalled time over wall time),
+//! the higher of its `memory.pressure` and its `io.pressure` `some` lines: a reclaimed page the
+//! workload needs again is read back from disk, and depending on the kernel that wait shows as
+//! memory stall (6.1) or only as I/O stall (6.12). Against the ceiling (`[memory_decrease]
+//! max_stall`, tightenable per pod):
+//!
+//! - **Over the ceiling: hold.** The next passes reclaim nothing (the interim `memory.max` stays
+//!   above usage, so the workload can fault back what it needs), each pause twice as long (up to
+//!   [`MAX_WAIT`]), until the stall is back under *half* the ceiling; then it resumes with
+//!   [`MIN_STEP`] and half the pause.
+//! - **Under half the ceiling** (not holding): the step doubles (up to what is left) and the
+//!   pause halves back towards the configured step interval.
+//! - **In between** (not holding): the same step again.
+//!
+//! It starts with [`FIRST_STEP`]: a hot working set is hurt by the first step already. The pacer
+//! never ends a reclaim: the loop still ends by converging, by its timeout, or by being
+//! superseded.
+
+use std::time::Duration;
+
+use super::share::percent as pct;
+use super::{bytes_text, Share};
+
+/// The first step of a paced reclaim (doubles every pass while the stall stays low).
+pub const FIRST_STEP: u64 = 1 << 20;
+/// The step a reclaim resumes with after holding.
+pub const MIN_STEP: u64 = 1 << 20;
+/// The longest wait between passes.
+pub const MAX_WAIT: Duration = Duration::from_secs(4);
+
+/// What the last reclaim step cost the workload, measured between two passes.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Harm {
+    /// `memory.pressure` `some` share.
+    pub memory: f64,
+    /// `io.pressure` `some` share (0 where unreadable).
+    pub io: f64,
+    /// Bytes the workload refaulted meanwhile (reclaimed pages it needed again).
+    pub refaulted: u64,
+}
+
+impl Harm {
+    /// The stall share the pacer holds against its ceiling.
+    #[must_use]
+    pub fn stall(&self) -> f64 {
+        self.memory.max(self.io)
+    }
+}
+
+/// What the pacer decided after a pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PaceChange {
+    /// Over the ceiling, or holding and not yet under half of it: reclaim nothing, wait longer.
+    Hold,
+    /// Holding, and the stall fell under half the ceiling: small steps again.
+    Resume,
+    /// Well under the ceiling: larger and sooner.
+    Faster,
+    Same,
+}
+
+/// The pacing state of one staged decrease.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Pacer {
+    max_stall: Share,
+    base_wait: Duration,
+    step: u64,
+    wait: Duration,
+    holding: bool,
+    /// The last harm seen.
+    pub last: Option<Harm>,
+    /// The highest stall share seen.
+    pub worst_stall: f64,
+    /// Passes that came over the ceiling.
+    pub over_ceiling: u32,
+    /// Times the reclaim went on hold.
+    pub holds: u32,
+    /// Bytes refaulted while paced.
+    pub refaulted: u64,
+}
+
+impl Pacer {
+    /// `base_wait`: the configured pause between passes (the shortest the pacer uses).
+    #[must_use]
+    pub fn new(max_stall: Share, base_wait: Duration) -> Self {
+        Self {
+            max_stall,
+            base_wait,
+            step: FIRST_STEP,
+            wait: base_wait,
+            holding: false,
+            last: None,
+            worst_stall: 0.0,
+            over_ceiling: 0,
+            holds: 0,
+            refaulted: 0,
+        }
+    }
+
+    /// Bytes to reclaim next, given `left` bytes still to go: 0 while holding.
+    #[must_use]
+    pub fn step(&self, left: u64) -> u64 {
+        if self.holding {
+            0
+        } else {
+            self.step.min(left)
+        }
+    }
+
+    /// The pause before the next pass.
+    #[must_use]
+    pub fn wait(&self) -> Duration {
+        self.wait
+    }
+
+    #[must_use]
+    pub fn holding(&self) -> bool {
+        self.holding
+    }
+
+    #[must_use]
+    pub fn max_stall(&self) -> Share {
+        self.max_stall
+    }
+
+    /// Adjusts to the harm measured since the previous pass.
+    pub fn observe(&mut self, harm: Harm) -> PaceChange {
+        let stall = harm.stall();
+        self.last = Some(harm);
+        self.worst_stall = self.worst_stall.max(stall);
+        self.refaulted = self.refaulted.saturating_add(harm.refaulted);
+        let ceiling = self.max_stall.get();
+        if stall > ceiling {
+            self.over_ceiling += 1;
+            if !self.holding {
+                self.holds += 1;
+            }
+            self.holding = true;
+            self.step = MIN_STEP;
+            self.wait = (self.wait * 2).clamp(self.base_wait, MAX_WAIT.max(self.base_wait));
+            PaceChange::Hold
+        } else if self.holding && stall >= ceiling / 2.0 {
+            PaceChange::Hold
+        } else if self.holding {
+            self.holding = false;
+            self.wait = (self.wait / 2).max(self.base_wait);
+            PaceChange::Resume
+        } else if stall < ceiling / 2.0 {
+            self.step = self.step.saturating_mul(2);
+            self.wait = (self.wait / 2).max(self.base_wait);
+            PaceChange::Faster
+        } else {
+            PaceChange::Same
+        }
+    }
+
+    /// What a deferred decrease adds to its reason when pacing held it back: `"; paced by the
+    /// workload's stall (the higher of memory and I/O pressure): 12 % at the last pass, up to
+    /// 31 %, ceiling 5 %; held 2 time(s), 7 pass(es) over the ceiling, holding at the end;
+    /// 3.2Mi refaulted meanwhile"`.
+    #[must_use]
+    pub fn deferred_note(&self) -> String {
+        match self.last {
+            Some(last) if self.over_ceiling > 0 => format!(
+                "; paced by the workload's stall (the higher of memory and I/O pressure): {} % at the last pass, up to {} %, ceiling {} %; held {} time(s), {} pass(es) over the ceiling, {}; {} refaulted meanwhile",
+                pct(last.stall()),
+                pct(self.worst_stall),
+                pct(self.max_stall.get()),
+                self.holds,
+                self.over_ceiling,
+                if self.holding {
+                    "holding at the end".to_owned()
+                } else {
+                    format!("next step {}", bytes_text(self.step))
+                },
+                bytes_text(self.refaulted),
+            ),
+            _ => String::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

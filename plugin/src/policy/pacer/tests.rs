@@ -1,0 +1,116 @@
+//! The pacer's rules, pass by pass.
+
+use super::*;
+
+const MIB: u64 = 1 << 20;
+const BASE: Duration = Duration::from_millis(100);
+
+fn stall(memory: f64, io: f64) -> Harm {
+    Harm {
+        memory,
+        io,
+        refaulted: 0,
+    }
+}
+
+#[test]
+fn it_starts_small_and_grows_while_the_stall_stays_low() {
+    let mut p = Pacer::new(Share::new(0.05), BASE);
+    assert_eq!((p.step(u64::MAX), p.wait()), (MIB, BASE));
+    assert_eq!(p.step(MIB / 2), MIB / 2, "never more than what is left");
+    for want in [2, 4, 8] {
+        assert_eq!(p.observe(stall(0.01, 0.0)), PaceChange::Faster);
+        assert_eq!(p.step(u64::MAX), want * MIB);
+    }
+    assert_eq!(
+        p.observe(stall(0.0, 0.04)),
+        PaceChange::Same,
+        "under the ceiling, over half of it"
+    );
+    assert_eq!((p.step(u64::MAX), p.wait()), (8 * MIB, BASE));
+}
+
+#[test]
+fn over_the_ceiling_it_holds_until_the_stall_is_under_half_of_it_then_resumes_small() {
+    let mut p = Pacer::new(Share::new(0.05), BASE);
+    for _ in 0..5 {
+        p.observe(stall(0.0, 0.0));
+    }
+    assert_eq!(p.step(u64::MAX), 32 * MIB);
+    assert_eq!(p.observe(stall(0.20, 0.0)), PaceChange::Hold);
+    assert!(p.holding());
+    assert_eq!(
+        (p.step(u64::MAX), p.wait()),
+        (0, 2 * BASE),
+        "holding reclaims nothing"
+    );
+    for _ in 0..10 {
+        assert_eq!(p.observe(stall(0.09, 0.0)), PaceChange::Hold);
+    }
+    assert_eq!(
+        (p.step(u64::MAX), p.wait()),
+        (0, MAX_WAIT),
+        "the wait is capped"
+    );
+    assert_eq!(
+        p.observe(stall(0.03, 0.0)),
+        PaceChange::Hold,
+        "under the ceiling but not under half of it: still holding"
+    );
+    assert_eq!(p.step(u64::MAX), 0);
+    assert_eq!(p.observe(stall(0.02, 0.0)), PaceChange::Resume);
+    assert_eq!(
+        (p.step(u64::MAX), p.wait()),
+        (MIN_STEP, MAX_WAIT / 2),
+        "resumes small"
+    );
+    assert_eq!(p.observe(stall(0.0, 0.0)), PaceChange::Faster);
+    assert_eq!(
+        (p.step(u64::MAX), p.wait()),
+        (2 * MIB, MAX_WAIT / 4),
+        "and grows while the stall stays low"
+    );
+    assert_eq!((p.holds, p.over_ceiling), (1, 11));
+    assert!((p.worst_stall - 0.20).abs() < 1e-9);
+}
+
+#[test]
+fn io_stall_counts_as_much_as_memory_stall() {
+    let mut p = Pacer::new(Share::new(0.05), BASE);
+    assert_eq!(
+        p.observe(stall(0.0, 0.08)),
+        PaceChange::Hold,
+        "refaults waiting on I/O only (6.12)"
+    );
+    assert_eq!(p.step(u64::MAX), 0);
+    assert_eq!(p.observe(stall(0.06, 0.01)), PaceChange::Hold);
+    assert_eq!(p.observe(stall(0.01, 0.01)), PaceChange::Resume);
+}
+
+#[test]
+fn the_deferred_note_names_the_stall_in_plain_quantities_only_when_pacing_held_back() {
+    let mut p = Pacer::new(Share::new(0.05), BASE);
+    p.observe(stall(0.01, 0.0));
+    assert_eq!(p.deferred_note(), "");
+    p.observe(Harm {
+        memory: 0.02,
+        io: 0.31,
+        refaulted: 3 * MIB,
+    });
+    p.observe(Harm {
+        memory: 0.12,
+        io: 0.04,
+        refaulted: MIB / 5,
+    });
+    assert_eq!(
+        p.deferred_note(),
+        "; paced by the workload's stall (the higher of memory and I/O pressure): 12 % at the last pass, up to 31 %, ceiling 5 %; held 1 time(s), 2 pass(es) over the ceiling, holding at the end; 3.2Mi refaulted meanwhile"
+    );
+    p.observe(stall(0.0, 0.0));
+    assert!(
+        p.deferred_note().contains("0 % at the last pass")
+            && p.deferred_note().contains("next step 1Mi"),
+        "{}",
+        p.deferred_note()
+    );
+}
