@@ -54,7 +54,7 @@ pub struct ReclaimJob {
     pub step_interval: Duration,
     /// v2: step `memory.high` even where `memory.reclaim` exists.
     pub force_memory_high: bool,
-    /// Ceiling on the container's memory stall share between passes (1.0: unpaced).
+    /// Ceiling on the container's stall share (memory or I/O) between passes (1.0: unpaced).
     pub max_stall: Share,
 }
 
