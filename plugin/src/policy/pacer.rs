@@ -4,16 +4,20 @@
 //! The harm is the workload's **stall share** since the last pass (stalled time over wall time),
 //! the higher of its `memory.pressure` and its `io.pressure` `some` lines: a reclaimed page the
 //! workload needs again is read back from disk, and depending on the kernel that wait shows as
-//! memory stall (6.1) or only as I/O stall (6.12). Against the ceiling (`[memory_decrease]
-//! max_stall`, tightenable per pod):
+//! memory stall (6.1) or only as I/O stall (6.12). That harm outlives the step that caused it:
+//! the pages are missing until the workload happens to touch them again, so every further step
+//! adds to it. Hence, against the ceiling `c` (`[memory_decrease] max_stall`, tightenable per
+//! pod):
 //!
-//! - **Over the ceiling: hold.** The next passes reclaim nothing (the interim `memory.max` stays
-//!   above usage, so the workload can fault back what it needs), each pause twice as long (up to
-//!   [`MAX_WAIT`]), until the stall is back under *half* the ceiling; then it resumes with
-//!   [`MIN_STEP`] and half the pause.
-//! - **Under half the ceiling** (not holding): the step doubles (up to what is left) and the
-//!   pause halves back towards the configured step interval.
-//! - **In between** (not holding): the same step again.
+//! - **At or over half the ceiling: hold.** The next passes reclaim nothing (the interim
+//!   `memory.max` stays above usage, so the workload can fault back what it needs), each pause
+//!   twice as long (up to [`MAX_WAIT`]), until the stall is back under `c / 2`; then it resumes
+//!   with [`MIN_STEP`] and half the pause. Passes over `c` itself are counted for the deferred
+//!   note.
+//! - **Under a quarter of the ceiling: grow.** Until the first hold the step doubles (a cold
+//!   cache goes fast); after it, it grows by [`MIN_STEP`] a pass. The pause halves back towards
+//!   the configured step interval.
+//! - **In between** (`c / 4` to `c / 2`): the same step again.
 //!
 //! It starts with [`FIRST_STEP`]: a hot working set is hurt by the first step already. The pacer
 //! never ends a reclaim: the loop still ends by converging, by its timeout, or by being
@@ -53,11 +57,11 @@ impl Harm {
 /// What the pacer decided after a pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PaceChange {
-    /// Over the ceiling, or holding and not yet under half of it: reclaim nothing, wait longer.
+    /// At or over half the ceiling: reclaim nothing, wait longer.
     Hold,
     /// Holding, and the stall fell under half the ceiling: small steps again.
     Resume,
-    /// Well under the ceiling: larger and sooner.
+    /// Under a quarter of the ceiling: larger and sooner.
     Faster,
     Same,
 }
@@ -70,6 +74,8 @@ pub struct Pacer {
     step: u64,
     wait: Duration,
     holding: bool,
+    /// Since the first hold, steps grow by [`MIN_STEP`] instead of doubling.
+    held_before: bool,
     /// The last harm seen.
     pub last: Option<Harm>,
     /// The highest stall share seen.
@@ -92,6 +98,7 @@ impl Pacer {
             step: FIRST_STEP,
             wait: base_wait,
             holding: false,
+            held_before: false,
             last: None,
             worst_stall: 0.0,
             over_ceiling: 0,
@@ -135,21 +142,26 @@ impl Pacer {
         let ceiling = self.max_stall.get();
         if stall > ceiling {
             self.over_ceiling += 1;
+        }
+        // `> 0`: a ceiling of 0 still lets a reclaim that stalls nothing go on.
+        if stall > 0.0 && stall >= ceiling / 2.0 {
             if !self.holding {
                 self.holds += 1;
             }
-            self.holding = true;
+            (self.holding, self.held_before) = (true, true);
             self.step = MIN_STEP;
             self.wait = (self.wait * 2).clamp(self.base_wait, MAX_WAIT.max(self.base_wait));
-            PaceChange::Hold
-        } else if self.holding && stall >= ceiling / 2.0 {
             PaceChange::Hold
         } else if self.holding {
             self.holding = false;
             self.wait = (self.wait / 2).max(self.base_wait);
             PaceChange::Resume
-        } else if stall < ceiling / 2.0 {
-            self.step = self.step.saturating_mul(2);
+        } else if stall <= 0.0 || stall < ceiling / 4.0 {
+            self.step = if self.held_before {
+                self.step.saturating_add(MIN_STEP)
+            } else {
+                self.step.saturating_mul(2)
+            };
             self.wait = (self.wait / 2).max(self.base_wait);
             PaceChange::Faster
         } else {
@@ -164,7 +176,7 @@ impl Pacer {
     #[must_use]
     pub fn deferred_note(&self) -> String {
         match self.last {
-            Some(last) if self.over_ceiling > 0 => format!(
+            Some(last) if self.holds > 0 => format!(
                 "; paced by the workload's stall (the higher of memory and I/O pressure): {} % at the last pass, up to {} %, ceiling {} %; held {} time(s), {} pass(es) over the ceiling, {}; {} refaulted meanwhile",
                 pct(last.stall()),
                 pct(self.worst_stall),

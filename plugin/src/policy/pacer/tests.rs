@@ -14,7 +14,7 @@ fn stall(memory: f64, io: f64) -> Harm {
 }
 
 #[test]
-fn it_starts_small_and_grows_while_the_stall_stays_low() {
+fn it_starts_small_and_doubles_while_the_stall_stays_under_a_quarter_of_the_ceiling() {
     let mut p = Pacer::new(Share::new(0.05), BASE);
     assert_eq!((p.step(u64::MAX), p.wait()), (MIB, BASE));
     assert_eq!(p.step(MIB / 2), MIB / 2, "never more than what is left");
@@ -23,27 +23,32 @@ fn it_starts_small_and_grows_while_the_stall_stays_low() {
         assert_eq!(p.step(u64::MAX), want * MIB);
     }
     assert_eq!(
-        p.observe(stall(0.0, 0.04)),
+        p.observe(stall(0.0, 0.02)),
         PaceChange::Same,
-        "under the ceiling, over half of it"
+        "over a quarter of the ceiling, under half of it"
     );
     assert_eq!((p.step(u64::MAX), p.wait()), (8 * MIB, BASE));
 }
 
 #[test]
-fn over_the_ceiling_it_holds_until_the_stall_is_under_half_of_it_then_resumes_small() {
+fn from_half_the_ceiling_it_holds_until_the_stall_is_under_half_then_resumes_small() {
     let mut p = Pacer::new(Share::new(0.05), BASE);
     for _ in 0..5 {
         p.observe(stall(0.0, 0.0));
     }
     assert_eq!(p.step(u64::MAX), 32 * MIB);
-    assert_eq!(p.observe(stall(0.20, 0.0)), PaceChange::Hold);
+    assert_eq!(
+        p.observe(stall(0.03, 0.0)),
+        PaceChange::Hold,
+        "under the ceiling, but the harm of the steps taken stays: no more"
+    );
     assert!(p.holding());
     assert_eq!(
         (p.step(u64::MAX), p.wait()),
         (0, 2 * BASE),
         "holding reclaims nothing"
     );
+    assert_eq!(p.over_ceiling, 0);
     for _ in 0..10 {
         assert_eq!(p.observe(stall(0.09, 0.0)), PaceChange::Hold);
     }
@@ -52,26 +57,23 @@ fn over_the_ceiling_it_holds_until_the_stall_is_under_half_of_it_then_resumes_sm
         (0, MAX_WAIT),
         "the wait is capped"
     );
-    assert_eq!(
-        p.observe(stall(0.03, 0.0)),
-        PaceChange::Hold,
-        "under the ceiling but not under half of it: still holding"
-    );
-    assert_eq!(p.step(u64::MAX), 0);
+    assert_eq!(p.observe(stall(0.025, 0.0)), PaceChange::Hold);
     assert_eq!(p.observe(stall(0.02, 0.0)), PaceChange::Resume);
     assert_eq!(
         (p.step(u64::MAX), p.wait()),
         (MIN_STEP, MAX_WAIT / 2),
         "resumes small"
     );
+    assert_eq!(p.observe(stall(0.02, 0.0)), PaceChange::Same);
     assert_eq!(p.observe(stall(0.0, 0.0)), PaceChange::Faster);
+    assert_eq!(p.observe(stall(0.01, 0.0)), PaceChange::Faster);
     assert_eq!(
         (p.step(u64::MAX), p.wait()),
-        (2 * MIB, MAX_WAIT / 4),
-        "and grows while the stall stays low"
+        (3 * MIB, MAX_WAIT / 8),
+        "after a hold, steps grow by 1 MiB a pass"
     );
-    assert_eq!((p.holds, p.over_ceiling), (1, 11));
-    assert!((p.worst_stall - 0.20).abs() < 1e-9);
+    assert_eq!((p.holds, p.over_ceiling), (1, 10));
+    assert!((p.worst_stall - 0.09).abs() < 1e-9);
 }
 
 #[test]
@@ -83,8 +85,16 @@ fn io_stall_counts_as_much_as_memory_stall() {
         "refaults waiting on I/O only (6.12)"
     );
     assert_eq!(p.step(u64::MAX), 0);
-    assert_eq!(p.observe(stall(0.06, 0.01)), PaceChange::Hold);
+    assert_eq!(p.observe(stall(0.03, 0.01)), PaceChange::Hold);
     assert_eq!(p.observe(stall(0.01, 0.01)), PaceChange::Resume);
+}
+
+#[test]
+fn a_ceiling_of_zero_holds_on_any_stall_and_reclaims_without() {
+    let mut p = Pacer::new(Share::new(0.0), BASE);
+    assert_eq!(p.observe(stall(0.0, 0.0)), PaceChange::Faster);
+    assert_eq!(p.observe(stall(0.001, 0.0)), PaceChange::Hold);
+    assert_eq!(p.observe(stall(0.0, 0.0)), PaceChange::Resume);
 }
 
 #[test]
