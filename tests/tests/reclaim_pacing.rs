@@ -15,10 +15,11 @@
 //! shows what the decrease costs for good, and "during" what the way of getting there costs.
 //! With `NRI_RESIZE_BENCH_TABLE` set (`cargo xtask bench`) the run writes one benchmark row.
 //!
-//! Asserted: no OOM kill on the staged ways, each ends by converging or by its timeout, and
-//! pacing keeps its contract (converged under the stall ceiling, or Deferred naming the stall).
-//! Reported, not asserted: the targets of a paced stall under the ceiling and a p99
-//! within 2× of undisturbed, which this workload misses on some kernels (see the README).
+//! Asserted: no OOM kill on the staged ways, each ends by converging or by its timeout, pacing
+//! keeps its contract (Deferred names the stall), the paced stall (the higher of memory and
+//! I/O) during the decrease is under the ceiling, and so is it in the 5 s after (the kept limit
+//! does not squeeze the workload). Reported, not asserted: the p99 within 2× of
+//! undisturbed, which this workload misses on both kernels (see the README).
 
 use std::time::{Duration, Instant, SystemTime};
 
@@ -388,6 +389,28 @@ async fn paced_reclaim_side_by_side_containerd_2() {
             paced.outcome
         );
     }
+    // The target, met on 6.1 and 6.12 since pacing holds on the higher of memory and
+    // I/O stall from half the ceiling (see the README): the paced stall during the decrease is
+    // under the ceiling, and the limit it keeps does not squeeze the workload (the 5 s after it
+    // stay under the ceiling too). Both ways without pacing go over it.
+    assert!(
+        stall_met,
+        "paced: stall {} (memory {}, io {}) during the decrease, over the ceiling {}: {}",
+        pct(paced.paced_stall()),
+        pct(paced.stall_during),
+        pct(paced.io_during),
+        pct(CEILING),
+        paced.outcome
+    );
+    assert!(
+        paced.stall_after.max(paced.io_after) <= CEILING,
+        "paced: stall {} (memory {}, io {}) in the 5 s after the decrease, over the ceiling {}: the kept limit squeezes the workload: {}",
+        pct(paced.stall_after.max(paced.io_after)),
+        pct(paced.stall_after),
+        pct(paced.io_after),
+        pct(CEILING),
+        paced.outcome
+    );
     if !stall_met {
         eprintln!(
             "!!! paced: stall {} (memory {}, io {}) during the decrease, over the ceiling {} (the direct write's: {}); {}",

@@ -19,6 +19,9 @@
 //!   the configured step interval.
 //! - **In between** (`c / 4` to `c / 2`): the same step again.
 //!
+//! A limit kept at the timeout leaves room for at least the usage the reclaim first held at
+//! ([`Pacer::kept_usage`]).
+//!
 //! It starts with [`FIRST_STEP`]: a hot working set is hurt by the first step already. The pacer
 //! never ends a reclaim: the loop still ends by converging, by its timeout, or by being
 //! superseded.
@@ -86,6 +89,8 @@ pub struct Pacer {
     pub holds: u32,
     /// Bytes refaulted while paced.
     pub refaulted: u64,
+    /// The container's usage when the reclaim first held: where it reached the working set.
+    pub usage_at_first_hold: Option<u64>,
 }
 
 impl Pacer {
@@ -104,6 +109,7 @@ impl Pacer {
             over_ceiling: 0,
             holds: 0,
             refaulted: 0,
+            usage_at_first_hold: None,
         }
     }
 
@@ -133,8 +139,9 @@ impl Pacer {
         self.max_stall
     }
 
-    /// Adjusts to the harm measured since the previous pass.
-    pub fn observe(&mut self, harm: Harm) -> PaceChange {
+    /// Adjusts to the harm measured since the previous pass; `usage`: the container's memory
+    /// usage now.
+    pub fn observe(&mut self, harm: Harm, usage: u64) -> PaceChange {
         let stall = harm.stall();
         self.last = Some(harm);
         self.worst_stall = self.worst_stall.max(stall);
@@ -148,6 +155,7 @@ impl Pacer {
             if !self.holding {
                 self.holds += 1;
             }
+            self.usage_at_first_hold.get_or_insert(usage);
             (self.holding, self.held_before) = (true, true);
             self.step = MIN_STEP;
             self.wait = (self.wait * 2).clamp(self.base_wait, MAX_WAIT.max(self.base_wait));
@@ -169,6 +177,14 @@ impl Pacer {
         }
     }
 
+    /// The usage a limit kept at the timeout should leave room for: once the reclaim had to hold,
+    /// at least the usage it had then (below it the workload was already stalling), so that a
+    /// working set the reclaim cut into and that has not refaulted back yet is not squeezed.
+    #[must_use]
+    pub fn kept_usage(&self, usage: u64) -> u64 {
+        usage.max(self.usage_at_first_hold.unwrap_or(0))
+    }
+
     /// What a deferred decrease adds to its reason when pacing held it back: `"; paced by the
     /// workload's stall (the higher of memory and I/O pressure): 12 % at the last pass, up to
     /// 31 %, ceiling 5 %; held 2 time(s), 7 pass(es) over the ceiling, holding at the end;
@@ -177,11 +193,12 @@ impl Pacer {
     pub fn deferred_note(&self) -> String {
         match self.last {
             Some(last) if self.holds > 0 => format!(
-                "; paced by the workload's stall (the higher of memory and I/O pressure): {} % at the last pass, up to {} %, ceiling {} %; held {} time(s), {} pass(es) over the ceiling, {}; {} refaulted meanwhile",
+                "; paced by the workload's stall (the higher of memory and I/O pressure): {} % at the last pass, up to {} %, ceiling {} %; held {} time(s) (first at usage {}), {} pass(es) over the ceiling, {}; {} refaulted meanwhile",
                 pct(last.stall()),
                 pct(self.worst_stall),
                 pct(self.max_stall.get()),
                 self.holds,
+                bytes_text(self.usage_at_first_hold.unwrap_or(0)),
                 self.over_ceiling,
                 if self.holding {
                     "holding at the end".to_owned()

@@ -14,7 +14,8 @@
 //!   runtime once usage fits.
 //!
 //! Bounded in time: on timeout the limit kept is usage plus headroom (never above the interim,
-//! never below the target), and the caller reports why.
+//! never below the target; paced, once it held: at least the usage it first held at), and the
+//! caller reports why.
 //!
 //! Paced (cgroup v2 with PSI, `max_stall` below 1.0): each pass asks for one step of the
 //! difference, and the container's `memory.pressure`, `io.pressure` and refault count
@@ -196,7 +197,10 @@ pub fn reclaim_to(
             };
         }
         if started.elapsed() >= job.timeout {
-            let kept = safe_limit(limit_now, job.target, now.usage, job.headroom);
+            let usage = paced
+                .as_ref()
+                .map_or(now.usage, |p| p.pacer.kept_usage(now.usage));
+            let kept = safe_limit(limit_now, job.target, usage, job.headroom);
             if v1 && kept < limit_now {
                 // Best effort: a refusal keeps the (higher, still safe) limit in place.
                 if io.set_memory_limit(&job.cgroup, Some(kept)).is_ok() {
@@ -219,7 +223,7 @@ pub fn reclaim_to(
             };
         }
         if let Some(p) = &mut paced {
-            p.observe(io, job);
+            p.observe(io, job, now.usage);
             wait = p.pacer.wait();
         }
         let left = job.timeout.saturating_sub(started.elapsed());

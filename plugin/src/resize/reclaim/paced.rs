@@ -64,7 +64,7 @@ impl Paced {
 
     /// Reads the harm since the last reading and adjusts the pacer (an unreadable
     /// `memory.pressure` leaves it as it was).
-    pub(super) fn observe(&mut self, io: &dyn CgroupIo, job: &ReclaimJob) {
+    pub(super) fn observe(&mut self, io: &dyn CgroupIo, job: &ReclaimJob, usage: u64) {
         let Some(now) = Readings::take(io, &job.cgroup) else {
             return;
         };
@@ -76,7 +76,7 @@ impl Paced {
             io: since(now.io_us, self.last.io_us).map_or(0.0, share),
             refaulted: since(now.refaulted, self.last.refaulted).unwrap_or(0),
         };
-        let change = self.pacer.observe(harm);
+        let change = self.pacer.observe(harm, usage);
         tracing::debug!(cgroup = %job.cgroup.display(), memory_stall = harm.memory, io_stall = harm.io, refaulted = harm.refaulted, ?change, next_step = self.pacer.step(u64::MAX), wait_ms = self.pacer.wait().as_millis(), "reclaim pacing");
         self.last = now;
         self.at = Instant::now();

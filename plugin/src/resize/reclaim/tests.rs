@@ -375,9 +375,21 @@ fn pacing_never_gives_up_before_the_timeout_which_names_the_stall() {
     let started = Instant::now();
     let out = reclaim_to(&fake, &j, &CancellationToken::new(), |_| {});
     assert!(started.elapsed() >= Duration::from_millis(300));
-    let ReclaimOutcome::TimedOut { stall_note, .. } = out else {
+    let ReclaimOutcome::TimedOut {
+        stall_note,
+        kept,
+        end,
+        ..
+    } = out
+    else {
         panic!("{out:?}");
     };
+    assert!(end.usage < 299 * MIB, "it resumed after holding: {end:?}");
+    assert_eq!(
+        kept,
+        315 * MIB,
+        "room for the 299 MiB it first held at, plus headroom"
+    );
     assert!(
         stall_note.starts_with(
             "; paced by the workload's stall (the higher of memory and I/O pressure): "
