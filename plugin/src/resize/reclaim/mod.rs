@@ -197,9 +197,7 @@ pub fn reclaim_to(
             };
         }
         if started.elapsed() >= job.timeout {
-            let usage = paced
-                .as_ref()
-                .map_or(now.usage, |p| p.pacer.kept_usage(now.usage));
+            let usage = paced::kept_usage(paced.as_ref(), now.usage);
             let kept = safe_limit(limit_now, job.target, usage, job.headroom);
             if v1 && kept < limit_now {
                 // Best effort: a refusal keeps the (higher, still safe) limit in place.
@@ -216,10 +214,7 @@ pub fn reclaim_to(
                 kept: if v1 { limit_now } else { kept },
                 passes,
                 elapsed: started.elapsed(),
-                stall_note: paced
-                    .as_ref()
-                    .map(|p| p.pacer.deferred_note())
-                    .unwrap_or_default(),
+                stall_note: paced.map(|p| p.pacer.deferred_note()).unwrap_or_default(),
             };
         }
         if let Some(p) = &mut paced {

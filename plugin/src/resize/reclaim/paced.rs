@@ -82,3 +82,9 @@ impl Paced {
         self.at = Instant::now();
     }
 }
+
+/// The usage a limit kept at the timeout leaves room for (see
+/// [`Pacer::kept_usage`]); unpaced: usage now.
+pub(super) fn kept_usage(paced: Option<&Paced>, usage: u64) -> u64 {
+    paced.map_or(usage, |p| p.pacer.kept_usage(usage))
+}
