@@ -11,7 +11,7 @@
 //!
 //! - **At or over half the ceiling: hold.** The next passes reclaim nothing (the interim
 //!   `memory.max` stays above usage, so the workload can fault back what it needs), each pause
-//!   twice as long (up to [`MAX_WAIT`]), until the stall is back under `c / 2`; then it resumes
+//!   twice as long (up to [`MAX_WAIT`]), until the stall is back under `c / 4`; then it resumes
 //!   with [`MIN_STEP`] and half the pause. Passes over `c` itself are counted for the deferred
 //!   note.
 //! - **Under a quarter of the ceiling: grow.** Until the first hold the step doubles (a cold
@@ -60,9 +60,10 @@ impl Harm {
 /// What the pacer decided after a pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PaceChange {
-    /// At or over half the ceiling: reclaim nothing, wait longer.
+    /// At or over half the ceiling, or holding and not yet under a quarter of it: reclaim
+    /// nothing, wait longer.
     Hold,
-    /// Holding, and the stall fell under half the ceiling: small steps again.
+    /// Holding, and the stall fell under a quarter of the ceiling: small steps again.
     Resume,
     /// Under a quarter of the ceiling: larger and sooner.
     Faster,
@@ -159,6 +160,8 @@ impl Pacer {
             (self.holding, self.held_before) = (true, true);
             self.step = MIN_STEP;
             self.wait = (self.wait * 2).clamp(self.base_wait, MAX_WAIT.max(self.base_wait));
+            PaceChange::Hold
+        } else if self.holding && stall > 0.0 && stall >= ceiling / 4.0 {
             PaceChange::Hold
         } else if self.holding {
             self.holding = false;

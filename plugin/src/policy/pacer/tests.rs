@@ -31,7 +31,7 @@ fn it_starts_small_and_doubles_while_the_stall_stays_under_a_quarter_of_the_ceil
 }
 
 #[test]
-fn from_half_the_ceiling_it_holds_until_the_stall_is_under_half_then_resumes_small() {
+fn from_half_the_ceiling_it_holds_until_the_stall_is_under_a_quarter_then_resumes_small() {
     let mut p = Pacer::new(Share::new(0.05), BASE);
     for _ in 0..5 {
         p.observe(stall(0.0, 0.0), 0);
@@ -58,7 +58,12 @@ fn from_half_the_ceiling_it_holds_until_the_stall_is_under_half_then_resumes_sma
         "the wait is capped"
     );
     assert_eq!(p.observe(stall(0.025, 0.0), 0), PaceChange::Hold);
-    assert_eq!(p.observe(stall(0.02, 0.0), 0), PaceChange::Resume);
+    assert_eq!(
+        p.observe(stall(0.02, 0.0), 0),
+        PaceChange::Hold,
+        "under half the ceiling, not yet under a quarter"
+    );
+    assert_eq!(p.observe(stall(0.012, 0.0), 0), PaceChange::Resume);
     assert_eq!(
         (p.step(u64::MAX), p.wait()),
         (MIN_STEP, MAX_WAIT / 2),
@@ -86,6 +91,7 @@ fn io_stall_counts_as_much_as_memory_stall() {
     );
     assert_eq!(p.step(u64::MAX), 0);
     assert_eq!(p.observe(stall(0.03, 0.01), 0), PaceChange::Hold);
+    assert_eq!(p.observe(stall(0.01, 0.02), 0), PaceChange::Hold);
     assert_eq!(p.observe(stall(0.01, 0.01), 0), PaceChange::Resume);
 }
 
