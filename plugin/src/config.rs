@@ -43,7 +43,7 @@ pub enum ConfigError {
 /// step_interval_ms = 100        # first pause between reclaim passes (doubles up to 1 s)
 /// inline_max = 1073741824       # at most this much page cache reclaimed inside the update
 ///                               # (0: off); bounded by time: half of the deadline left
-/// max_stall = 0.05              # staged reclaim slows down above this memory stall share (PSI)
+/// max_stall = 0.05              # staged reclaim holds above this stall share (memory or io PSI)
 ///
 /// [policy]                      # node defaults; see docs/annotations.md
 /// action = "LiveResizePreferred"
@@ -132,8 +132,9 @@ pub struct MemoryDecreaseConfig {
     /// reclaims there (a larger decrease reclaims this much inline, the rest staged); 0 turns
     /// it off.
     pub inline_max: u64,
-    /// Staged reclaim's ceiling on the container's memory stall share (PSI `some`, cgroup v2):
-    /// above it the next step is smaller and later. Pods may lower it
+    /// Staged reclaim's ceiling on the container's stall share (the higher of its memory and io
+    /// PSI `some`, cgroup v2): above it the reclaim holds until the stall is under half of it.
+    /// Pods may lower it
     /// (`memory-decrease.nri-resize.io/max-stall`); 1.0 turns pacing off.
     pub max_stall: Share,
 }

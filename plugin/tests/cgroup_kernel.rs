@@ -311,10 +311,11 @@ fn memory_limits_written_through_cgroup_io_read_back_with_usage() {
 
 /// A container re-reading 160 MiB of page cache is brought down to 48 MiB by the staged
 /// decrease's loop with `max_stall = 0.05`. On cgroup v2 with PSI the loop is paced: its first
-/// step asks for 32 MiB, every pass after the first has a stall share measured from the
-/// container's `memory.pressure`, and no step exceeds what the pacer allows; it ends by
-/// converging or by its timeout, never by failing, and nothing is OOM-killed. On v1 (no
-/// `memory.pressure`) it runs unpaced: no step, no stall.
+/// step asks for 1 MiB, every pass after the first has a stall share measured from the
+/// container's `memory.pressure` and `io.pressure` (both read, as does the refault count in
+/// `memory.stat`), and no step exceeds what the pacer allows; it ends by converging or by its
+/// timeout, never by failing, and nothing is OOM-killed. On v1 (no `memory.pressure`) it runs
+/// unpaced: no step, no stall.
 #[test]
 fn staged_reclaim_is_paced_by_memory_pressure_on_v2() {
     use nri_resize::policy::Share;
@@ -384,7 +385,14 @@ fn staged_reclaim_is_paced_by_memory_pressure_on_v2() {
         );
     }
     if v2_psi {
-        assert_eq!(steps.first().copied().flatten(), Some(32), "{steps:?}");
+        assert_eq!(steps.first().copied().flatten(), Some(1), "{steps:?}");
+        let stall = io
+            .io_pressure(&ctr)
+            .expect("io.pressure reads where memory.pressure does");
+        let refaulted = io
+            .workingset_refaults(&ctr)
+            .expect("memory.stat has refaults");
+        eprintln!("io stall {} µs, {refaulted} bytes refaulted", stall.some_us);
         assert!(
             steps.iter().all(Option::is_some),
             "every pass paced: {steps:?}"

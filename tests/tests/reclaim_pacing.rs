@@ -7,16 +7,20 @@
 //! 3. **paced**: the plugin's staged reclaim with the default `max_stall = 0.05`.
 //!
 //! For each: the probe's p50/p99 before (undisturbed), during the decrease and in the 5 s after
-//! it, the container's memory stall share (`memory.pressure` `some` over wall time) during and
-//! after, the time to converge (or the Deferred reason), and the OOM kills. A 400 MiB working set
+//! it, the container's memory and I/O stall shares (`memory.pressure` / `io.pressure` `some`
+//! over wall time) during and after, and the higher of the two (the stall pacing holds to its
+//! ceiling), the bytes it refaulted (`memory.stat` `workingset_refault_*`), the time to converge
+//! (or the Deferred reason), and the OOM kills. A 400 MiB working set
 //! cannot stay cached under 128 MiB: once the limit is in force every path thrashes, so "after"
 //! shows what the decrease costs for good, and "during" what the way of getting there costs.
 //! With `NRI_RESIZE_BENCH_TABLE` set (`cargo xtask bench`) the run writes one benchmark row.
 //!
-//! Asserted: no OOM kill on the staged ways, each ends by converging or by its timeout, and
-//! pacing keeps its contract (converged under the stall ceiling, or Deferred naming the stall).
-//! Reported, not asserted: the targets of a paced stall under the ceiling and a p99
-//! within 2× of undisturbed, which this workload misses on some kernels (see the README).
+//! Asserted: no OOM kill on the staged ways, each ends by converging or by its timeout, pacing
+//! keeps its contract (Deferred names the stall), the paced stall (the higher of memory and
+//! I/O) during the decrease is under the ceiling. Reported, not asserted: whether a Deferred
+//! paced decrease keeps a limit with room for the 400 MiB set, the stall in the 5 s after, and
+//! the p99 within 2× of undisturbed, which this workload misses on both kernels (see the
+//! README).
 
 use std::time::{Duration, Instant, SystemTime};
 
@@ -44,6 +48,9 @@ struct Figures {
     /// `io.pressure` over the decrease: refaults of pages the kernel does not count as thrashing
     /// wait here, not in `memory.pressure`.
     io_during: f64,
+    io_after: f64,
+    /// Bytes refaulted during the decrease.
+    refaulted: u64,
     took: Duration,
     outcome: String,
     oom_kills: u64,
@@ -55,6 +62,39 @@ fn stall_us(ctrd: &Containerd, id: &str, file: &str) -> u64 {
     nri_resize::cgroup::stall_totals(&text)
         .unwrap_or_else(|| panic!("{file} unreadable: {text:?}"))
         .some_us
+}
+
+/// Bytes the container refaulted so far (`memory.stat`, 4 KiB pages on `x86_64`).
+fn refaulted(ctrd: &Containerd, id: &str) -> u64 {
+    let text = ctrd.read_container_cgroup(id, "memory.stat");
+    let get = |k: &str| nri_resize::cgroup::flat_keyed(&text, k);
+    let pages = match (
+        get("workingset_refault_anon"),
+        get("workingset_refault_file"),
+    ) {
+        (Some(a), Some(f)) => a + f,
+        _ => get("workingset_refault").unwrap_or_else(|| panic!("no refaults in {text}")),
+    };
+    pages * 4096
+}
+
+impl Figures {
+    /// The stall paced reclaim holds to its ceiling: the higher of memory and I/O.
+    fn paced_stall(&self) -> f64 {
+        self.stall_during.max(self.io_during)
+    }
+}
+
+/// The limit a Deferred staged decrease kept, in MiB (`"...; keeping 420.6Mi; ..."`).
+fn kept_mib(outcome: &str) -> Option<f64> {
+    let rest = outcome.split("keeping ").nth(1)?;
+    let end = rest.find(|c: char| !c.is_ascii_digit() && c != '.')?;
+    let n: f64 = rest[..end].parse().ok()?;
+    match rest.get(end..=end)? {
+        "M" => Some(n),
+        "G" => Some(n * 1024.0),
+        _ => None,
+    }
 }
 
 /// Stall share of the container between two readings `wall` apart.
@@ -90,9 +130,10 @@ async fn decrease(
     tokio::time::sleep(SPAN).await;
     let b1 = SystemTime::now();
 
-    let (stall0, io0) = (
+    let (stall0, io0, refaults0) = (
         memory_stall_us(ctrd, &id),
         stall_us(ctrd, &id, "io.pressure"),
+        refaulted(ctrd, &id),
     );
     let (d0, t0) = (SystemTime::now(), Instant::now());
     let update = ctrd
@@ -127,9 +168,12 @@ async fn decrease(
         }
     };
     let (took, d1, stall1) = (t0.elapsed(), SystemTime::now(), memory_stall_us(ctrd, &id));
-    let io1 = stall_us(ctrd, &id, "io.pressure");
+    let (io1, refaults1) = (stall_us(ctrd, &id, "io.pressure"), refaulted(ctrd, &id));
     tokio::time::sleep(SPAN).await;
-    let stall2 = memory_stall_us(ctrd, &id);
+    let (stall2, io2) = (
+        memory_stall_us(ctrd, &id),
+        stall_us(ctrd, &id, "io.pressure"),
+    );
     let a1 = SystemTime::now();
 
     let windows = probe_windows(ctrd, &id);
@@ -142,6 +186,8 @@ async fn decrease(
         stall_during: share(stall0, stall1, took),
         stall_after: share(stall1, stall2, SPAN),
         io_during: share(io0, io1, took),
+        io_after: share(io1, io2, SPAN),
+        refaulted: refaults1.saturating_sub(refaults0),
         took,
         outcome,
         oom_kills: nri_resize::observer::parse::oom_kill_count(&events).unwrap_or(0),
@@ -177,10 +223,15 @@ fn slow(f: &Figures, span: &Latency) -> f64 {
     span.share_over(f.before.p99() * 2)
 }
 
+fn mib(bytes: u64) -> String {
+    let tenths = (bytes * 10 + (1 << 19)) >> 20;
+    format!("{}.{} MiB", tenths / 10, tenths % 10)
+}
+
 fn print_table(all: &[Figures]) {
     eprintln!("\nmemory decrease 512Mi → 128Mi under a 400 MiB random-read working set (latency-probe), cgroup v2");
     eprintln!(
-        "  {:<8} {:>10} {:>10} | {:>10} {:>10} {:>11} {:>6} {:>8} {:>8} | {:>10} {:>6} {:>8} | {:>8} {:>4} | outcome",
+        "  {:<8} {:>10} {:>10} | {:>10} {:>10} {:>11} {:>6} {:>8} {:>8} {:>8} {:>10} | {:>10} {:>6} {:>8} {:>8} | {:>8} {:>4} | outcome",
         "way",
         "p50 before",
         "p99 before",
@@ -188,18 +239,21 @@ fn print_table(all: &[Figures]) {
         "p99 during",
         "max during",
         "slow",
+        "mem",
+        "io",
         "stall",
-        "io stall",
+        "refaulted",
         "p99 after",
         "slow",
-        "stall",
+        "mem",
+        "io",
         "time",
         "OOM"
     );
-    eprintln!("  (slow: reads slower than 2× the undisturbed p99; stall: memory.pressure some / wall time; io stall: io.pressure some / wall time; after: the 5 s after the decrease ended)");
+    eprintln!("  (slow: reads slower than 2× the undisturbed p99; mem / io: memory.pressure / io.pressure some over wall time; stall: the higher of the two, what pacing holds under max_stall; refaulted: memory.stat workingset_refault_* during; after: the 5 s after the decrease ended)");
     for f in all {
         eprintln!(
-            "  {:<8} {:>10} {:>10} | {:>10} {:>10} {:>11} {:>6} {:>8} {:>8} | {:>10} {:>6} {:>8} | {:>6.1} s {:>4} | {}",
+            "  {:<8} {:>10} {:>10} | {:>10} {:>10} {:>11} {:>6} {:>8} {:>8} {:>8} {:>10} | {:>10} {:>6} {:>8} {:>8} | {:>6.1} s {:>4} | {}",
             f.name,
             us(f.before.p50()),
             us(f.before.p99()),
@@ -209,9 +263,12 @@ fn print_table(all: &[Figures]) {
             pct(slow(f, &f.during)),
             pct(f.stall_during),
             pct(f.io_during),
+            pct(f.paced_stall()),
+            mib(f.refaulted),
             us(f.after.p99()),
             pct(slow(f, &f.after)),
             pct(f.stall_after),
+            pct(f.io_after),
             f.took.as_secs_f64(),
             f.oom_kills,
             f.outcome
@@ -259,21 +316,23 @@ async fn unpaced_on_v1(ctrd: &Containerd, config: &str) {
 fn bench_row(direct: &Figures, unpaced: &Figures, paced: &Figures, stall_met: bool, p99_met: bool) {
     let during = |f: &Figures| {
         format!(
-            "memory stall {} (io {}), p99 {} (undisturbed {}), {} of reads over 2× that, {:.1} s, {} OOM kill(s)",
+            "stall {} (memory {}, io {}), p99 {} (undisturbed {}), {} of reads over 2× that, {} refaulted, {:.1} s, {} OOM kill(s)",
+            pct(f.paced_stall()),
             pct(f.stall_during),
             pct(f.io_during),
             us(f.during.p99()),
             us(f.before.p99()),
             pct(slow(f, &f.during)),
+            mib(f.refaulted),
             f.took.as_secs_f64(),
             f.oom_kills
         )
     };
-    let ratio = (direct.stall_during > 0.0).then(|| paced.stall_during / direct.stall_during);
+    let ratio = (direct.paced_stall() > 0.0).then(|| paced.paced_stall() / direct.paced_stall());
     let verdict = nri_resize::bench_table::verdict;
     nri_resize::bench_table::row(
         &format!(
-            "memory decrease 512Mi → 128Mi of a container reading a 400 MiB file at random (latency-probe), cgroup v2, kernel {} (VM tier): memory stall share (ratio) and read p99 while decreasing",
+            "memory decrease 512Mi → 128Mi of a container reading a 400 MiB file at random (latency-probe), cgroup v2, kernel {} (VM tier): stall share (the higher of memory and I/O pressure; ratio) and read p99 while decreasing",
             std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim()
         ),
         &format!("direct memory.max write (runtime alone): {}", during(direct)),
@@ -286,7 +345,7 @@ fn bench_row(direct: &Figures, unpaced: &Figures, paced: &Figures, stall_met: bo
         ),
         ratio,
         &format!(
-            "paced memory stall ≤ {}: {}; p99 ≤ 2× undisturbed: {}; 0 OOM kills: {}",
+            "paced stall (memory or I/O) ≤ {}: {}; p99 ≤ 2× undisturbed: {}; 0 OOM kills: {}",
             pct(CEILING),
             verdict(stall_met),
             verdict(p99_met),
@@ -316,7 +375,7 @@ async fn paced_reclaim_side_by_side_containerd_2() {
     let all = [direct, unpaced, paced];
     print_table(&all);
     let [direct, unpaced, paced] = &all;
-    let stall_met = paced.stall_during <= CEILING;
+    let stall_met = paced.paced_stall() <= CEILING;
     let p99_met = paced.during.p99() <= paced.before.p99() * 2;
     bench_row(direct, unpaced, paced, stall_met, p99_met);
 
@@ -331,26 +390,54 @@ async fn paced_reclaim_side_by_side_containerd_2() {
     }
     // The contract for pacing: a paced reclaim over the ceiling is held back, never
     // given up; when it ends at its timeout (Deferred), the reason names the stall. It may still
-    // converge, slowed (pacing alone never ends a decrease). A working set that no longer fits
-    // keeps stalling whatever the step: then the stall share is reported over the ceiling, not
-    // asserted under it.
-    if !stall_met && paced.outcome.starts_with("Deferred") {
+    // converge (pacing alone never ends a decrease).
+    if paced.outcome.starts_with("Deferred") {
         assert!(
-            paced
-                .outcome
-                .contains("paced by the workload's memory stall"),
-            "paced: memory stall {} over the ceiling {}, and the end does not name the stall: {}",
+            paced.outcome.contains("paced by the workload's stall")
+                || paced.paced_stall() <= CEILING,
+            "paced: stall {} (memory {}, io {}) and the end does not name the stall: {}",
+            pct(paced.paced_stall()),
             pct(paced.stall_during),
-            pct(CEILING),
+            pct(paced.io_during),
+            paced.outcome
+        );
+    }
+    // The target, met on 6.1 and 6.12 since pacing holds on the higher of memory and
+    // I/O stall from half the ceiling (see the README): the paced stall during the decrease is
+    // under the ceiling. The direct write goes over it.
+    assert!(
+        stall_met,
+        "paced: stall {} (memory {}, io {}) during the decrease, over the ceiling {}: {}",
+        pct(paced.paced_stall()),
+        pct(paced.stall_during),
+        pct(paced.io_during),
+        pct(CEILING),
+        paced.outcome
+    );
+    // Reported, not asserted: whether the limit kept at the timeout leaves room for the whole
+    // 400 MiB set (the plugin keeps room for the usage it first held at, which on 6.12 can be a
+    // little inside the set already: 398.5Mi kept in one run), and the stall in the 5 s after.
+    let kept = kept_mib(&paced.outcome);
+    eprintln!(
+        "paced: kept {kept:?} MiB for a 400 MiB working set; stall in the 5 s after {} (memory {}, io {})",
+        pct(paced.stall_after.max(paced.io_after)),
+        pct(paced.stall_after),
+        pct(paced.io_after)
+    );
+    if kept.is_some_and(|k| k < 400.0) {
+        eprintln!(
+            "!!! paced: the kept limit is under the 400 MiB working set: {}",
             paced.outcome
         );
     }
     if !stall_met {
         eprintln!(
-            "!!! paced: memory stall {} during the decrease, over the ceiling {} (the direct write's: {}); {}",
+            "!!! paced: stall {} (memory {}, io {}) during the decrease, over the ceiling {} (the direct write's: {}); {}",
+            pct(paced.paced_stall()),
             pct(paced.stall_during),
+            pct(paced.io_during),
             pct(CEILING),
-            pct(direct.stall_during),
+            pct(direct.paced_stall()),
             paced.outcome
         );
     }
@@ -366,4 +453,17 @@ async fn paced_reclaim_side_by_side_containerd_2() {
             pct(slow(paced, &paced.during))
         );
     }
+}
+
+#[test]
+fn the_kept_limit_reads_from_a_deferred_reason() {
+    assert_eq!(
+        kept_mib("Deferred: ...; keeping 398.5Mi; paced by"),
+        Some(398.5)
+    );
+    assert_eq!(
+        kept_mib("Deferred: ...; keeping 1Gi; paced by"),
+        Some(1024.0)
+    );
+    assert_eq!(kept_mib("converged (limit 128 MiB)"), None);
 }

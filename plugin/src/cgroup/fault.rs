@@ -115,6 +115,16 @@ impl CgroupIo for Slow {
         self.pause(cgroup);
         self.inner.memory_pressure(cgroup)
     }
+
+    fn io_pressure(&self, cgroup: &Path) -> Result<super::StallTotals, CgroupError> {
+        self.pause(cgroup);
+        self.inner.io_pressure(cgroup)
+    }
+
+    fn workingset_refaults(&self, cgroup: &Path) -> Result<u64, CgroupError> {
+        self.pause(cgroup);
+        self.inner.workingset_refaults(cgroup)
+    }
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@
 //! | memory usage | `memory.usage_in_bytes` | `memory.current` |
 //! | memory breakdown | `memory.stat` `total_rss`/`total_shmem`/`total_cache` | `memory.stat` `anon`/`shmem`/`file` |
 //! | proactive reclaim | (none: lower `memory.limit_in_bytes`) | `memory.reclaim` (5.19+) |
+//! | reclaim harm (paced reclaim) | (none) | `memory.pressure`, `io.pressure`, `memory.stat` `workingset_refault_*` |
 
 #[cfg(feature = "fault-injection")]
 pub mod fault;
@@ -180,6 +181,23 @@ pub trait CgroupIo: Send + Sync + fmt::Debug {
             version: self.version(),
         })
     }
+    /// The cumulative I/O stall of `cgroup` (its v2 `io.pressure`: refaults of reclaimed page
+    /// cache wait here); `Unsupported` as for [`CgroupIo::memory_pressure`].
+    fn io_pressure(&self, _cgroup: &Path) -> Result<StallTotals, CgroupError> {
+        Err(CgroupError::Unsupported {
+            what: "io.pressure",
+            version: self.version(),
+        })
+    }
+    /// Bytes of `cgroup` refaulted since it was created: reclaimed pages its tasks needed again
+    /// (v2 `memory.stat` `workingset_refault_anon` + `workingset_refault_file`, or
+    /// `workingset_refault` before 5.9, in pages, times the page size); `Unsupported` on v1.
+    fn workingset_refaults(&self, _cgroup: &Path) -> Result<u64, CgroupError> {
+        Err(CgroupError::Unsupported {
+            what: "memory.stat workingset_refault",
+            version: self.version(),
+        })
+    }
 }
 
 /// Parses a `cgroup.procs` file: one pid per line.
@@ -208,6 +226,28 @@ fn memory_breakdown(
         shmem: get(shmem),
         file: get(file),
     })
+}
+
+/// The kernel's page size (`memory.stat` counts events in pages); 4 KiB if it cannot be read.
+fn page_size() -> u64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .and_then(|p| u64::try_from(p).ok())
+        .unwrap_or(4096)
+}
+
+/// A v2 pressure file's totals; `Unsupported` where it is absent or unreadable (EOPNOTSUPP
+/// where the file exists but PSI is off).
+fn read_pressure(dir: &Path, file: &'static str) -> Result<StallTotals, CgroupError> {
+    let text = read_file(dir, file)
+        .ok()
+        .flatten()
+        .ok_or(CgroupError::Unsupported {
+            what: file,
+            version: CgroupVersion::V2,
+        })?;
+    stall_totals(&text).ok_or_else(|| parse_err(dir, file, &text))
 }
 
 /// cgroup v1: one mount per controller.
@@ -489,17 +529,32 @@ impl CgroupIo for V2 {
     }
 
     fn memory_pressure(&self, cgroup: &Path) -> Result<StallTotals, CgroupError> {
+        read_pressure(&existing_dir(&self.root, cgroup)?, "memory.pressure")
+    }
+
+    fn io_pressure(&self, cgroup: &Path) -> Result<StallTotals, CgroupError> {
+        read_pressure(&existing_dir(&self.root, cgroup)?, "io.pressure")
+    }
+
+    fn workingset_refaults(&self, cgroup: &Path) -> Result<u64, CgroupError> {
         let dir = existing_dir(&self.root, cgroup)?;
-        let unsupported = CgroupError::Unsupported {
-            what: "memory.pressure",
-            version: CgroupVersion::V2,
+        let text = read_file(&dir, "memory.stat")?.unwrap_or_default();
+        let get = |key: &str| flat_keyed(&text, key);
+        let pages = match (
+            get("workingset_refault_anon"),
+            get("workingset_refault_file"),
+            get("workingset_refault"),
+        ) {
+            (Some(anon), Some(file), _) => anon.saturating_add(file),
+            (None, None, Some(all)) => all,
+            _ => {
+                return Err(CgroupError::Unsupported {
+                    what: "memory.stat workingset_refault",
+                    version: CgroupVersion::V2,
+                })
+            }
         };
-        // EOPNOTSUPP where the file exists but PSI is off.
-        let text = read_file(&dir, "memory.pressure")
-            .ok()
-            .flatten()
-            .ok_or(unsupported)?;
-        stall_totals(&text).ok_or_else(|| parse_err(&dir, "memory.pressure", &text))
+        Ok(pages.saturating_mul(page_size()))
     }
 }
 
@@ -545,6 +600,14 @@ impl CgroupIo for Cgroups {
 
     fn memory_pressure(&self, cgroup: &Path) -> Result<StallTotals, CgroupError> {
         self.io().memory_pressure(cgroup)
+    }
+
+    fn io_pressure(&self, cgroup: &Path) -> Result<StallTotals, CgroupError> {
+        self.io().io_pressure(cgroup)
+    }
+
+    fn workingset_refaults(&self, cgroup: &Path) -> Result<u64, CgroupError> {
+        self.io().workingset_refaults(cgroup)
     }
 
     fn procs(&self, cgroup: &Path) -> Result<Vec<u32>, CgroupError> {
@@ -796,5 +859,38 @@ mod tests {
         write(&tmp.path().join("pod1/ctr"), "cpu.max", "lots\n");
         let err = cg.read_actual(Path::new("/pod1/ctr")).expect_err("garbage");
         assert!(err.to_string().contains("cpu.max"), "{err}");
+    }
+
+    #[test]
+    fn reclaim_harm_reads_io_pressure_and_refaults_on_v2_only() {
+        let (tmp, cg) = v2_fixture();
+        let (dir, ctr) = (tmp.path().join("pod1/ctr"), Path::new("/pod1/ctr"));
+        assert!(matches!(
+            cg.io_pressure(ctr),
+            Err(CgroupError::Unsupported {
+                what: "io.pressure",
+                ..
+            })
+        ));
+        write(&dir, "io.pressure", "some avg10=1.00 avg60=0.50 avg300=0.10 total=4321\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=99\n");
+        assert_eq!(cg.io_pressure(ctr).expect("io.pressure").some_us, 4321);
+        write(
+            &dir,
+            "memory.stat",
+            "anon 1\nworkingset_refault_anon 3\nworkingset_refault_file 40\n",
+        );
+        assert_eq!(
+            cg.workingset_refaults(ctr).expect("refaults"),
+            43 * page_size()
+        );
+        write(&dir, "memory.stat", "anon 1\nworkingset_refault 7\n");
+        assert_eq!(
+            cg.workingset_refaults(ctr).expect("before 5.9"),
+            7 * page_size()
+        );
+        write(&dir, "memory.stat", "anon 1\n");
+        assert!(cg.workingset_refaults(ctr).is_err());
+        let (_tmp1, v1) = v1_fixture();
+        assert!(v1.io_pressure(ctr).is_err() && v1.workingset_refaults(ctr).is_err());
     }
 }

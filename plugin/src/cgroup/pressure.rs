@@ -1,6 +1,6 @@
 //! Pressure stall information files (`cpu.pressure`, `memory.pressure`, `io.pressure`, and
 //! `/proc/pressure/*`): their cumulative stalled time. The observer reads them per container;
-//! paced reclaim reads `memory.pressure` between its steps.
+//! paced reclaim reads `memory.pressure` and `io.pressure` between its steps.
 
 /// Cumulative stalled time from one pressure file, in microseconds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -77,6 +77,7 @@ mod decision;
 mod invariants;
 mod limits;
 mod memory_decrease;
+mod pacer;
 mod pacing;
 mod planner;
 mod pod_level;
@@ -103,9 +104,8 @@ pub use memory_decrease::{
     effective_decrease_strategy, mib, not_reclaimable_reason, parse_decrease_annotation,
     plan_decrease, reclaim_request, safe_limit, DecreasePlan, MemoryDecreaseStrategy, MemoryUse,
 };
-pub use pacing::{
-    effective_max_stall, pacing_off_reason, parse_max_stall_annotation, PaceChange, Pacer,
-};
+pub use pacer::{Harm, PaceChange, Pacer};
+pub use pacing::{effective_max_stall, pacing_off_reason, parse_max_stall_annotation};
 pub use planner::{plan, plan_single, simulate, Plan, PlanError, Step};
 pub use pod_level::{
     admit_pod_level, cpu_quantity, effective_enforce, memory_quantity, with_overhead, PodModeError,

@@ -1,125 +1,13 @@
-//! Reclaim paced by the workload's memory stall. Pure: the staged decrease (`resize/reclaim/`)
-//! reads the container's `memory.pressure` between its reclaim steps and asks the [`Pacer`] how
-//! much to reclaim next and how long to wait first.
-//!
-//! - The stall share since the last step (stalled time over wall time) above the ceiling
-//!   (`[memory_decrease] max_stall`, tightenable per pod): the next step is half as large (not
-//!   below [`MIN_STEP`]) and comes twice as late (not later than [`MAX_WAIT`]).
-//! - Below half the ceiling: the step doubles again (up to what is left) and the wait halves
-//!   back towards the configured step interval.
-//! - In between: unchanged.
-//!
-//! The pacer never ends a reclaim: the loop still ends by converging, by its timeout, or by
-//! being superseded.
+//! Settings of reclaim pacing (see [`Pacer`](super::Pacer) for the rules): the stall ceiling a
+//! pod's paced reclaims hold to (`[memory_decrease] max_stall`, tightened by the pod's
+//! annotation), and why pacing is off where it is.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use super::annotation::{
     check_value, sanitize, sanitize_key, AnnotationError, MAX_STALL_ANNOTATION,
 };
-use super::share::percent as pct;
-use super::{bytes_text, Share};
-
-/// The first step of a paced reclaim.
-pub const FIRST_STEP: u64 = 32 << 20;
-/// The smallest step (pages come back in batches: smaller asks make no difference).
-pub const MIN_STEP: u64 = 1 << 20;
-/// The longest wait between steps.
-pub const MAX_WAIT: Duration = Duration::from_secs(4);
-
-/// What the pacer decided after a step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PaceChange {
-    /// The stall was over the ceiling: smaller and later.
-    Slower,
-    /// Well under the ceiling: larger and sooner.
-    Faster,
-    Same,
-}
-
-/// The pacing state of one staged decrease.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Pacer {
-    max_stall: Share,
-    base_wait: Duration,
-    step: u64,
-    wait: Duration,
-    /// The last stall share seen, and the most seen.
-    pub last_stall: Option<f64>,
-    pub worst_stall: f64,
-    /// Steps that came over the ceiling.
-    pub over_ceiling: u32,
-}
-
-impl Pacer {
-    /// `base_wait`: the configured pause between steps (the shortest the pacer uses).
-    #[must_use]
-    pub fn new(max_stall: Share, base_wait: Duration) -> Self {
-        Self {
-            max_stall,
-            base_wait,
-            step: FIRST_STEP,
-            wait: base_wait,
-            last_stall: None,
-            worst_stall: 0.0,
-            over_ceiling: 0,
-        }
-    }
-
-    /// Bytes to reclaim next, given `left` bytes still to go.
-    #[must_use]
-    pub fn step(&self, left: u64) -> u64 {
-        self.step.min(left)
-    }
-
-    /// The pause before the next step.
-    #[must_use]
-    pub fn wait(&self) -> Duration {
-        self.wait
-    }
-
-    #[must_use]
-    pub fn max_stall(&self) -> Share {
-        self.max_stall
-    }
-
-    /// Adjusts to the stall share measured since the previous step.
-    pub fn observe(&mut self, stall: f64) -> PaceChange {
-        self.last_stall = Some(stall);
-        self.worst_stall = self.worst_stall.max(stall);
-        let ceiling = self.max_stall.get();
-        if stall > ceiling {
-            self.over_ceiling += 1;
-            self.step = (self.step / 2).max(MIN_STEP);
-            self.wait = (self.wait * 2).clamp(self.base_wait, MAX_WAIT.max(self.base_wait));
-            PaceChange::Slower
-        } else if stall < ceiling / 2.0 {
-            self.step = self.step.saturating_mul(2);
-            self.wait = (self.wait / 2).max(self.base_wait);
-            PaceChange::Faster
-        } else {
-            PaceChange::Same
-        }
-    }
-
-    /// What a deferred decrease adds to its reason when pacing held it back:
-    /// `"; paced by the workload's memory stall (12 % at the last step, ceiling 5 %; 7 steps over it)"`.
-    #[must_use]
-    pub fn deferred_note(&self) -> String {
-        match self.last_stall {
-            Some(last) if self.over_ceiling > 0 => format!(
-                "; paced by the workload's memory stall ({} % at the last step, up to {} %, ceiling {} %; {} step(s) over it, next step {})",
-                pct(last),
-                pct(self.worst_stall),
-                pct(self.max_stall.get()),
-                self.over_ceiling,
-                bytes_text(self.step),
-            ),
-            _ => String::new(),
-        }
-    }
-}
+use super::Share;
 
 /// Why pacing is off for a staged decrease, if it is: `max_stall` of 1.0 turns it off, and it
 /// needs the container's `memory.pressure` (cgroup v2 with PSI).
@@ -202,70 +90,6 @@ mod tests {
         assert_eq!(
             effective_max_stall(&ann(&[]), node, true),
             (node, Vec::new())
-        );
-    }
-
-    const MIB: u64 = 1 << 20;
-
-    #[test]
-    fn a_stall_over_the_ceiling_shrinks_and_delays_the_next_step() {
-        let mut p = Pacer::new(Share::new(0.05), Duration::from_millis(100));
-        assert_eq!(
-            (p.step(u64::MAX), p.wait()),
-            (32 * MIB, Duration::from_millis(100))
-        );
-        assert_eq!(p.step(10 * MIB), 10 * MIB, "never more than what is left");
-        assert_eq!(p.observe(0.20), PaceChange::Slower);
-        assert_eq!(
-            (p.step(u64::MAX), p.wait()),
-            (16 * MIB, Duration::from_millis(200))
-        );
-        for _ in 0..10 {
-            p.observe(0.5);
-        }
-        assert_eq!(
-            (p.step(u64::MAX), p.wait()),
-            (MIN_STEP, MAX_WAIT),
-            "floors hold"
-        );
-        assert_eq!(p.over_ceiling, 11);
-    }
-
-    #[test]
-    fn a_low_stall_grows_the_steps_again_and_in_between_holds() {
-        let mut p = Pacer::new(Share::new(0.05), Duration::from_millis(100));
-        p.observe(0.3);
-        p.observe(0.3);
-        assert_eq!(p.step(u64::MAX), 8 * MIB);
-        assert_eq!(
-            p.observe(0.04),
-            PaceChange::Same,
-            "under the ceiling, over half of it"
-        );
-        assert_eq!(p.step(u64::MAX), 8 * MIB);
-        assert_eq!(p.observe(0.01), PaceChange::Faster);
-        assert_eq!(
-            (p.step(u64::MAX), p.wait()),
-            (16 * MIB, Duration::from_millis(200))
-        );
-        p.observe(0.0);
-        p.observe(0.0);
-        assert_eq!(
-            (p.step(u64::MAX), p.wait()),
-            (64 * MIB, Duration::from_millis(100))
-        );
-    }
-
-    #[test]
-    fn the_deferred_note_names_the_stall_only_when_pacing_held_back() {
-        let mut p = Pacer::new(Share::new(0.05), Duration::from_millis(100));
-        p.observe(0.01);
-        assert_eq!(p.deferred_note(), "");
-        p.observe(0.31);
-        p.observe(0.12);
-        assert_eq!(
-            p.deferred_note(),
-            "; paced by the workload's memory stall (12 % at the last step, up to 31 %, ceiling 5 %; 2 step(s) over it, next step 16Mi)"
         );
     }
 

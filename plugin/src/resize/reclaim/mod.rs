@@ -14,14 +14,17 @@
 //!   runtime once usage fits.
 //!
 //! Bounded in time: on timeout the limit kept is usage plus headroom (never above the interim,
-//! never below the target), and the caller reports why.
+//! never below the target; paced, once it held: at least the usage it first held at), and the
+//! caller reports why.
 //!
 //! Paced (cgroup v2 with PSI, `max_stall` below 1.0): each pass asks for one step of the
-//! difference, and the container's `memory.pressure` is read between passes; the
-//! [`Pacer`](crate::policy::Pacer) makes the next step smaller and later while the stall share
-//! since the last pass is over the ceiling, and larger and sooner while it is well under it.
-//! Pacing never ends the loop; a timeout that pacing contributed to says so in the outcome. On
-//! v1 and without PSI pacing is off, and a log line says why.
+//! difference, and the container's `memory.pressure`, `io.pressure` and refault count
+//! (`memory.stat`) are read between passes; the [`Pacer`](crate::policy::Pacer) holds the
+//! reclaim (passes that reclaim nothing, and on the `memory.high` path `memory.high` back at
+//! `max`) while the stall share since the last pass is over the ceiling, resumes with small
+//! steps once it is well under it, and grows them while it stays there. Pacing never ends the
+//! loop; a timeout that pacing contributed to says so in the outcome. On v1 and without PSI
+//! pacing is off, and a log line says why.
 //!
 //! The loop is synchronous (cgroupfs writes block while the kernel reclaims): run it on a
 //! blocking thread. It checks its cancellation token between passes, so a newer update for the
@@ -32,8 +35,9 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::cgroup::{CgroupError, CgroupIo, CgroupVersion, StallTotals};
-use crate::policy::{pacing_off_reason, reclaim_request, safe_limit, MemoryUse, Pacer, Share};
+use crate::cgroup::{CgroupError, CgroupIo, CgroupVersion};
+use crate::policy::{reclaim_request, safe_limit, Harm, MemoryUse, Share};
+use paced::Paced;
 
 /// One staged decrease of one cgroup.
 #[derive(Debug, Clone)]
@@ -51,7 +55,7 @@ pub struct ReclaimJob {
     pub step_interval: Duration,
     /// v2: step `memory.high` even where `memory.reclaim` exists.
     pub force_memory_high: bool,
-    /// Ceiling on the container's memory stall share between passes (1.0: unpaced).
+    /// Ceiling on the container's stall share (memory or I/O) between passes (1.0: unpaced).
     pub max_stall: Share,
 }
 
@@ -112,56 +116,11 @@ pub struct Pass {
     pub usage: MemoryUse,
     /// The memory limit the cgroup holds now (v1: it follows usage down; v2: the interim).
     pub limit: u64,
-    /// Paced only: the most this pass asked the kernel to reclaim.
+    /// Paced only: the most this pass asked the kernel to reclaim (0: holding).
     pub step: Option<u64>,
-    /// Paced only: the memory stall share measured between the previous two passes.
+    /// Paced only: the stall share (the higher of memory and I/O) measured between the
+    /// previous two passes.
     pub stall: Option<f64>,
-}
-
-/// Pacing of one staged decrease: the pacer and the last `memory.pressure` reading.
-struct Paced {
-    pacer: Pacer,
-    last: StallTotals,
-    at: Instant,
-}
-
-impl Paced {
-    /// On when `job` asks for it and the cgroup's `memory.pressure` reads; else logs why not.
-    fn start(io: &dyn CgroupIo, job: &ReclaimJob) -> Option<Self> {
-        if job.max_stall.get() >= 1.0 {
-            return None;
-        }
-        let v1 = io.version() == CgroupVersion::V1;
-        let first = if v1 {
-            None
-        } else {
-            io.memory_pressure(&job.cgroup).ok()
-        };
-        if let Some(why) = pacing_off_reason(job.max_stall, first.is_some(), v1) {
-            tracing::info!(cgroup = %job.cgroup.display(), reason = why, "staged memory decrease unpaced");
-            return None;
-        }
-        Some(Self {
-            pacer: Pacer::new(job.max_stall, job.step_interval),
-            last: first?,
-            at: Instant::now(),
-        })
-    }
-
-    /// Reads the stall since the last reading and adjusts the pacer (an unreadable file leaves
-    /// it as it was).
-    fn observe(&mut self, io: &dyn CgroupIo, job: &ReclaimJob) {
-        let Ok(now) = io.memory_pressure(&job.cgroup) else {
-            return;
-        };
-        let wall = u64::try_from(self.at.elapsed().as_micros()).unwrap_or(u64::MAX);
-        let stalled = now.some_us.saturating_sub(self.last.some_us);
-        let share = crate::observer::pressure::share(stalled, wall);
-        let change = self.pacer.observe(share);
-        tracing::debug!(cgroup = %job.cgroup.display(), stall = share, ?change, next_step = self.pacer.step(u64::MAX), wait_ms = self.pacer.wait().as_millis(), "reclaim pacing");
-        self.last = now;
-        self.at = Instant::now();
-    }
 }
 
 /// Runs the staged decrease; `on_pass` sees where it stands after every pass.
@@ -217,7 +176,9 @@ pub fn reclaim_to(
             usage: now,
             limit: limit_now,
             step,
-            stall: paced.as_ref().and_then(|p| p.pacer.last_stall),
+            stall: paced
+                .as_ref()
+                .and_then(|p| p.pacer.last.as_ref().map(Harm::stall)),
         });
         let reached = if v1 {
             limit_now == job.target
@@ -236,7 +197,8 @@ pub fn reclaim_to(
             };
         }
         if started.elapsed() >= job.timeout {
-            let kept = safe_limit(limit_now, job.target, now.usage, job.headroom);
+            let usage = paced::kept_usage(paced.as_ref(), now.usage);
+            let kept = safe_limit(limit_now, job.target, usage, job.headroom);
             if v1 && kept < limit_now {
                 // Best effort: a refusal keeps the (higher, still safe) limit in place.
                 if io.set_memory_limit(&job.cgroup, Some(kept)).is_ok() {
@@ -252,14 +214,11 @@ pub fn reclaim_to(
                 kept: if v1 { limit_now } else { kept },
                 passes,
                 elapsed: started.elapsed(),
-                stall_note: paced
-                    .as_ref()
-                    .map(|p| p.pacer.deferred_note())
-                    .unwrap_or_default(),
+                stall_note: paced.map(|p| p.pacer.deferred_note()).unwrap_or_default(),
             };
         }
         if let Some(p) = &mut paced {
-            p.observe(io, job);
+            p.observe(io, job, now.usage);
             wait = p.pacer.wait();
         }
         let left = job.timeout.saturating_sub(started.elapsed());
@@ -297,7 +256,7 @@ fn v1_pass(io: &dyn CgroupIo, job: &ReclaimJob, limit_now: &mut u64) -> Result<(
 }
 
 /// v2: `memory.reclaim`, or `memory.high` stepping where there is none. `step`: at most this
-/// much per pass (paced).
+/// much per pass (paced); 0 holds: nothing is reclaimed and `memory.high` goes back to `max`.
 fn v2_pass(
     io: &dyn CgroupIo,
     job: &ReclaimJob,
@@ -310,6 +269,13 @@ fn v2_pass(
         return Ok(());
     }
     let step = step.unwrap_or(u64::MAX);
+    if step == 0 {
+        if *high_set {
+            io.set_memory_high(&job.cgroup, None)?;
+            *high_set = false;
+        }
+        return Ok(());
+    }
     if !*use_high {
         match io.reclaim(&job.cgroup, reclaim_request(usage, job.target).min(step)) {
             Ok(()) | Err(CgroupError::Again { .. }) => return Ok(()),
@@ -327,5 +293,6 @@ fn v2_pass(
     Ok(())
 }
 
+mod paced;
 #[cfg(test)]
 mod tests;

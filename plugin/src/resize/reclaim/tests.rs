@@ -3,7 +3,7 @@
 use std::sync::Mutex;
 
 use super::*;
-use crate::cgroup::{ActualResources, CpuLimit};
+use crate::cgroup::{ActualResources, CpuLimit, StallTotals};
 
 const MIB: u64 = 1 << 20;
 
@@ -27,6 +27,11 @@ struct Fake {
     psi_us: Option<u64>,
     /// Stall the workload suffers per MiB reclaimed.
     stall_us_per_mib: u64,
+    /// `io.pressure`'s `some` total (`None`: unreadable), and its stall per MiB reclaimed.
+    io_psi_us: Option<u64>,
+    io_stall_us_per_mib: u64,
+    /// Bytes refaulted: each reclaim's bytes come back at once.
+    refaulted: u64,
 }
 
 impl FakeMemcg {
@@ -95,6 +100,13 @@ impl CgroupIo for FakeMemcg {
         if let Some(p) = &mut s.psi_us {
             *p += stall;
         }
+        let io_stall = s.io_stall_us_per_mib * (bytes / MIB);
+        if let Some(p) = &mut s.io_psi_us {
+            *p += io_stall;
+        }
+        if stall + io_stall > 0 {
+            s.refaulted += bytes;
+        }
         let want = s.usage.saturating_sub(bytes);
         s.usage = want.max(s.floor);
         if want < s.floor {
@@ -129,6 +141,21 @@ impl CgroupIo for FakeMemcg {
                 what: "memory.pressure",
                 version: self.version,
             })
+    }
+    fn io_pressure(&self, _: &std::path::Path) -> Result<StallTotals, CgroupError> {
+        let s = self.state.lock().unwrap();
+        s.io_psi_us
+            .map(|some_us| StallTotals {
+                some_us,
+                full_us: Some(0),
+            })
+            .ok_or(CgroupError::Unsupported {
+                what: "io.pressure",
+                version: self.version,
+            })
+    }
+    fn workingset_refaults(&self, _: &std::path::Path) -> Result<u64, CgroupError> {
+        Ok(self.state.lock().unwrap().refaulted)
     }
 }
 
@@ -222,36 +249,64 @@ fn reclaims(fake: &FakeMemcg) -> Vec<u64> {
         .collect()
 }
 
+/// The step of every paced pass, in MiB (0: holding).
+fn paced_steps(fake: &FakeMemcg, j: &ReclaimJob) -> (ReclaimOutcome, Vec<u64>) {
+    let mut steps = Vec::new();
+    let out = reclaim_to(fake, j, &CancellationToken::new(), |p| {
+        steps.push(p.step.expect("paced") / MIB);
+    });
+    (out, steps)
+}
+
 #[test]
-fn paced_reclaim_shrinks_its_steps_while_the_workload_stalls_and_still_converges() {
-    let fake = FakeMemcg::new(CgroupVersion::V2, 200 * MIB, 0, 216 * MIB);
+fn paced_reclaim_holds_while_the_workload_stalls_resumes_small_and_still_converges() {
+    let fake = FakeMemcg::new(CgroupVersion::V2, 100 * MIB, 0, 116 * MIB);
     {
         let mut s = fake.state.lock().unwrap();
         s.psi_us = Some(0);
-        // 2 ms of stall per MiB: a 32 MiB step stalls for 64 ms, far over 5 % of a pause.
+        // 2 ms of stall per MiB: every step is over 5 % of a pause; the hold after it is not.
         s.stall_us_per_mib = 2_000;
     }
-    let out = reclaim_to(
-        &fake,
-        &paced(job(72 * MIB, 216 * MIB)),
-        &CancellationToken::new(),
-        |_| {},
-    );
+    let (out, steps) = paced_steps(&fake, &paced(job(84 * MIB, 116 * MIB)));
     assert!(matches!(out, ReclaimOutcome::Reached { .. }), "{out:?}");
-    let steps = reclaims(&fake);
-    assert_eq!(steps[0], 32, "the first paced step: {steps:?}");
-    assert!(steps.iter().all(|s| *s <= 32), "{steps:?}");
     assert!(
-        steps.contains(&16) && steps.contains(&1),
-        "it slowed down: {steps:?}"
+        steps.windows(2).all(|w| w[0] == 0 || w[1] == 0),
+        "a hold after every step: {steps:?}"
     );
-    assert!(fake.state.lock().unwrap().usage <= 72 * MIB);
+    assert!(
+        reclaims(&fake).iter().all(|s| *s == 1),
+        "{:?}",
+        reclaims(&fake)
+    );
+    assert!(fake.state.lock().unwrap().usage <= 84 * MIB);
+}
+
+#[test]
+fn io_stall_alone_holds_a_paced_reclaim() {
+    let fake = FakeMemcg::new(CgroupVersion::V2, 100 * MIB, 0, 116 * MIB);
+    {
+        let mut s = fake.state.lock().unwrap();
+        (s.psi_us, s.io_psi_us) = (Some(0), Some(0));
+        // Refaults waiting on I/O only, as on 6.12.
+        s.io_stall_us_per_mib = 2_000;
+    }
+    let (out, steps) = paced_steps(&fake, &paced(job(92 * MIB, 116 * MIB)));
+    assert!(matches!(out, ReclaimOutcome::Reached { .. }), "{out:?}");
+    assert!(steps.contains(&0), "held: {steps:?}");
+    assert!(
+        reclaims(&fake).iter().all(|s| *s == 1),
+        "{:?}",
+        reclaims(&fake)
+    );
 }
 
 #[test]
 fn paced_reclaim_grows_its_steps_while_the_stall_stays_low() {
     let fake = FakeMemcg::new(CgroupVersion::V2, 400 * MIB, 0, 416 * MIB);
-    fake.state.lock().unwrap().psi_us = Some(0);
+    {
+        let mut s = fake.state.lock().unwrap();
+        (s.psi_us, s.io_psi_us) = (Some(0), Some(0));
+    }
     let out = reclaim_to(
         &fake,
         &paced(job(16 * MIB, 416 * MIB)),
@@ -259,10 +314,38 @@ fn paced_reclaim_grows_its_steps_while_the_stall_stays_low() {
         |_| {},
     );
     assert!(matches!(out, ReclaimOutcome::Reached { .. }), "{out:?}");
-    // 32, 64, 128, then the rest (the request rounds up a little past the gap).
+    // 1, 2, 4, ... 128, then the rest (the request rounds up a little past the gap).
     let steps = reclaims(&fake);
-    assert_eq!(&steps[..3], [32, 64, 128], "{steps:?}");
-    assert_eq!(steps.len(), 4, "{steps:?}");
+    assert_eq!(&steps[..8], [1, 2, 4, 8, 16, 32, 64, 128], "{steps:?}");
+    assert_eq!(steps.len(), 9, "{steps:?}");
+}
+
+#[test]
+fn a_paced_memory_high_reclaim_puts_memory_high_back_to_max_while_it_holds() {
+    let mut fake = FakeMemcg::new(CgroupVersion::V2, 100 * MIB, 0, 116 * MIB);
+    fake.has_reclaim = false;
+    {
+        let mut s = fake.state.lock().unwrap();
+        s.psi_us = Some(0);
+        s.stall_us_per_mib = 2_000;
+    }
+    // The fake stalls on memory.reclaim only: make the first step's pass stall by hand.
+    let mut j = paced(job(90 * MIB, 116 * MIB));
+    j.force_memory_high = true;
+    let first = std::cell::Cell::new(true);
+    let out = reclaim_to(&fake, &j, &CancellationToken::new(), |_| {
+        if first.replace(false) {
+            *fake.state.lock().unwrap().psi_us.as_mut().unwrap() += 1_000_000;
+        }
+    });
+    assert!(matches!(out, ReclaimOutcome::Reached { .. }), "{out:?}");
+    let s = fake.state.lock().unwrap();
+    assert_eq!(s.high, None, "{:?}", s.writes);
+    assert_eq!(
+        &s.writes[..2],
+        ["high 99", "high max"],
+        "held after the first step"
+    );
 }
 
 #[test]
@@ -292,12 +375,26 @@ fn pacing_never_gives_up_before_the_timeout_which_names_the_stall() {
     let started = Instant::now();
     let out = reclaim_to(&fake, &j, &CancellationToken::new(), |_| {});
     assert!(started.elapsed() >= Duration::from_millis(300));
-    let ReclaimOutcome::TimedOut { stall_note, .. } = out else {
+    let ReclaimOutcome::TimedOut {
+        stall_note,
+        kept,
+        end,
+        ..
+    } = out
+    else {
         panic!("{out:?}");
     };
+    assert!(end.usage < 299 * MIB, "it resumed after holding: {end:?}");
+    assert_eq!(
+        kept,
+        315 * MIB,
+        "room for the 299 MiB it first held at, plus headroom"
+    );
     assert!(
-        stall_note.starts_with("; paced by the workload's memory stall (")
-            && stall_note.contains("up to 100 %, ceiling 5 %"),
+        stall_note.starts_with(
+            "; paced by the workload's stall (the higher of memory and I/O pressure): "
+        ) && stall_note.contains("up to 100 %, ceiling 5 %")
+            && stall_note.contains("refaulted meanwhile"),
         "{stall_note}"
     );
 }

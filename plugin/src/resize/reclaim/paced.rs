@@ -1,0 +1,90 @@
+//! The pacing side of one staged decrease: reads the container's harm counters between passes
+//! (`memory.pressure`, `io.pressure`, `memory.stat` refaults) and feeds the
+//! [`Pacer`](crate::policy::Pacer) the shares since the last pass.
+
+use std::time::Instant;
+
+use super::ReclaimJob;
+use crate::cgroup::{CgroupIo, CgroupVersion};
+use crate::policy::{pacing_off_reason, Harm, Pacer};
+
+/// Pacing of one staged decrease: the pacer and the last readings of the workload's harm.
+pub(super) struct Paced {
+    pub(super) pacer: Pacer,
+    last: Readings,
+    at: Instant,
+}
+
+/// Cumulative harm counters of the container: stalled µs (memory, I/O) and refaulted bytes.
+#[derive(Clone, Copy)]
+struct Readings {
+    memory_us: u64,
+    io_us: Option<u64>,
+    refaulted: Option<u64>,
+}
+
+impl Readings {
+    /// `None` when `memory.pressure` does not read (pacing needs it); I/O stall and refaults
+    /// are optional.
+    fn take(io: &dyn CgroupIo, cgroup: &std::path::Path) -> Option<Self> {
+        Some(Self {
+            memory_us: io.memory_pressure(cgroup).ok()?.some_us,
+            io_us: io.io_pressure(cgroup).ok().map(|t| t.some_us),
+            refaulted: io.workingset_refaults(cgroup).ok(),
+        })
+    }
+}
+
+impl Paced {
+    /// On when `job` asks for it and the cgroup's `memory.pressure` reads; else logs why not.
+    pub(super) fn start(io: &dyn CgroupIo, job: &ReclaimJob) -> Option<Self> {
+        if job.max_stall.get() >= 1.0 {
+            return None;
+        }
+        let v1 = io.version() == CgroupVersion::V1;
+        let first = if v1 {
+            None
+        } else {
+            Readings::take(io, &job.cgroup)
+        };
+        if let Some(why) = pacing_off_reason(job.max_stall, first.is_some(), v1) {
+            tracing::info!(cgroup = %job.cgroup.display(), reason = why, "staged memory decrease unpaced");
+            return None;
+        }
+        let first = first?;
+        if first.io_us.is_none() {
+            tracing::info!(cgroup = %job.cgroup.display(), "staged memory decrease paced by memory stall only: io.pressure unreadable");
+        }
+        Some(Self {
+            pacer: Pacer::new(job.max_stall, job.step_interval),
+            last: first,
+            at: Instant::now(),
+        })
+    }
+
+    /// Reads the harm since the last reading and adjusts the pacer (an unreadable
+    /// `memory.pressure` leaves it as it was).
+    pub(super) fn observe(&mut self, io: &dyn CgroupIo, job: &ReclaimJob, usage: u64) {
+        let Some(now) = Readings::take(io, &job.cgroup) else {
+            return;
+        };
+        let wall = u64::try_from(self.at.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let share = |stalled_us: u64| crate::observer::pressure::share(stalled_us, wall);
+        let since = |now: Option<u64>, then: Option<u64>| Some(now?.saturating_sub(then?));
+        let harm = Harm {
+            memory: share(now.memory_us.saturating_sub(self.last.memory_us)),
+            io: since(now.io_us, self.last.io_us).map_or(0.0, share),
+            refaulted: since(now.refaulted, self.last.refaulted).unwrap_or(0),
+        };
+        let change = self.pacer.observe(harm, usage);
+        tracing::debug!(cgroup = %job.cgroup.display(), memory_stall = harm.memory, io_stall = harm.io, refaulted = harm.refaulted, ?change, next_step = self.pacer.step(u64::MAX), wait_ms = self.pacer.wait().as_millis(), "reclaim pacing");
+        self.last = now;
+        self.at = Instant::now();
+    }
+}
+
+/// The usage a limit kept at the timeout leaves room for (see
+/// [`Pacer::kept_usage`]); unpaced: usage now.
+pub(super) fn kept_usage(paced: Option<&Paced>, usage: u64) -> u64 {
+    paced.map_or(usage, |p| p.pacer.kept_usage(usage))
+}
