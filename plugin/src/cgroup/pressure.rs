@@ -2,7 +2,8 @@
 //! `/proc/pressure/*`): their cumulative stalled time. The observer reads them per container;
 //! paced reclaim reads `memory.pressure` and `io.pressure` between its steps.
 
-/// Cumulative stalled time from one pressure file, in microseconds.
+/// Cumulative stalled time from one pressure file, in microseconds, and the kernel's one-minute
+/// average of the `some` share.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StallTotals {
     /// Time at least one task was stalled.
@@ -10,6 +11,17 @@ pub struct StallTotals {
     /// Time every non-idle task was stalled at once; `None` where the file has no `full` line
     /// (`cpu.pressure` before 5.13).
     pub full_us: Option<u64>,
+    /// The `some` line's `avg60` in hundredths of a percent (`avg60=2.50` → 250): the stall the
+    /// cgroup had over the last minute, before whatever is being measured now.
+    pub some_avg60_bp: Option<u32>,
+}
+
+impl StallTotals {
+    /// [`Self::some_avg60_bp`] as a share (250 → 0.025).
+    #[must_use]
+    pub fn some_avg60(&self) -> Option<f64> {
+        self.some_avg60_bp.map(|bp| f64::from(bp) / 10_000.0)
+    }
 }
 
 /// Parses a pressure file (`cpu.pressure`, `memory.pressure`, `io.pressure`, or
@@ -25,19 +37,34 @@ pub struct StallTotals {
 pub fn stall_totals(text: &str) -> Option<StallTotals> {
     let mut some = None;
     let mut full = None;
+    let mut some_avg60_bp = None;
     for line in text.lines() {
         let mut words = line.split_whitespace();
-        let slot = match words.next() {
-            Some("some") => &mut some,
-            Some("full") => &mut full,
+        let (slot, is_some) = match words.next() {
+            Some("some") => (&mut some, true),
+            Some("full") => (&mut full, false),
             _ => continue,
         };
-        *slot = words
-            .find_map(|w| w.strip_prefix("total="))
-            .and_then(|t| t.parse::<u64>().ok());
+        for w in words {
+            if let Some(t) = w.strip_prefix("total=") {
+                *slot = t.parse::<u64>().ok();
+            } else if let Some(a) = w.strip_prefix("avg60=").filter(|_| is_some) {
+                some_avg60_bp = basis_points(a);
+            }
+        }
     }
     Some(StallTotals {
         some_us: some?,
         full_us: full,
+        some_avg60_bp,
     })
+}
+
+/// `"2.50"` (a percentage with two decimals, as the kernel writes it) → 250.
+fn basis_points(pct: &str) -> Option<u32> {
+    let (whole, frac) = pct.split_once('.').unwrap_or((pct, "0"));
+    let frac = format!("{frac:0<2}");
+    let v = whole.parse::<u32>().ok()?.checked_mul(100)?;
+    v.checked_add(frac.get(..2)?.parse::<u32>().ok()?)
+        .map(|bp| bp.min(10_000))
 }

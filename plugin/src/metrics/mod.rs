@@ -480,10 +480,12 @@ mod tests {
                 cpu: StallTotals {
                     some_us: cpu_us,
                     full_us: None,
+                    ..StallTotals::default()
                 },
                 memory: StallTotals {
                     some_us: 0,
                     full_us: memory_full,
+                    ..StallTotals::default()
                 },
                 io: StallTotals::default(),
             }),

@@ -186,29 +186,28 @@ full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n";
 
     #[test]
     fn parses_some_and_full_totals_of_real_files() {
-        assert_eq!(
-            stall_totals(MEMORY_6_18),
-            Some(StallTotals {
-                some_us: 3_278_626,
-                full_us: Some(1_700_034)
-            })
-        );
-        assert_eq!(
-            stall_totals(CPU_6_18),
-            Some(StallTotals {
-                some_us: 2_517_439_716,
-                full_us: Some(0)
-            })
-        );
-        assert_eq!(
-            stall_totals(CPU_5_10),
-            Some(StallTotals {
-                some_us: 12,
-                full_us: None
-            })
-        );
+        let totals = |text| stall_totals(text).map(|t| (t.some_us, t.full_us));
+        assert_eq!(totals(MEMORY_6_18), Some((3_278_626, Some(1_700_034))));
+        assert_eq!(totals(CPU_6_18), Some((2_517_439_716, Some(0))));
+        assert_eq!(totals(CPU_5_10), Some((12, None)));
         assert_eq!(stall_totals(""), None);
         assert_eq!(stall_totals("some avg10=0.00 avg60=0.00\n"), None);
+    }
+
+    #[test]
+    fn the_some_lines_one_minute_average_is_a_share() {
+        let avg60 = |text| stall_totals(text).and_then(|t| t.some_avg60_bp);
+        assert_eq!(avg60(MEMORY_6_18), Some(6));
+        assert_eq!(avg60(CPU_6_18), Some(337), "not the full line's 0.00");
+        assert_eq!(avg60(CPU_5_10), Some(0));
+        assert_eq!(avg60("some avg60=100.00 total=5\n"), Some(10_000));
+        assert_eq!(avg60("some avg60=7.5 total=5\n"), Some(750));
+        assert_eq!(avg60("some total=5\n"), None, "no average: none assumed");
+        let share = stall_totals(CPU_6_18).and_then(|t| t.some_avg60());
+        assert!(
+            share.is_some_and(|s| (s - 0.0337).abs() < 1e-12),
+            "{share:?}"
+        );
     }
 
     #[test]
@@ -217,10 +216,12 @@ full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n";
             cpu: StallTotals {
                 some_us: cpu,
                 full_us: None,
+                ..StallTotals::default()
             },
             memory: StallTotals {
                 some_us: memory,
                 full_us: Some(0),
+                ..StallTotals::default()
             },
             io: StallTotals::default(),
         };

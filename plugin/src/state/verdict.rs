@@ -277,6 +277,7 @@ mod tests {
                 cpu: StallTotals {
                     some_us: cpu_stall_us,
                     full_us: None,
+                    ..StallTotals::default()
                 },
                 ..Pressure::default()
             }),

@@ -13,6 +13,10 @@ pub(super) struct Paced {
     pub(super) pacer: Pacer,
     last: Readings,
     at: Instant,
+    /// The stall the workload had of its own before the decrease (the pressure files' one-minute
+    /// averages, memory and I/O): only stall above it is the reclaim's harm. A database waiting
+    /// on its disk 4 % of the time would otherwise hold every decrease until its timeout.
+    own: (f64, f64),
 }
 
 /// Cumulative harm counters of the container: stalled µs (memory, I/O) and refaulted bytes.
@@ -21,16 +25,23 @@ struct Readings {
     memory_us: u64,
     io_us: Option<u64>,
     refaulted: Option<u64>,
+    /// The one-minute averages (shares) of memory and I/O stall.
+    memory_avg60: Option<f64>,
+    io_avg60: Option<f64>,
 }
 
 impl Readings {
     /// `None` when `memory.pressure` does not read (pacing needs it); I/O stall and refaults
     /// are optional.
     fn take(io: &dyn CgroupIo, cgroup: &std::path::Path) -> Option<Self> {
+        let memory = io.memory_pressure(cgroup).ok()?;
+        let io_stall = io.io_pressure(cgroup).ok();
         Some(Self {
-            memory_us: io.memory_pressure(cgroup).ok()?.some_us,
-            io_us: io.io_pressure(cgroup).ok().map(|t| t.some_us),
+            memory_us: memory.some_us,
+            io_us: io_stall.map(|t| t.some_us),
             refaulted: io.workingset_refaults(cgroup).ok(),
+            memory_avg60: memory.some_avg60(),
+            io_avg60: io_stall.and_then(|t| t.some_avg60()),
         })
     }
 }
@@ -55,10 +66,23 @@ impl Paced {
         if first.io_us.is_none() {
             tracing::info!(cgroup = %job.cgroup.display(), "staged memory decrease paced by memory stall only: io.pressure unreadable");
         }
+        let own = (
+            first.memory_avg60.unwrap_or(0.0),
+            first.io_avg60.unwrap_or(0.0),
+        );
+        if own.0.max(own.1) > 0.0 {
+            tracing::info!(
+                cgroup = %job.cgroup.display(),
+                memory_stall = format!("{:.1} %", own.0 * 100.0),
+                io_stall = format!("{:.1} %", own.1 * 100.0),
+                "staged memory decrease paced on the stall above the workload's own (last minute)"
+            );
+        }
         Some(Self {
             pacer: Pacer::new(job.max_stall, job.step_interval),
             last: first,
             at: Instant::now(),
+            own,
         })
     }
 
@@ -71,9 +95,16 @@ impl Paced {
         let wall = u64::try_from(self.at.elapsed().as_micros()).unwrap_or(u64::MAX);
         let share = |stalled_us: u64| crate::observer::pressure::share(stalled_us, wall);
         let since = |now: Option<u64>, then: Option<u64>| Some(now?.saturating_sub(then?));
+        let above = |share: f64, own: f64| (share - own).max(0.0);
         let harm = Harm {
-            memory: share(now.memory_us.saturating_sub(self.last.memory_us)),
-            io: since(now.io_us, self.last.io_us).map_or(0.0, share),
+            memory: above(
+                share(now.memory_us.saturating_sub(self.last.memory_us)),
+                self.own.0,
+            ),
+            io: above(
+                since(now.io_us, self.last.io_us).map_or(0.0, share),
+                self.own.1,
+            ),
             refaulted: since(now.refaulted, self.last.refaulted).unwrap_or(0),
         };
         let change = self.pacer.observe(harm, usage);
