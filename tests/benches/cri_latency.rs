@@ -115,17 +115,25 @@ impl HandlerTime {
         }
     }
 
-    /// Mean time per call of `events` together (the NRI requests one CRI call makes).
-    fn mean(&self, events: &[&str]) -> Option<Duration> {
+    /// Mean time per call of `events` together (the NRI requests one CRI call makes), and each
+    /// event's share: `0.28 ms per call (update_container 0.25 ms + post_update_container 0.03 ms)`.
+    fn text(&self, events: &[&str]) -> String {
         let mut total = 0.0;
+        let mut parts = Vec::new();
         for e in events {
-            let (sum, count) = self.0.get(*e)?;
-            if *count == 0.0 {
-                return None;
+            match self.0.get(*e) {
+                Some((sum, count)) if *count > 0.0 => {
+                    total += sum / count;
+                    parts.push(format!("{e} {}", ms(Duration::from_secs_f64(sum / count))));
+                }
+                _ => return format!("{e} not in the plugin's /metrics"),
             }
-            total += sum / count;
         }
-        Some(Duration::from_secs_f64(total))
+        format!(
+            "{} per call ({})",
+            ms(Duration::from_secs_f64(total)),
+            parts.join(" + ")
+        )
     }
 }
 
@@ -188,7 +196,7 @@ struct Kind<'a> {
     no_ebpf: &'a Calls,
 }
 
-fn report(name: &str, k: &Kind<'_>, handler: Option<Duration>) {
+fn report(name: &str, k: &Kind<'_>, handler_text: &str) {
     let Kind {
         base,
         null,
@@ -229,10 +237,6 @@ fn report(name: &str, k: &Kind<'_>, handler: Option<Duration>) {
     );
     line("nri-resize − do-nothing (ours)", ours, null);
     line("nri-resize − nri-resize --no-ebpf (eBPF)", ours, no_ebpf);
-    let handler_text = handler.map_or_else(
-        || "not in the plugin's /metrics".to_string(),
-        |h| format!("{} per call (mean)", ms(h)),
-    );
     println!(
         "  {:<38} {handler_text}",
         "nri-resize's handlers (its own work)"
@@ -359,7 +363,7 @@ async fn main() {
                 ours: &ours.create,
                 no_ebpf: &no_ebpf.create,
             },
-            handlers.mean(&["create_container", "post_create_container"]),
+            &handlers.text(&["create_container", "post_create_container"]),
         );
         report(
             &format!("{version} UpdateContainerResources"),
@@ -369,7 +373,7 @@ async fn main() {
                 ours: &ours.update,
                 no_ebpf: &no_ebpf.update,
             },
-            handlers.mean(&["update_container", "post_update_container"]),
+            &handlers.text(&["update_container", "post_update_container"]),
         );
         ctrd.stop_pod(&pod).await.expect("stop pod");
         ctrd.remove_pod(&pod).await.expect("remove pod");

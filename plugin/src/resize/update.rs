@@ -109,8 +109,10 @@ impl Engine {
                 return Ok(self.restart_reply(pod, ctr, &desired, allocated, &reason, enforce));
             }
         }
-        // The raise is harmless when late, but skipped once the runtime was answered.
-        if enforce && self.cgroups.is_some() && !deadline.expired() {
+        // The raise is harmless when late, but skipped once the runtime was answered. Only a
+        // limit that grows can need a larger pod cgroup first: a decrease skips the pod read.
+        let grows = to.cpu.limit > from.cpu.limit || to.memory.limit > from.memory.limit;
+        if enforce && grows && self.cgroups.is_some() && !deadline.expired() {
             self.raise_pod_first(pod, ctr, &desired, &subject)?;
         }
         too_late(&subject, deadline)?;
