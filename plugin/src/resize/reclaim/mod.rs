@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
+use crate::backoff::Backoff;
 use crate::cgroup::{CgroupError, CgroupIo, CgroupVersion};
 use crate::policy::{reclaim_request, safe_limit, Harm, MemoryUse, Share};
 use paced::Paced;
@@ -97,16 +98,12 @@ pub fn method(io: &dyn CgroupIo, force_memory_high: bool) -> &'static str {
 const MAX_PAUSE: Duration = Duration::from_secs(1);
 const SLICE: Duration = Duration::from_millis(10);
 
-/// Sleeps `d` in small slices; `false` if cancelled meanwhile.
-fn pause(d: Duration, cancel: &CancellationToken) -> bool {
+/// Sleeps `d` in small slices, or less when cancelled meanwhile.
+fn pause(d: Duration, cancel: &CancellationToken) {
     let until = Instant::now() + d;
-    while Instant::now() < until {
-        if cancel.is_cancelled() {
-            return false;
-        }
+    while Instant::now() < until && !cancel.is_cancelled() {
         std::thread::sleep(SLICE.min(until.saturating_duration_since(Instant::now())));
     }
-    !cancel.is_cancelled()
 }
 
 /// Where a staged decrease stands after one pass.
@@ -139,23 +136,22 @@ pub fn reclaim_to(
     let v1 = io.version() == CgroupVersion::V1;
     let mut use_high = !v1 && job.force_memory_high;
     let mut high_set = false;
-    // Its error is the outcome's reason.
-    let restore_high = |high_set: bool| -> Result<(), String> {
+    let restore_high = |high_set: bool| -> Result<(), CgroupError> {
         if high_set {
-            io.set_memory_high(&job.cgroup, None)
-                .map_err(|e: CgroupError| format!("restoring memory.high: {e}"))?;
+            io.set_memory_high(&job.cgroup, None)?;
         }
         Ok(())
     };
     let mut limit_now = job.interim;
-    let mut wait = job.step_interval;
+    // Unpaced: the pause between passes doubles up to a second.
+    let mut unpaced_pause = Backoff::new(job.step_interval, MAX_PAUSE);
     let mut passes = 0u32;
     let mut paced = Paced::start(io, job);
     loop {
         if cancel.is_cancelled() {
             return match restore_high(high_set) {
                 Ok(()) => ReclaimOutcome::Cancelled,
-                Err(e) => ReclaimOutcome::Failed(e),
+                Err(e) => restore_failed(&e),
             };
         }
         passes += 1;
@@ -187,7 +183,7 @@ pub fn reclaim_to(
         };
         if reached {
             if let Err(e) = restore_high(high_set) {
-                return ReclaimOutcome::Failed(e);
+                return restore_failed(&e);
             }
             return ReclaimOutcome::Reached {
                 start,
@@ -206,7 +202,7 @@ pub fn reclaim_to(
                 }
             }
             if let Err(e) = restore_high(high_set) {
-                return ReclaimOutcome::Failed(e);
+                return restore_failed(&e);
             }
             return ReclaimOutcome::TimedOut {
                 start,
@@ -217,18 +213,22 @@ pub fn reclaim_to(
                 stall_note: paced.map(|p| p.pacer.deferred_note()).unwrap_or_default(),
             };
         }
-        if let Some(p) = &mut paced {
-            p.observe(io, job, now.usage);
-            wait = p.pacer.wait();
-        }
+        let wait = match &mut paced {
+            Some(p) => {
+                p.observe(io, job, now.usage);
+                p.pacer.wait()
+            }
+            None => unpaced_pause.next_delay(),
+        };
         let left = job.timeout.saturating_sub(started.elapsed());
-        if !pause(wait.min(left), cancel) {
-            continue; // handled at the top of the loop
-        }
-        if paced.is_none() {
-            wait = (wait * 2).min(MAX_PAUSE);
-        }
+        // A cancel during the pause is handled at the top of the loop.
+        pause(wait.min(left), cancel);
     }
+}
+
+/// The outcome when `memory.high` could not be put back to `max` (its error is the reason).
+fn restore_failed(e: &CgroupError) -> ReclaimOutcome {
+    ReclaimOutcome::Failed(format!("restoring memory.high: {e}"))
 }
 
 /// v1: try the target; on `EBUSY` let the limit follow usage down.
