@@ -319,7 +319,7 @@ fn the_workloads_own_io_stall_does_not_hold_a_paced_reclaim() {
         s.io_own_bp = 800;
     }
     let mut j = paced(job(68 * MIB, 116 * MIB));
-    j.timeout = Duration::from_millis(300);
+    j.timeout = Duration::from_secs(2);
     j.step_interval = Duration::from_millis(5);
     let (out, steps) = paced_steps(&fake, &j);
     assert!(
