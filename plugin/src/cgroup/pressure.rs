@@ -11,16 +11,17 @@ pub struct StallTotals {
     /// Time every non-idle task was stalled at once; `None` where the file has no `full` line
     /// (`cpu.pressure` before 5.13).
     pub full_us: Option<u64>,
-    /// The `some` line's `avg60` in hundredths of a percent (`avg60=2.50` → 250): the stall the
-    /// cgroup had over the last minute, before whatever is being measured now.
-    pub some_avg60_bp: Option<u32>,
+    /// The lowest of the `some` line's `avg10`, `avg60` and `avg300`, in hundredths of a percent
+    /// (`2.50` → 250): the stall the cgroup has had steadily, over ten seconds as over five
+    /// minutes. A burst (a workload warming its cache from disk) raises the short averages only.
+    pub some_steady_bp: Option<u32>,
 }
 
 impl StallTotals {
-    /// [`Self::some_avg60_bp`] as a share (250 → 0.025).
+    /// [`Self::some_steady_bp`] as a share (250 → 0.025).
     #[must_use]
-    pub fn some_avg60(&self) -> Option<f64> {
-        self.some_avg60_bp.map(|bp| f64::from(bp) / 10_000.0)
+    pub fn some_steady(&self) -> Option<f64> {
+        self.some_steady_bp.map(|bp| f64::from(bp) / 10_000.0)
     }
 }
 
@@ -37,7 +38,7 @@ impl StallTotals {
 pub fn stall_totals(text: &str) -> Option<StallTotals> {
     let mut some = None;
     let mut full = None;
-    let mut some_avg60_bp = None;
+    let mut some_steady_bp: Option<u32> = None;
     for line in text.lines() {
         let mut words = line.split_whitespace();
         let (slot, is_some) = match words.next() {
@@ -48,15 +49,21 @@ pub fn stall_totals(text: &str) -> Option<StallTotals> {
         for w in words {
             if let Some(t) = w.strip_prefix("total=") {
                 *slot = t.parse::<u64>().ok();
-            } else if let Some(a) = w.strip_prefix("avg60=").filter(|_| is_some) {
-                some_avg60_bp = basis_points(a);
+            } else if let Some(a) = ["avg10=", "avg60=", "avg300="]
+                .iter()
+                .find_map(|k| w.strip_prefix(k))
+                .filter(|_| is_some)
+            {
+                if let Some(bp) = basis_points(a) {
+                    some_steady_bp = Some(some_steady_bp.map_or(bp, |s| s.min(bp)));
+                }
             }
         }
     }
     Some(StallTotals {
         some_us: some?,
         full_us: full,
-        some_avg60_bp,
+        some_steady_bp,
     })
 }
 

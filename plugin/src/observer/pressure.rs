@@ -195,15 +195,27 @@ full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n";
     }
 
     #[test]
-    fn the_some_lines_one_minute_average_is_a_share() {
-        let avg60 = |text| stall_totals(text).and_then(|t| t.some_avg60_bp);
-        assert_eq!(avg60(MEMORY_6_18), Some(6));
-        assert_eq!(avg60(CPU_6_18), Some(337), "not the full line's 0.00");
-        assert_eq!(avg60(CPU_5_10), Some(0));
-        assert_eq!(avg60("some avg60=100.00 total=5\n"), Some(10_000));
-        assert_eq!(avg60("some avg60=7.5 total=5\n"), Some(750));
-        assert_eq!(avg60("some total=5\n"), None, "no average: none assumed");
-        let share = stall_totals(CPU_6_18).and_then(|t| t.some_avg60());
+    fn the_steady_stall_is_the_lowest_of_the_some_lines_averages() {
+        let steady = |text| stall_totals(text).and_then(|t| t.some_steady_bp);
+        assert_eq!(
+            steady(MEMORY_6_18),
+            Some(0),
+            "avg10 0.00 < avg60 0.06 < avg300 0.30"
+        );
+        assert_eq!(
+            steady(CPU_6_18),
+            Some(337),
+            "avg60, not the full line's 0.00"
+        );
+        assert_eq!(steady(CPU_5_10), Some(0));
+        // A cache warmed from disk a few seconds ago: only the short averages show it.
+        assert_eq!(
+            steady("some avg10=40.00 avg60=12.5 avg300=2.61 total=5\n"),
+            Some(261)
+        );
+        assert_eq!(steady("some avg60=100.00 total=5\n"), Some(10_000));
+        assert_eq!(steady("some total=5\n"), None, "no average: none assumed");
+        let share = stall_totals(CPU_6_18).and_then(|t| t.some_steady());
         assert!(
             share.is_some_and(|s| (s - 0.0337).abs() < 1e-12),
             "{share:?}"

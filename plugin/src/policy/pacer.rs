@@ -19,8 +19,8 @@
 //!   the configured step interval.
 //! - **In between** (`c / 4` to `c / 2`): the same step again.
 //!
-//! The loop passes the stall above the workload's own (its pressure files' one-minute average
-//! before the decrease): a workload that always waits on its disk is not held forever.
+//! The loop passes the stall above the workload's own (the lowest of its pressure files' 10 s,
+//! 1 min and 5 min averages before the decrease): a workload that always waits on its disk is not held forever.
 //!
 //! A limit kept at the timeout leaves room for at least the usage the reclaim first held at
 //! ([`Pacer::kept_usage`]).

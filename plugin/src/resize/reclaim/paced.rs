@@ -13,8 +13,9 @@ pub(super) struct Paced {
     pub(super) pacer: Pacer,
     last: Readings,
     at: Instant,
-    /// The stall the workload had of its own before the decrease (the pressure files' one-minute
-    /// averages, memory and I/O): only stall above it is the reclaim's harm. A database waiting
+    /// The stall the workload had of its own before the decrease (the lowest of the pressure
+    /// files' 10 s, 1 min and 5 min averages, memory and I/O): only stall above it is the
+    /// reclaim's harm. A database waiting
     /// on its disk 4 % of the time would otherwise hold every decrease until its timeout.
     own: (f64, f64),
 }
@@ -25,9 +26,9 @@ struct Readings {
     memory_us: u64,
     io_us: Option<u64>,
     refaulted: Option<u64>,
-    /// The one-minute averages (shares) of memory and I/O stall.
-    memory_avg60: Option<f64>,
-    io_avg60: Option<f64>,
+    /// The steady stall (the lowest of the three averages, a share) of memory and I/O.
+    memory_steady: Option<f64>,
+    io_steady: Option<f64>,
 }
 
 impl Readings {
@@ -40,8 +41,8 @@ impl Readings {
             memory_us: memory.some_us,
             io_us: io_stall.map(|t| t.some_us),
             refaulted: io.workingset_refaults(cgroup).ok(),
-            memory_avg60: memory.some_avg60(),
-            io_avg60: io_stall.and_then(|t| t.some_avg60()),
+            memory_steady: memory.some_steady(),
+            io_steady: io_stall.and_then(|t| t.some_steady()),
         })
     }
 }
@@ -67,15 +68,15 @@ impl Paced {
             tracing::info!(cgroup = %job.cgroup.display(), "staged memory decrease paced by memory stall only: io.pressure unreadable");
         }
         let own = (
-            first.memory_avg60.unwrap_or(0.0),
-            first.io_avg60.unwrap_or(0.0),
+            first.memory_steady.unwrap_or(0.0),
+            first.io_steady.unwrap_or(0.0),
         );
         if own.0.max(own.1) > 0.0 {
             tracing::info!(
                 cgroup = %job.cgroup.display(),
                 memory_stall = format!("{:.1} %", own.0 * 100.0),
                 io_stall = format!("{:.1} %", own.1 * 100.0),
-                "staged memory decrease paced on the stall above the workload's own (last minute)"
+                "staged memory decrease paced on the stall above the workload's own (steady over 10 s to 5 min)"
             );
         }
         Some(Self {
