@@ -374,9 +374,9 @@ mod tests {
         (root, engine)
     }
 
-    /// `app` to 300Mi: the plan raises the pod cgroup first, then writes the container.
-    async fn grow_app(engine: &Arc<Engine>) -> (Result<PodResize, ResizeError>, PodResize) {
-        let req = PodResizeRequest {
+    /// `app` to 300Mi.
+    fn grow_app_request() -> PodResizeRequest {
+        PodResizeRequest {
             containers: BTreeMap::from([(
                 "app".to_string(),
                 ContainerTarget {
@@ -384,8 +384,12 @@ mod tests {
                     memory_bytes: Some(300 * MI),
                 },
             )]),
-        };
-        let result = engine.resize_pod("ns", "web", &req).await;
+        }
+    }
+
+    /// `app` to 300Mi: the plan raises the pod cgroup first, then writes the container.
+    async fn grow_app(engine: &Arc<Engine>) -> (Result<PodResize, ResizeError>, PodResize) {
+        let result = engine.resize_pod("ns", "web", &grow_app_request()).await;
         let record = engine.pod_resizes().pop().expect("a whole-pod record");
         (result, record)
     }
@@ -415,18 +419,7 @@ mod tests {
         let (_root, engine) = engine(&(256 * MI).to_string());
         let running = tokio::spawn({
             let engine = Arc::clone(&engine);
-            async move {
-                let req = PodResizeRequest {
-                    containers: BTreeMap::from([(
-                        "app".to_string(),
-                        ContainerTarget {
-                            cpu_millis: None,
-                            memory_bytes: Some(300 * MI),
-                        },
-                    )]),
-                };
-                engine.resize_pod("ns", "web", &req).await
-            }
+            async move { engine.resize_pod("ns", "web", &grow_app_request()).await }
         });
         // The executor has started (its record is there); paused time stands still meanwhile,
         // so it cannot have finished (a failed step backs off before the next attempt).
