@@ -180,6 +180,20 @@ fn output_within(child: std::process::Child, within: std::time::Duration) -> std
     }
 }
 
+/// A plain HTTP/1.0 GET over the API's unix socket: (status line, body).
+fn unix_get(socket: &std::path::Path, path: &str) -> (String, String) {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::os::unix::net::UnixStream::connect(socket).expect("connect to the API socket");
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .expect("timeout");
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").expect("send");
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).expect("read");
+    let (head, body) = resp.split_once("\r\n\r\n").expect("http response");
+    let status = head.split_once("\r\n").map_or(head, |(s, _)| s);
+    (status.to_string(), body.to_string())
+}
+
 /// A plain HTTP/1.0 GET: (status line, headers, body).
 fn http_get(addr: &str, path: &str, accept: Option<&str>) -> (String, String, String) {
     use std::io::{Read as _, Write as _};
@@ -193,6 +207,49 @@ fn http_get(addr: &str, path: &str, accept: Option<&str>) -> (String, String, St
     let (head, body) = resp.split_once("\r\n\r\n").expect("http response");
     let (status, headers) = head.split_once("\r\n").unwrap_or((head, ""));
     (status.to_string(), headers.to_lowercase(), body.to_string())
+}
+
+/// The observer's thread runs at a lower priority (nice 10) than the threads that answer the
+/// runtime (nice 0).
+#[test]
+fn the_observer_thread_yields_to_the_runtime_answers() {
+    let d = Daemon::start();
+    let tasks = format!("/proc/{}/task", d.child.id());
+    let nice_of = |tid: &str| -> Option<(String, i64)> {
+        let comm = std::fs::read_to_string(format!("{tasks}/{tid}/comm")).ok()?;
+        let stat = std::fs::read_to_string(format!("{tasks}/{tid}/stat")).ok()?;
+        // Fields after the `(comm)`: state is field 3, nice field 19.
+        let after = stat.rsplit_once(") ")?.1;
+        let nice = after.split(' ').nth(16)?.parse().ok()?;
+        Some((comm.trim().to_string(), nice))
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let threads: Vec<(String, i64)> = std::fs::read_dir(&tasks)
+            .expect("task dir")
+            .filter_map(|e| nice_of(e.ok()?.file_name().to_str()?))
+            .collect();
+        // `comm` is cut at 15 bytes: "nri-resize-obse".
+        // (Just spawned, the thread may not have lowered itself yet: waited for.)
+        let observer = threads
+            .iter()
+            .find(|(c, _)| c.starts_with("nri-resize-obs"));
+        if observer.is_some_and(|(_, nice)| *nice == 10) {
+            assert!(
+                threads
+                    .iter()
+                    .filter(|(c, _)| !c.starts_with("nri-resize-obs"))
+                    .all(|(_, n)| *n == 0),
+                "every other thread at nice 0: {threads:?}"
+            );
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no observer thread at nice 10 in {threads:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }
 
 #[test]
@@ -209,6 +266,13 @@ fn metrics_health_and_readiness_on_the_metrics_address() {
     assert!(
         body.contains("not connected to the runtime"),
         "/readyz says why: {body}"
+    );
+    // The status API's `/readyz` gives the same answer as the metrics listener's.
+    let (api_status, api_body) = unix_get(&d.api_socket(), "/readyz");
+    assert_eq!(
+        (api_status.split(' ').nth(1), api_body.as_str()),
+        (status.split(' ').nth(1), body.as_str()),
+        "API socket /readyz vs metrics /readyz"
     );
     let (status, headers, body) = http_get(&addr, "/metrics", None);
     assert!(status.contains(" 200 "), "{status}");

@@ -5,7 +5,9 @@
 //! and 2 ms at p99 over containerd without a plugin.
 //!
 //! The sides alternate in rounds (nri-resize attached, detached, the do-nothing plugin attached,
-//! nri-resize attached again, ...), so drift in the machine's load hits every side alike. Each
+//! nri-resize attached again, ...), each round starting with the next side, so drift in the
+//! machine's load hits every side alike. nri-resize is measured once ready (registered,
+//! synchronized, its observer loaded), the do-nothing plugin 500 ms after it starts. Each
 //! side makes `NRI_RESIZE_BENCH_ITERS` calls of each kind (default 300) over
 //! `NRI_RESIZE_BENCH_ROUNDS` rounds (default 3); the percentiles are over all of a side's calls,
 //! with their spread over the rounds (the lowest and highest round's value).
@@ -153,6 +155,8 @@ async fn measure(
     ctrd.start_container(&target)
         .await
         .expect("start update target");
+    let t0 = Instant::now();
+    let trace = std::env::var_os("NRI_RESIZE_BENCH_TRACE").is_some();
     for i in 0..iters {
         let mut c = ContainerSpec::new(&format!("c-{tag}-{i}"), &["sleep", "3600"]);
         c.resources = Resources::limits(50_000, 64 * MIB);
@@ -169,6 +173,13 @@ async fn measure(
             .await
             .expect("UpdateContainerResources");
         update.push(t.elapsed());
+        if trace && t.elapsed() > Duration::from_millis(16) {
+            eprintln!(
+                "TRACE {tag} update {i} at {:.3}s took {}",
+                t0.elapsed().as_secs_f64(),
+                ms(t.elapsed())
+            );
+        }
     }
     ctrd.stop_container(&target, 0).await.expect("stop");
     ctrd.remove_container(&target).await.expect("remove");
@@ -313,7 +324,10 @@ async fn main() {
         );
         let mut handlers = HandlerTime::default();
         for round in 0..rounds {
-            for side in [Side::Ours, Side::Base, Side::Null, Side::NoEbpf] {
+            // Each round starts with a different side, so no side always runs first.
+            let mut order = [Side::Ours, Side::Base, Side::Null, Side::NoEbpf];
+            order.rotate_left(round % 4);
+            for side in order {
                 let tag = format!("{}{round}", side.label().replace(' ', "-"));
                 let (create, update) = match side {
                     Side::Base => measure(&ctrd, &pod, per_round, &tag).await,

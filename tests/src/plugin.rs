@@ -154,8 +154,15 @@ impl PluginProcess {
         tail_lines(&self.log_path, n)
     }
 
-    /// Waits until `/readyz` says registered and synchronized; panics with the log otherwise.
+    /// Waits until `/readyz` says registered, synchronized and the observer loaded; panics with
+    /// the log otherwise. In the VM tier's emulated guests (`NRI_RESIZE_IN_VM`), where loading
+    /// the eBPF programs alone takes up to ~12 s, the wait is at least 60 s.
     pub async fn wait_ready(&mut self, timeout: Duration) {
+        let timeout = if std::env::var_os("NRI_RESIZE_IN_VM").is_some() {
+            timeout.max(Duration::from_secs(60))
+        } else {
+            timeout
+        };
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = self

@@ -416,6 +416,33 @@ async fn frozen_plugin_fails_open() {
     let ctrd = Containerd::start(ContainerdVersion::V1_7, ContainerdOptions::default()).await;
     let mut plugin = PluginProcess::start(&ctrd, "nri-resize-frozen", &[]);
     plugin.wait_ready(READY).await;
+    // containerd's side too: it delivers events to the plugin (containerd 1.7 keeps a plugin
+    // whose Synchronize it timed out connected but sends it nothing; the plugin then registers
+    // again). Only a plugin the runtime calls can be dropped for freezing.
+    let probe = Box::pin(ctrd.run_pod(PodSpec::new("before-freeze")))
+        .await
+        .expect("RunPodSandbox before the freeze");
+    let delivered = Instant::now() + READY;
+    while !events_total(&plugin.api())
+        .await
+        .contains_key("run_pod_sandbox")
+    {
+        assert!(
+            Instant::now() < delivered,
+            "containerd delivered no RunPodSandbox to the ready plugin; log:\n{}",
+            plugin.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let connects = plugin
+        .api()
+        .status()
+        .await
+        .expect("status")
+        .runtime
+        .connects;
+    ctrd.stop_pod(&probe).await.expect("stop the probe pod");
+    ctrd.remove_pod(&probe).await.expect("remove the probe pod");
     let pid =
         nix::unistd::Pid::from_raw(i32::try_from(plugin.pid().expect("pid")).expect("pid fits"));
     nix::sys::signal::kill(pid, Signal::SIGSTOP).expect("SIGSTOP plugin");
@@ -435,7 +462,7 @@ async fn frozen_plugin_fails_open() {
     .await;
     nix::sys::signal::kill(pid, Signal::SIGCONT).expect("SIGCONT plugin");
     // The runtime dropped the frozen plugin; once resumed it reconnects and resynchronizes.
-    wait_reconnected(&plugin.api(), 2).await;
+    wait_reconnected(&plugin.api(), connects + 1).await;
     let st = plugin.api().status().await.expect("status");
     assert!(
         st.pods

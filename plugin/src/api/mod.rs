@@ -10,7 +10,7 @@
 //! | POST | `/v1/pods/{namespace}/{name}/resize` | a whole-pod resize ([`PodResizeRequest`]), planned in KEP order and executed step by step; answers the [`PodResize`] record |
 //! | GET | `/v1/resizes` | the resize records: per container (kubelet-driven) and per pod (whole-pod), with state, reason and steps |
 //! | GET | `/healthz` | 200 while the process serves |
-//! | GET | `/readyz` | 200 once registered with the runtime and synchronized, else 503 |
+//! | GET | `/readyz` | 200 once registered with the runtime, synchronized and the observer loaded (as the metrics listener's), else 503 with why |
 
 mod client;
 mod pod_row;
@@ -492,21 +492,15 @@ async fn events(State(ctx): State<Ctx>, Query(q): Query<EventsQuery>) -> Json<Ve
     Json(ctx.state.journal(|j| j.since(q.since)))
 }
 
-async fn readyz(State(ctx): State<Ctx>) -> (StatusCode, &'static str) {
-    let s = ctx.link.status();
-    if s.connected && s.synchronized {
-        (StatusCode::OK, "ready")
-    } else if s.connected {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "registered, not yet synchronized",
-        )
-    } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not connected to the runtime",
-        )
+/// The same answer as the metrics listener's `/readyz`: registered, synchronized and the
+/// observer loaded.
+async fn readyz(State(ctx): State<Ctx>) -> (StatusCode, String) {
+    crate::metrics::Readiness {
+        link: ctx.link.clone(),
+        observer_loaded: ctx.state.observer_loaded.clone(),
+        observer_fallbacks: ctx.state.observer_fallbacks.clone(),
     }
+    .answer()
 }
 
 async fn update_resources(

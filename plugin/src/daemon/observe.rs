@@ -220,6 +220,9 @@ pub fn spawn(
     std::thread::Builder::new()
         .name("nri-resize-observer".into())
         .spawn(move || {
+            if let Err(e) = crate::observer::lower_thread_priority() {
+                warn!(error = %e, "observer: cannot lower its thread's priority; it runs at the default");
+            }
             let mut observer = match Observer::start(&opts.settings) {
                 Ok(o) => o,
                 Err(e) => {

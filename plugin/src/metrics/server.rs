@@ -41,6 +41,26 @@ impl Readiness {
             Ok(())
         }
     }
+
+    /// The `/readyz` answer (both listeners give this one): 200 `ready`, naming the observer's
+    /// fallbacks if any, or 503 with why not.
+    pub fn answer(&self) -> (StatusCode, String) {
+        match self.check() {
+            Ok(()) => {
+                let fallbacks = self.observer_fallbacks.read_locked().join("; ");
+                if fallbacks.is_empty() {
+                    (StatusCode::OK, "ready".into())
+                } else {
+                    // Ready: the fallbacks measure the same things, with less detail or later.
+                    (
+                        StatusCode::OK,
+                        format!("ready (observer fallbacks: {fallbacks})"),
+                    )
+                }
+            }
+            Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why.into()),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -85,21 +105,7 @@ async fn metrics(State(ctx): State<Ctx>, headers: HeaderMap) -> impl IntoRespons
 }
 
 async fn readyz(State(ctx): State<Ctx>) -> (StatusCode, String) {
-    match ctx.readiness.check() {
-        Ok(()) => {
-            let fallbacks = ctx.readiness.observer_fallbacks.read_locked().join("; ");
-            if fallbacks.is_empty() {
-                (StatusCode::OK, "ready".into())
-            } else {
-                // Ready: the fallbacks measure the same things, with less detail or later.
-                (
-                    StatusCode::OK,
-                    format!("ready (observer fallbacks: {fallbacks})"),
-                )
-            }
-        }
-        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why.into()),
-    }
+    ctx.readiness.answer()
 }
 
 fn router(metrics: Arc<Metrics>, readiness: Readiness) -> Router {

@@ -52,6 +52,9 @@ pub enum SessionEnd {
     RuntimeClosed,
     /// The runtime announced its shutdown and then closed the connection.
     RuntimeShutdown,
+    /// Our `Synchronize` answer was late, so the runtime dropped the plugin (containerd 1.7
+    /// without closing the connection): the session ended to register again.
+    SynchronizedLate,
     /// We were asked to stop.
     Cancelled,
 }
@@ -192,6 +195,10 @@ where
             Some(sig) = signals.recv() => {
                 match sig {
                     SessionSignal::RuntimeShutdown => shutdown_announced = true,
+                    SessionSignal::SynchronizedLate => {
+                        mux.task.abort();
+                        break Ok(SessionEnd::SynchronizedLate);
+                    }
                 }
             }
             () = cancel.cancelled() => {

@@ -34,6 +34,11 @@ pub const MAX_SYNC_OBJECTS: usize = 100_000;
 pub(crate) enum SessionSignal {
     /// The runtime sent `Shutdown`.
     RuntimeShutdown,
+    /// Our `Synchronize` answer was computed only after the runtime's request deadline had
+    /// passed: the runtime has given up on this plugin. containerd 1.7 (NRI before v0.8) then
+    /// leaves the connection open without ever sending another event, so the session ends and
+    /// the plugin registers again rather than stay connected and deaf.
+    SynchronizedLate,
 }
 
 #[derive(Debug, Default)]
@@ -51,6 +56,8 @@ pub(crate) struct PluginService<H> {
     handler: Arc<H>,
     link: RuntimeLink,
     budget: Mutex<Duration>,
+    /// The runtime's per-request deadline (announced in `Configure`, else NRI's default).
+    request_timeout: Mutex<Duration>,
     sync: Mutex<SyncBuffer>,
     signals: mpsc::UnboundedSender<SessionSignal>,
     observer: Option<Arc<dyn HandlerObserver>>,
@@ -102,6 +109,7 @@ impl<H: Handler> PluginService<H> {
             handler,
             link,
             budget: Mutex::new(RuntimeInfo::default().handler_budget()),
+            request_timeout: Mutex::new(RuntimeInfo::default().request_timeout()),
             sync: Mutex::new(SyncBuffer::default()),
             signals,
             observer,
@@ -226,6 +234,7 @@ impl<H: Handler> Plugin for PluginService<H> {
         };
         let budget = info.handler_budget();
         *self.budget.locked() = budget;
+        *self.request_timeout.locked() = info.request_timeout();
         info!(runtime = %info.name, version = %info.version, nri = %info.nri_version, request_timeout_ms = info.request_timeout_ms, handler_budget_ms = budget.as_millis(), "configure");
         self.handler
             .configure(&info, &req.config)
@@ -286,6 +295,7 @@ impl<H: Handler> Plugin for PluginService<H> {
             containers = containers.len(),
             "synchronize"
         );
+        let started = Instant::now();
         let updates = match self
             .within(
                 EventKind::Synchronize,
@@ -298,6 +308,22 @@ impl<H: Handler> Plugin for PluginService<H> {
             Some(Err(r)) => return Err(reject(&r)),
             None => Vec::new(),
         };
+        // The handler is bounded by the budget, but a starved process (a CPU-bound neighbour,
+        // an emulated guest) can still be late; the runtime has then already given up.
+        let timeout = *self.request_timeout.locked();
+        let took = started.elapsed();
+        if took >= timeout {
+            error!(
+                took_ms = took.as_millis(),
+                request_timeout_ms = timeout.as_millis(),
+                "Synchronize answered after the runtime's deadline: the runtime dropped this plugin; registering again"
+            );
+            let _ = self.signals.send(SessionSignal::SynchronizedLate);
+            return Err(status(
+                ttrpc::Code::DEADLINE_EXCEEDED,
+                "synchronize answered after the runtime's deadline; the plugin registers again",
+            ));
+        }
         self.link.set_synchronized();
         Ok(pb::SynchronizeResponse {
             update: updates.iter().map(update_to_pb).collect(),

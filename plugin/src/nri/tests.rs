@@ -20,6 +20,8 @@ struct Recorder {
     calls: Mutex<Vec<String>>,
     sync_sizes: Mutex<Vec<(usize, usize)>>,
     slow: bool,
+    /// Blocks the thread this long in `synchronize`: a starved process, which no timer can cut.
+    starve_sync: Option<Duration>,
     reject_config: bool,
 }
 
@@ -54,6 +56,9 @@ impl Handler for Recorder {
             .unwrap()
             .push((pods.len(), containers.len()));
         self.log("synchronize".into());
+        if let Some(d) = self.starve_sync {
+            std::thread::sleep(d);
+        }
         Ok(vec![])
     }
     async fn run_pod_sandbox(&self, pod: Pod) -> Result<(), Rejection> {
@@ -609,6 +614,35 @@ async fn a_handler_past_the_deadline_is_answered_fail_open() {
             .expect("answered before the runtime's deadline");
     assert!(r.adjust.is_none(), "fail-open answer adjusts nothing");
     s.cancel.cancel();
+}
+
+/// containerd 1.7 drops a plugin whose `Synchronize` answer misses its deadline but leaves the
+/// connection open and never sends it another event: the plugin ends the session (to register
+/// again) instead of counting itself synchronized.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_synchronize_answered_after_the_deadline_ends_the_session() {
+    let s = setup(Recorder {
+        starve_sync: Some(Duration::from_millis(300)),
+        ..Default::default()
+    })
+    .await;
+    let mut conf = configure_req("", "");
+    conf.request_timeout = 200;
+    s.rt.plugin.configure(ctx(), &conf).await.unwrap();
+    let req = pb::SynchronizeRequest {
+        pods: vec![pb_pod("p1")],
+        ..Default::default()
+    };
+    // The fake runtime waits longer than the deadline it announced, to see what the plugin says.
+    let r = s.rt.plugin.synchronize(ctx(), &req).await;
+    let end = tokio::time::timeout(Duration::from_secs(5), s.session)
+        .await
+        .expect("the session ends")
+        .unwrap()
+        .unwrap();
+    assert_eq!(end, SessionEnd::SynchronizedLate, "answer: {r:?}");
+    assert!(!s.link.status().synchronized);
+    assert!(!s.link.status().connected);
 }
 
 #[tokio::test]

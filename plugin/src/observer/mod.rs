@@ -396,6 +396,31 @@ impl fmt::Debug for Observer {
     }
 }
 
+/// How far the observer's thread yields: its nice value (0 is the default, 19 the lowest).
+pub const OBSERVER_NICE: i32 = 10;
+
+/// Lowers the calling thread's scheduling priority to [`OBSERVER_NICE`] (on Linux the nice
+/// value is per thread). The observer is background work: loading its eBPF programs (seconds
+/// of verifier time in an emulated guest) and its reads each interval yield the CPU to the NRI
+/// answers the runtime is waiting for and to the node's workloads. Failure (a seccomp filter)
+/// is returned for the caller to log; the observer then runs at the default priority.
+pub fn lower_thread_priority() -> std::io::Result<()> {
+    let tid = nix::unistd::gettid().as_raw();
+    let who = libc::id_t::try_from(tid)
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    #[expect(
+        unsafe_code,
+        reason = "setpriority has no safe wrapper in libc or nix; it takes no pointers"
+    )]
+    // SAFETY: plain integer arguments; it changes only this thread's nice value.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, who, OBSERVER_NICE) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// Returns the free pages of every malloc arena to the kernel (glibc's `malloc_trim`). glibc
 /// keeps freed memory in a thread's arena unless it sits at the arena's top; a one-off burst of
 /// allocations at start-up (the kernel BTF, parsed twice) would otherwise stay resident for the
