@@ -8,9 +8,14 @@
 //! nri-resize attached again, ...), each round starting with the next side, so drift in the
 //! machine's load hits every side alike. nri-resize is measured once ready (registered,
 //! synchronized, its observer loaded), the do-nothing plugin 500 ms after it starts. Each
-//! side makes `NRI_RESIZE_BENCH_ITERS` calls of each kind (default 300) over
-//! `NRI_RESIZE_BENCH_ROUNDS` rounds (default 3); the percentiles are over all of a side's calls,
-//! with their spread over the rounds (the lowest and highest round's value).
+//! side makes `NRI_RESIZE_BENCH_ITERS` calls of each kind (default 600: a p99 is then the 6th
+//! slowest call, not the 3rd) over `NRI_RESIZE_BENCH_ROUNDS` rounds (default 6); the
+//! percentiles are over all of a side's calls, with their spread over the rounds (the lowest
+//! and highest round's value).
+//!
+//! Verdict: met when nri-resize adds at most the target over no plugin; when containerd's own
+//! NRI path (the do-nothing plugin) already takes more than that, the remainder is containerd's
+//! if nri-resize adds at most the target over the do-nothing plugin, and the row says so.
 //!
 //! Run: `cargo bench -p nri-resize-tests --bench cri_latency` (part of `cargo xtask bench`).
 
@@ -257,6 +262,20 @@ fn report(name: &str, k: &Kind<'_>, handler_text: &str) {
     let (n50, n99) = (null.at(0.5).0, null.at(0.99).0);
     let (o50, o90, o99) = (ours.at(0.5), ours.at(0.9).0, ours.at(0.99));
     let met = added(o50.0, b50) <= TARGET.0 && added(o99.0, b99) <= TARGET.1;
+    // Over the target, the remainder is containerd's when nri-resize adds no more than the
+    // target over the do-nothing plugin (containerd's NRI path with the same events, no work).
+    let ours_share_within = added(o50.0, n50) <= TARGET.0 && added(o99.0, n99) <= TARGET.1;
+    let verdict = if met {
+        "met".to_string()
+    } else if ours_share_within {
+        format!(
+            "over by containerd's own NRI path: nri-resize − do-nothing plugin {} p50 / {} p99, within the target",
+            delta(o50.0, n50),
+            delta(o99.0, n99)
+        )
+    } else {
+        nri_resize::bench_table::verdict(false).to_string()
+    };
     nri_resize::bench_table::row(
         &format!(
             "CRI latency: {name}, {} calls per side in {} alternating rounds",
@@ -283,10 +302,7 @@ fn report(name: &str, k: &Kind<'_>, handler_text: &str) {
             delta(o50.0, no_ebpf.at(0.5).0),
         ),
         Some(o99.0.as_secs_f64() / b99.as_secs_f64().max(1e-9)),
-        &format!(
-            "≤ +1 ms p50 and ≤ +2 ms p99: {}",
-            nri_resize::bench_table::verdict(met)
-        ),
+        &format!("≤ +1 ms p50 and ≤ +2 ms p99: {verdict}"),
     );
 }
 
@@ -300,8 +316,8 @@ fn env_usize(name: &str, default: usize) -> usize {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
 async fn main() {
-    let iters = env_usize("NRI_RESIZE_BENCH_ITERS", 300);
-    let rounds = env_usize("NRI_RESIZE_BENCH_ROUNDS", 3);
+    let iters = env_usize("NRI_RESIZE_BENCH_ITERS", 600);
+    let rounds = env_usize("NRI_RESIZE_BENCH_ROUNDS", 6);
     let per_round = iters.div_ceil(rounds);
     println!(
         "CRI latency, {} calls of each kind per side in {rounds} alternating rounds \
