@@ -571,6 +571,18 @@ fn page_cache_reclaim_agrees_with_memory_stat() {
         "fallbacks: {:?}",
         observer.fallbacks()
     );
+    if strategy == ReclaimStrategy::MemcgTracepoints {
+        // The raw tracepoint (cheap on every page fault), not the classic fallback: the
+        // kernels that have the tracepoint have BTF for it.
+        assert!(
+            !observer
+                .fallbacks()
+                .iter()
+                .any(|f| f.program == nri_resize_ebpf_common::names::PROG_MEMCG_EVENTS_BTF),
+            "count_memcg_events fell back to the classic tracepoint: {:?}",
+            observer.fallbacks()
+        );
+    }
     let mut cgroup = TestCgroup::create("reclaim");
     cgroup.set_memory_max(100 * MIB);
     let observed = cgroup.observed(&observer);

@@ -362,7 +362,7 @@ fn bench() -> anyhow::Result<()> {
     let table = root().join("target/bench-table.jsonl");
     let _ = std::fs::remove_file(&table);
     let load_before = loadavg();
-    let benches: [(&str, &str, &str); 9] = [
+    let benches: [(&str, &str, &str); 10] = [
         (
             "nri-resize",
             "handler",
@@ -370,6 +370,11 @@ fn bench() -> anyhow::Result<()> {
         ),
         ("nri-resize", "planner", "planner vs a naive plan"),
         ("nri-resize", "observer", "eBPF per-event cost, reader CPU"),
+        (
+            "nri-resize",
+            "page_faults",
+            "eBPF cost per page fault vs no observer and polled reclaim",
+        ),
         (
             "nri-resize",
             "capacity",

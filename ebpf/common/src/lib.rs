@@ -32,8 +32,11 @@ pub mod names {
     pub const PROG_NOOP_SWITCH: &str = "noop_switch";
     /// `fentry/unthrottle_cfs_rq` program: counts throttling from the unthrottle path.
     pub const PROG_UNTHROTTLE: &str = "unthrottle_cfs_rq";
-    /// `tracepoint/memcg/count_memcg_events` program.
+    /// `tracepoint/memcg/count_memcg_events` program (the fallback of the `tp_btf` one).
     pub const PROG_MEMCG_EVENTS: &str = "count_memcg_events";
+    /// `tp_btf/count_memcg_events` program: the same counts from the raw tracepoint, which
+    /// skips filling the classic record on every event (every page fault of the node).
+    pub const PROG_MEMCG_EVENTS_BTF: &str = "count_memcg_events_btf";
     /// `tracepoint/vmscan/mm_vmscan_memcg_reclaim_begin` program.
     pub const PROG_RECLAIM_BEGIN: &str = "memcg_reclaim_begin";
     /// `tracepoint/vmscan/mm_vmscan_memcg_reclaim_end` program.
@@ -259,6 +262,8 @@ pub struct ObserverConfig {
     pub cfs_rq_tg: u32,
     /// Byte offset of `task_group::css`.
     pub task_group_css: u32,
+    /// Byte offset of `mem_cgroup::css`, for the `tp_btf/count_memcg_events` program.
+    pub memcg_css: u32,
     /// Byte offset of `cfs_rq::throttled_clock` (u64), for the fentry strategy; `NO_FIELD` if absent.
     pub cfs_rq_throttled_clock: u32,
     /// Layout of the `memcg/count_memcg_events` record.
@@ -292,6 +297,7 @@ impl ObserverConfig {
         memory_hierarchy: 0,
         cfs_rq_tg: 0,
         task_group_css: 0,
+        memcg_css: 0,
         cfs_rq_throttled_clock: NO_FIELD,
         memcg_events: MemcgEventsLayout {
             id: 0,
@@ -371,4 +377,4 @@ const _: () = assert!(core::mem::size_of::<CpuHotplugEvent>() == 32);
 const _: () = assert!(core::mem::size_of::<MemcgEventsLayout>() == 16);
 const _: () = assert!(core::mem::size_of::<CpuhpLayout>() == 16);
 const _: () =
-    assert!(core::mem::size_of::<ObserverConfig>() == 4 * (17 + 4 + RECLAIM_SLOTS + 1 + 4 + 4));
+    assert!(core::mem::size_of::<ObserverConfig>() == 4 * (18 + 4 + RECLAIM_SLOTS + 1 + 4 + 4));

@@ -68,6 +68,8 @@ struct Resolved {
     /// `cfs_rq::tg`, `task_group::css` and the `unthrottle_cfs_rq` function.
     cfs_rq: Result<(), ProbeError>,
     memcg_events: Result<(), ProbeError>,
+    /// `tp_btf/count_memcg_events`: its first argument a `struct mem_cgroup *`, `mem_cgroup::css`.
+    memcg_events_btf: Result<(), ProbeError>,
     reclaim_end: Result<(), ProbeError>,
     cpuhp: Result<(), ProbeError>,
     /// `oom/mark_victim` passes the victim's `task_struct` (6.8+; before, only its pid).
@@ -167,6 +169,19 @@ fn resolve(
         };
         Ok(())
     });
+    let memcg_events_btf = task_chain.clone().and_then(|()| {
+        if !any_item {
+            return Err(ProbeError::NoReclaimEvents);
+        }
+        if !btf.tracepoint_param_is_struct_ptr("count_memcg_events", 1, "mem_cgroup")? {
+            return Err(ObserverError::BtfLookup(
+                "count_memcg_events does not pass a struct mem_cgroup *".into(),
+            )
+            .into());
+        }
+        c.memcg_css = btf.offset("mem_cgroup", "css")?;
+        Ok(())
+    });
     let reclaim_end = format("vmscan", "mm_vmscan_memcg_reclaim_end").and_then(|fields| {
         c.reclaim_end_nr_reclaimed = offset_of(&fields, "nr_reclaimed")?;
         Ok(())
@@ -202,6 +217,7 @@ fn resolve(
         task_throttled,
         cfs_rq,
         memcg_events,
+        memcg_events_btf,
         reclaim_end,
         cpuhp,
     }
@@ -332,7 +348,7 @@ impl KernelSide {
         })?;
 
         let throttle = attach_throttle(&mut ebpf, &r, &aya_btf, settings.force_throttle, fallbacks);
-        let reclaim = attach_reclaim(&mut ebpf, &r, settings.force_reclaim, fallbacks);
+        let reclaim = attach_reclaim(&mut ebpf, &r, &aya_btf, settings.force_reclaim, fallbacks);
         let oom = attach_oom(&mut ebpf, &r, &aya_btf, settings.force_oom, fallbacks);
         let (hotplug, ring) = attach_hotplug(&mut ebpf, &r, settings.hotplug, fallbacks);
 
@@ -556,19 +572,44 @@ fn attach_throttle(
 fn attach_reclaim(
     ebpf: &mut Ebpf,
     r: &Resolved,
+    aya_btf: &aya::Btf,
     forced: Option<ReclaimStrategy>,
     fallbacks: &mut Vec<Fallback>,
 ) -> ReclaimStrategy {
     let mut reclaim = forced.unwrap_or(ReclaimStrategy::MemcgTracepoints);
     if reclaim == ReclaimStrategy::MemcgTracepoints {
-        let attached = r.memcg_events.clone().and_then(|()| {
-            attach_tracepoint(
-                ebpf,
-                names::PROG_MEMCG_EVENTS,
-                "memcg",
-                "count_memcg_events",
-            )
-        });
+        // The raw tracepoint first (it costs next to nothing on the page faults it sees), the
+        // classic one where the kernel's BTF cannot type it.
+        let attached = r
+            .memcg_events_btf
+            .clone()
+            .and_then(|()| {
+                attach_tp_btf(
+                    ebpf,
+                    names::PROG_MEMCG_EVENTS_BTF,
+                    "count_memcg_events",
+                    aya_btf,
+                )
+            })
+            .or_else(|reason| {
+                let classic = r.memcg_events.clone().and_then(|()| {
+                    attach_tracepoint(
+                        ebpf,
+                        names::PROG_MEMCG_EVENTS,
+                        "memcg",
+                        "count_memcg_events",
+                    )
+                });
+                if classic.is_ok() {
+                    fallback(
+                        fallbacks,
+                        names::PROG_MEMCG_EVENTS_BTF,
+                        &reason,
+                        &"tracepoint/memcg/count_memcg_events",
+                    );
+                }
+                classic
+            });
         match attached {
             Ok(()) => {
                 // Time in direct reclaim is a bonus: without it the counters still hold.
