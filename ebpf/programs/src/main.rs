@@ -32,7 +32,7 @@ use aya_log_ebpf::warn;
 use nri_resize_ebpf_common::{
     CgroupKey, CpuHotplugEvent, CpuhpLayout, ObserverConfig, OomCounters, ReclaimCounters,
     ReclaimStart, ThrottleCounters, ThrottlePending, ThrottleStart, CPUHP_ENTER, CPUHP_EXIT,
-    NO_FIELD, NO_ITEM, RECLAIM_SLOTS, THROTTLE_PENDING_PIDS_PER_SLOT,
+    NO_FIELD, NO_ITEM, THROTTLE_PENDING_PIDS_PER_SLOT,
 };
 
 /// Offsets and enum values of the running kernel, written by user space before load.
@@ -359,18 +359,9 @@ fn try_count_memcg_events(ctx: &TracePointContext) -> Result<(), Error> {
     let layout = conf!(memcg_events);
     // SAFETY: offsets come from this tracepoint's tracefs `format`; reads are checked.
     let item: i32 = unsafe { ctx.read_at(layout.item as usize) }.map_err(Error::Read)?;
-    let item = item as u32;
-    let items = conf!(reclaim_items);
-    let mut slot = RECLAIM_SLOTS;
-    for (i, wanted) in items.iter().enumerate() {
-        if *wanted != NO_ITEM && *wanted == item {
-            slot = i;
-            break;
-        }
-    }
-    if slot >= RECLAIM_SLOTS {
+    let Some(slot) = reclaim_slot(item as u32) else {
         return Ok(());
-    }
+    };
     // SAFETY: as above.
     let id: u64 = unsafe { ctx.read_at(layout.id as usize) }.map_err(Error::Read)?;
     // SAFETY: as above.
@@ -381,6 +372,16 @@ fn try_count_memcg_events(ctx: &TracePointContext) -> Result<(), Error> {
             *count += val;
         }
     })
+}
+
+/// The `ReclaimSlot` a memcg event `item` counts in, or `None` for the events that do not count
+/// (nearly all of them: page faults).
+#[inline(always)]
+fn reclaim_slot(item: u32) -> Option<usize> {
+    let items = conf!(reclaim_items);
+    items
+        .iter()
+        .position(|wanted| *wanted != NO_ITEM && *wanted == item)
 }
 
 /// `tp_btf/count_memcg_events(struct mem_cgroup *memcg, int item, unsigned long val)`: the same
@@ -395,18 +396,9 @@ pub fn count_memcg_events_btf(ctx: BtfTracePointContext) -> u32 {
         return 0;
     }
     let item: u64 = ctx.arg(1);
-    let item = item as u32;
-    let items = conf!(reclaim_items);
-    let mut slot = RECLAIM_SLOTS;
-    for (i, wanted) in items.iter().enumerate() {
-        if *wanted != NO_ITEM && *wanted == item {
-            slot = i;
-            break;
-        }
-    }
-    if slot >= RECLAIM_SLOTS {
+    let Some(slot) = reclaim_slot(item as u32) else {
         return 0;
-    }
+    };
     let memcg: u64 = ctx.arg(0);
     let val: u64 = ctx.arg(2);
     let counted = css_cgroup_of(memcg + u64::from(conf!(memcg_css))).and_then(|key| {
