@@ -82,8 +82,13 @@ impl RuntimeInfo {
     /// How long a handler may take: 3/4 of the runtime's deadline, so that the fail-open answer
     /// reaches the runtime before it drops the plugin.
     pub fn handler_budget(&self) -> Duration {
-        self.request_timeout() * 3 / 4
+        budget_within(self.request_timeout())
     }
+}
+
+/// The handler budget within a runtime deadline of `request_timeout`: 3/4 of it.
+pub(crate) fn budget_within(request_timeout: Duration) -> Duration {
+    request_timeout * 3 / 4
 }
 
 /// A resource update for an existing container.

@@ -19,7 +19,7 @@ use super::convert::{
     update_to_pb,
 };
 use super::deadline::Deadline;
-use super::handler::{Handler, Rejection, RuntimeInfo};
+use super::handler::{budget_within, Handler, Rejection, RuntimeInfo};
 use super::runtime::RuntimeLink;
 use crate::model::{Container, EventKind, Pod};
 use crate::sync::Locked as _;
@@ -55,8 +55,8 @@ pub trait HandlerObserver: Send + Sync + std::fmt::Debug + 'static {
 pub(crate) struct PluginService<H> {
     handler: Arc<H>,
     link: RuntimeLink,
-    budget: Mutex<Duration>,
-    /// The runtime's per-request deadline (announced in `Configure`, else NRI's default).
+    /// The runtime's per-request deadline (announced in `Configure`, else NRI's default); the
+    /// handler budget is derived from it.
     request_timeout: Mutex<Duration>,
     sync: Mutex<SyncBuffer>,
     signals: mpsc::UnboundedSender<SessionSignal>,
@@ -108,7 +108,6 @@ impl<H: Handler> PluginService<H> {
         PluginService {
             handler,
             link,
-            budget: Mutex::new(RuntimeInfo::default().handler_budget()),
             request_timeout: Mutex::new(RuntimeInfo::default().request_timeout()),
             sync: Mutex::new(SyncBuffer::default()),
             signals,
@@ -117,7 +116,7 @@ impl<H: Handler> PluginService<H> {
     }
 
     fn budget(&self) -> Duration {
-        *self.budget.locked()
+        budget_within(*self.request_timeout.locked())
     }
 
     /// Runs one handler call within the budget. `None` means it overran: the caller answers
@@ -232,9 +231,8 @@ impl<H: Handler> Plugin for PluginService<H> {
             request_timeout_ms: req.request_timeout,
             registration_timeout_ms: req.registration_timeout,
         };
-        let budget = info.handler_budget();
-        *self.budget.locked() = budget;
         *self.request_timeout.locked() = info.request_timeout();
+        let budget = self.budget();
         info!(runtime = %info.name, version = %info.version, nri = %info.nri_version, request_timeout_ms = info.request_timeout_ms, handler_budget_ms = budget.as_millis(), "configure");
         self.handler
             .configure(&info, &req.config)
