@@ -11,7 +11,11 @@
 //! side makes `NRI_RESIZE_BENCH_ITERS` calls of each kind (default 600: a p99 is then the 6th
 //! slowest call, not the 3rd) over `NRI_RESIZE_BENCH_ROUNDS` rounds (default 6); the
 //! percentiles are over all of a side's calls, with their spread over the rounds (the lowest
-//! and highest round's value).
+//! and highest round's value). In each round a side's creates (each removed at once) come
+//! first, then, after a 300 ms pause, its updates: an update is not timed while the aftermath of
+//! a removal (containerd's and the plugin's) still runs. Each attached plugin's CPU time (every
+//! thread, from `/proc/<pid>/task/*/schedstat`) is read around each phase: its cost per call,
+//! which unlike a latency does not move with what else the machine does.
 //!
 //! Verdict: met when nri-resize adds at most the target over no plugin; when containerd's own
 //! NRI path (the do-nothing plugin) already takes more than that, the remainder is containerd's
@@ -86,7 +90,42 @@ impl Calls {
 struct SideCalls {
     create: Calls,
     update: Calls,
+    create_cpu: CpuPerCall,
+    update_cpu: CpuPerCall,
 }
+
+impl SideCalls {
+    fn push(&mut self, m: Measured) {
+        self.create.rounds.push(m.create);
+        self.update.rounds.push(m.update);
+        self.create_cpu.add(m.cpu.0);
+        self.update_cpu.add(m.cpu.1);
+    }
+}
+
+/// A plugin's CPU time per call, averaged over the rounds.
+#[derive(Default, Clone, Copy)]
+struct CpuPerCall {
+    sum: Duration,
+    rounds: u32,
+}
+
+impl CpuPerCall {
+    fn add(&mut self, d: Option<Duration>) {
+        if let Some(d) = d {
+            self.sum += d;
+            self.rounds += 1;
+        }
+    }
+
+    fn text(self) -> String {
+        if self.rounds == 0 {
+            return "not measured".to_string();
+        }
+        format!("{:.3} ms", (self.sum / self.rounds).as_secs_f64() * 1e3)
+    }
+}
+
 
 /// nri-resize's own time in its handlers (`nri_resize_nri_handler_duration_seconds`, from the
 /// request decoded to the answer ready), summed over the rounds: event (`update_container`) →
@@ -144,13 +183,41 @@ impl HandlerTime {
     }
 }
 
-/// `iters` creates (each removed at once) and `iters` updates of one running container.
+/// CPU time of every thread of process `pid` so far (`/proc/<pid>/task/*/schedstat`: time on
+/// a CPU, in ns). Unlike a latency, it does not move with what else the machine is doing.
+fn cpu_time(pid: Option<u32>) -> Option<Duration> {
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", pid?)).ok()?;
+    let mut ns = 0u64;
+    for t in tasks.flatten() {
+        let text = std::fs::read_to_string(t.path().join("schedstat")).unwrap_or_default();
+        ns += text
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    Some(Duration::from_nanos(ns))
+}
+
+/// One side's calls in one round: the latencies, and the plugin's CPU time per call of each
+/// kind (`None` without a plugin).
+struct Measured {
+    create: Vec<Duration>,
+    update: Vec<Duration>,
+    cpu: (Option<Duration>, Option<Duration>),
+}
+
+/// `iters` creates (each removed at once), then, after a pause that lets containerd's and the
+/// plugin's work after the last removal settle, `iters` updates of one running container: an
+/// update is timed without a create's aftermath overlapping it, on every side alike. `plugin`:
+/// the attached plugin's pid, whose CPU time is read around each phase.
 async fn measure(
     ctrd: &Containerd,
     pod: &Pod,
     iters: usize,
     tag: &str,
-) -> (Vec<Duration>, Vec<Duration>) {
+    plugin: Option<u32>,
+) -> Measured {
     let (mut create, mut update) = (Vec::new(), Vec::new());
     let mut c = ContainerSpec::new(&format!("upd-{tag}"), &["sleep", "3600"]);
     c.resources = Resources::limits(50_000, 64 * MIB);
@@ -162,6 +229,11 @@ async fn measure(
         .expect("start update target");
     let t0 = Instant::now();
     let trace = std::env::var_os("NRI_RESIZE_BENCH_TRACE").is_some();
+    let per_call = |before: Option<Duration>, calls: usize| {
+        let after = cpu_time(plugin)?;
+        Some(after.saturating_sub(before?) / u32::try_from(calls.max(1)).unwrap_or(u32::MAX))
+    };
+    let cpu0 = cpu_time(plugin);
     for i in 0..iters {
         let mut c = ContainerSpec::new(&format!("c-{tag}-{i}"), &["sleep", "3600"]);
         c.resources = Resources::limits(50_000, 64 * MIB);
@@ -171,7 +243,12 @@ async fn measure(
             .expect("CreateContainer");
         create.push(t.elapsed());
         ctrd.remove_container(&id).await.expect("RemoveContainer");
-
+    }
+    // Creates and removes together: the plugin's share of the pair.
+    let create_cpu = per_call(cpu0, iters);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let cpu1 = cpu_time(plugin);
+    for i in 0..iters {
         let quota = if i % 2 == 0 { 60_000 } else { 50_000 };
         let t = Instant::now();
         ctrd.update_container_resources(&target, &Resources::limits(quota, 64 * MIB))
@@ -186,9 +263,14 @@ async fn measure(
             );
         }
     }
+    let update_cpu = per_call(cpu1, iters);
     ctrd.stop_container(&target, 0).await.expect("stop");
     ctrd.remove_container(&target).await.expect("remove");
-    (create, update)
+    Measured {
+        create,
+        update,
+        cpu: (create_cpu, update_cpu),
+    }
 }
 
 fn ms(d: Duration) -> String {
@@ -210,6 +292,8 @@ struct Kind<'a> {
     null: &'a Calls,
     ours: &'a Calls,
     no_ebpf: &'a Calls,
+    /// CPU time per call: (nri-resize, the do-nothing plugin).
+    cpu: (CpuPerCall, CpuPerCall),
 }
 
 fn report(name: &str, k: &Kind<'_>, handler_text: &str) {
@@ -218,6 +302,7 @@ fn report(name: &str, k: &Kind<'_>, handler_text: &str) {
         null,
         ours,
         no_ebpf,
+        cpu,
     } = *k;
     println!(
         "{name} ({} calls per side)",
@@ -257,6 +342,12 @@ fn report(name: &str, k: &Kind<'_>, handler_text: &str) {
         "  {:<38} {handler_text}",
         "nri-resize's handlers (its own work)"
     );
+    let cpu_text = format!(
+        "{} per call (do-nothing plugin: {})",
+        cpu.0.text(),
+        cpu.1.text()
+    );
+    println!("  {:<38} {cpu_text}", "plugin CPU time, all threads");
 
     let (b50, b90, b99) = (base.at(0.5).0, base.at(0.9).0, base.at(0.99).0);
     let (n50, n99) = (null.at(0.5).0, null.at(0.99).0);
@@ -291,7 +382,7 @@ fn report(name: &str, k: &Kind<'_>, handler_text: &str) {
             delta(n99, b99),
         ),
         &format!(
-            "{} p50 / {} p90 / {} p99 ({} p50, {} p99; p99 over rounds {}–{}); its handlers: {handler_text}; its eBPF programs (vs --no-ebpf): {} p50",
+            "{} p50 / {} p90 / {} p99 ({} p50, {} p99; p99 over rounds {}–{}); its handlers: {handler_text}; its CPU time, all threads: {cpu_text}; its eBPF programs (vs --no-ebpf): {} p50",
             ms(o50.0),
             ms(o90),
             ms(o99.0),
@@ -331,7 +422,7 @@ async fn main() {
         spec.resources = Resources::limits(400_000, 2048 * MIB);
         let pod = Box::pin(ctrd.run_pod(spec)).await.expect("RunPodSandbox");
         // Warm-up: image unpack, shim start.
-        drop(measure(&ctrd, &pod, 5, "warm").await);
+        drop(measure(&ctrd, &pod, 5, "warm", None).await);
         let (mut base, mut null, mut ours, mut no_ebpf) = (
             SideCalls::default(),
             SideCalls::default(),
@@ -345,15 +436,15 @@ async fn main() {
             order.rotate_left(round % 4);
             for side in order {
                 let tag = format!("{}{round}", side.label().replace(' ', "-"));
-                let (create, update) = match side {
-                    Side::Base => measure(&ctrd, &pod, per_round, &tag).await,
+                let out = match side {
+                    Side::Base => measure(&ctrd, &pod, per_round, &tag, None).await,
                     Side::Null => {
                         let mut np = std::process::Command::new(env!("CARGO_BIN_EXE_null_plugin"))
                             .arg(ctrd.nri_socket())
                             .spawn()
                             .expect("start the do-nothing plugin");
                         tokio::time::sleep(Duration::from_millis(500)).await;
-                        let out = measure(&ctrd, &pod, per_round, &tag).await;
+                        let out = measure(&ctrd, &pod, per_round, &tag, Some(np.id())).await;
                         let _ = np.kill();
                         let _ = np.wait();
                         out
@@ -367,7 +458,7 @@ async fn main() {
                         let mut plugin =
                             PluginProcess::start(&ctrd, &format!("nri-resize-bench{round}"), extra);
                         plugin.wait_ready(Duration::from_secs(15)).await;
-                        let out = measure(&ctrd, &pod, per_round, &tag).await;
+                        let out = measure(&ctrd, &pod, per_round, &tag, plugin.pid()).await;
                         if side == Side::Ours {
                             handlers.add(&scrape_metrics(&plugin.api()).await);
                         }
@@ -381,8 +472,7 @@ async fn main() {
                     Side::Ours => &mut ours,
                     Side::NoEbpf => &mut no_ebpf,
                 };
-                into.create.rounds.push(create);
-                into.update.rounds.push(update);
+                into.push(out);
             }
         }
         report(
@@ -392,6 +482,7 @@ async fn main() {
                 null: &null.create,
                 ours: &ours.create,
                 no_ebpf: &no_ebpf.create,
+                cpu: (ours.create_cpu, null.create_cpu),
             },
             &handlers.text(&["create_container", "post_create_container"]),
         );
@@ -402,6 +493,7 @@ async fn main() {
                 null: &null.update,
                 ours: &ours.update,
                 no_ebpf: &no_ebpf.update,
+                cpu: (ours.update_cpu, null.update_cpu),
             },
             &handlers.text(&["update_container", "post_update_container"]),
         );
