@@ -126,7 +126,6 @@ impl CpuPerCall {
     }
 }
 
-
 /// nri-resize's own time in its handlers (`nri_resize_nri_handler_duration_seconds`, from the
 /// request decoded to the answer ready), summed over the rounds: event (`update_container`) →
 /// (seconds, count).
