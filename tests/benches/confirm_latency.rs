@@ -45,7 +45,8 @@ async fn main() {
         .unwrap_or(300);
     for version in ContainerdVersion::all() {
         let ctrd = Containerd::start(version, ContainerdOptions::default()).await;
-        let plugin = PluginProcess::start_ready(&ctrd, "nri-resize", None).await;
+        let mut plugin = PluginProcess::start_as_deployed(&ctrd, "nri-resize", &[]);
+        plugin.wait_ready(Duration::from_secs(15)).await;
         let api = plugin.api();
         let mut spec = PodSpec::new("confirm");
         spec.resources = Resources::limits(400_000, 1024 * MIB);

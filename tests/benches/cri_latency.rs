@@ -1,7 +1,7 @@
 //! CRI `CreateContainer` and `UpdateContainerResources` latency against real containerd, side by
 //! side in one run: no plugin, a do-nothing plugin on our transport (containerd's own NRI path,
 //! subscribed to the same events), nri-resize with its observer polling (`--no-ebpf`), and
-//! nri-resize as deployed. Target: nri-resize adds at most 1 ms at p50
+//! nri-resize as deployed (JSON logs at `info`, as the `DaemonSet` runs it). Target: nri-resize adds at most 1 ms at p50
 //! and 2 ms at p99 over containerd without a plugin.
 //!
 //! The sides alternate in rounds (nri-resize attached, detached, the do-nothing plugin attached,
@@ -454,8 +454,11 @@ async fn main() {
                         } else {
                             &[]
                         };
-                        let mut plugin =
-                            PluginProcess::start(&ctrd, &format!("nri-resize-bench{round}"), extra);
+                        let mut plugin = PluginProcess::start_as_deployed(
+                            &ctrd,
+                            &format!("nri-resize-bench{round}"),
+                            extra,
+                        );
                         plugin.wait_ready(Duration::from_secs(15)).await;
                         let out = measure(&ctrd, &pod, per_round, &tag, plugin.pid()).await;
                         if side == Side::Ours {

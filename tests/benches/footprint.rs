@@ -351,7 +351,7 @@ async fn main() {
         .ok()
         .and_then(|b| embedded_object_range(&b));
     let ctrd = Containerd::start(ContainerdVersion::V2, ContainerdOptions::default()).await;
-    let mut plugin = PluginProcess::start(&ctrd, "nri-resize-footprint", &[]);
+    let mut plugin = PluginProcess::start_as_deployed(&ctrd, "nri-resize-footprint", &[]);
     plugin.wait_ready(Duration::from_secs(15)).await;
     let pid = plugin.pid().expect("pid");
     let mut samples = vec![sample(&plugin, pid, 0, &binary_str, object).await];

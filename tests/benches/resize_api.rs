@@ -54,7 +54,7 @@ async fn main() {
         ctrd.start_container(&id).await.expect("start");
         ids.push(id);
     }
-    let mut plugin = PluginProcess::start(&ctrd, "nri-resize-bench", &[]);
+    let mut plugin = PluginProcess::start_as_deployed(&ctrd, "nri-resize-bench", &[]);
     plugin.wait_ready(Duration::from_secs(15)).await;
     let api = plugin.api();
 

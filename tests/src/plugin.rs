@@ -71,6 +71,25 @@ impl PluginProcess {
         p
     }
 
+    /// [`Self::start`] as the `DaemonSet` runs it: JSON logs at `info` (tests log at `debug`, which
+    /// costs every event a formatted line): for benchmarks, which measure what is deployed.
+    pub fn start_as_deployed(ctrd: &Containerd, name: &str, extra: &[&str]) -> PluginProcess {
+        let dir = ctrd.base_dir();
+        let mut args: Vec<String> = extra.iter().map(ToString::to_string).collect();
+        args.push("--log-format=json".to_string());
+        let mut p = PluginProcess {
+            child: None,
+            api_socket: dir.join(format!("{name}-api.sock")),
+            log_path: dir.join(format!("{name}.log")),
+            args,
+            env: vec![("NRI_RESIZE_LOG".to_string(), "info".to_string())],
+            nri_socket: ctrd.nri_socket(),
+            state_dir: dir.join(format!("{name}-state")),
+        };
+        p.spawn();
+        p
+    }
+
     /// [`Self::start_ready`] with extra environment variables (e.g. a test-only fault).
     pub async fn start_ready_env(
         ctrd: &Containerd,
