@@ -55,15 +55,21 @@ pub struct PluginProcess {
 }
 
 impl PluginProcess {
-    /// Starts the plugin against `ctrd` with `extra` arguments; does not wait for readiness.
-    pub fn start(ctrd: &Containerd, name: &str, extra: &[&str]) -> PluginProcess {
+    /// A plugin process for `ctrd` named `name` (its sockets, log and state under the
+    /// containerd's base directory), started with `args` and `env`.
+    fn spawned(
+        ctrd: &Containerd,
+        name: &str,
+        args: Vec<String>,
+        env: Vec<(String, String)>,
+    ) -> Self {
         let dir = ctrd.base_dir();
         let mut p = PluginProcess {
             child: None,
             api_socket: dir.join(format!("{name}-api.sock")),
             log_path: dir.join(format!("{name}.log")),
-            args: extra.iter().map(ToString::to_string).collect(),
-            env: Vec::new(),
+            args,
+            env,
             nri_socket: ctrd.nri_socket(),
             state_dir: dir.join(format!("{name}-state")),
         };
@@ -71,23 +77,19 @@ impl PluginProcess {
         p
     }
 
+    /// Starts the plugin against `ctrd` with `extra` arguments; does not wait for readiness.
+    pub fn start(ctrd: &Containerd, name: &str, extra: &[&str]) -> PluginProcess {
+        let args = extra.iter().map(ToString::to_string).collect();
+        PluginProcess::spawned(ctrd, name, args, Vec::new())
+    }
+
     /// [`Self::start`] as the `DaemonSet` runs it: JSON logs at `info` (tests log at `debug`, which
     /// costs every event a formatted line): for benchmarks, which measure what is deployed.
     pub fn start_as_deployed(ctrd: &Containerd, name: &str, extra: &[&str]) -> PluginProcess {
-        let dir = ctrd.base_dir();
         let mut args: Vec<String> = extra.iter().map(ToString::to_string).collect();
         args.push("--log-format=json".to_string());
-        let mut p = PluginProcess {
-            child: None,
-            api_socket: dir.join(format!("{name}-api.sock")),
-            log_path: dir.join(format!("{name}.log")),
-            args,
-            env: vec![("NRI_RESIZE_LOG".to_string(), "info".to_string())],
-            nri_socket: ctrd.nri_socket(),
-            state_dir: dir.join(format!("{name}-state")),
-        };
-        p.spawn();
-        p
+        let env = vec![("NRI_RESIZE_LOG".to_string(), "info".to_string())];
+        PluginProcess::spawned(ctrd, name, args, env)
     }
 
     /// [`Self::start_ready`] with extra environment variables (e.g. a test-only fault).
@@ -96,20 +98,11 @@ impl PluginProcess {
         name: &str,
         env: &[(&str, &str)],
     ) -> PluginProcess {
-        let dir = ctrd.base_dir();
-        let mut p = PluginProcess {
-            child: None,
-            api_socket: dir.join(format!("{name}-api.sock")),
-            log_path: dir.join(format!("{name}.log")),
-            args: Vec::new(),
-            env: env
-                .iter()
-                .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
-                .collect(),
-            nri_socket: ctrd.nri_socket(),
-            state_dir: dir.join(format!("{name}-state")),
-        };
-        p.spawn();
+        let env = env
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+            .collect();
+        let mut p = PluginProcess::spawned(ctrd, name, Vec::new(), env);
         p.wait_ready(Duration::from_secs(15)).await;
         p
     }
