@@ -185,16 +185,14 @@ impl HandlerTime {
 /// CPU time of every thread of process `pid` so far (`/proc/<pid>/task/*/schedstat`: time on
 /// a CPU, in ns). Unlike a latency, it does not move with what else the machine is doing.
 fn cpu_time(pid: Option<u32>) -> Option<Duration> {
-    let tasks = std::fs::read_dir(format!("/proc/{}/task", pid?)).ok()?;
-    let mut ns = 0u64;
-    for t in tasks.flatten() {
-        let text = std::fs::read_to_string(t.path().join("schedstat")).unwrap_or_default();
-        ns += text
-            .split_whitespace()
-            .next()
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0);
-    }
+    let process = procfs::process::Process::new(i32::try_from(pid?).ok()?).ok()?;
+    let ns: u64 = process
+        .tasks()
+        .ok()?
+        .flatten()
+        .filter_map(|t| t.schedstat().ok())
+        .map(|s| s.sum_exec_runtime)
+        .sum();
     Some(Duration::from_nanos(ns))
 }
 
