@@ -50,6 +50,8 @@ pub enum CgroupError {
     BadSystemdPath { path: String },
     #[error("cgroup {path} does not exist")]
     Missing { path: PathBuf },
+    #[error("{path} does not exist (is the controller enabled for this cgroup?)")]
+    MissingFile { path: PathBuf },
     #[error("read {path}: {source}")]
     Read {
         path: PathBuf,
@@ -336,6 +338,14 @@ fn read_u64(dir: &Path, file: &str) -> Result<Option<u64>, CgroupError> {
         .transpose()
 }
 
+/// A value the caller cannot do without: a missing file is an error, never a zero (a usage
+/// read as 0 would let a memory decrease below real usage through).
+fn required<T>(dir: &Path, file: &str, value: Option<T>) -> Result<T, CgroupError> {
+    value.ok_or_else(|| CgroupError::MissingFile {
+        path: dir.join(file),
+    })
+}
+
 fn read_i64(dir: &Path, file: &str) -> Result<Option<i64>, CgroupError> {
     read_file(dir, file)?
         .map(|t| t.trim().parse().map_err(|_| parse_err(dir, file, &t)))
@@ -433,7 +443,11 @@ impl CgroupIo for V1 {
 
     fn memory_use(&self, cgroup: &Path) -> Result<MemoryUse, CgroupError> {
         let dir = existing_dir(&self.memory, cgroup)?;
-        let usage = read_u64(&dir, "memory.usage_in_bytes")?.unwrap_or(0);
+        let usage = required(
+            &dir,
+            "memory.usage_in_bytes",
+            read_u64(&dir, "memory.usage_in_bytes")?,
+        )?;
         memory_breakdown(&dir, usage, "total_rss", "total_shmem", "total_cache")
     }
 
@@ -507,7 +521,7 @@ impl CgroupIo for V2 {
 
     fn memory_use(&self, cgroup: &Path) -> Result<MemoryUse, CgroupError> {
         let dir = existing_dir(&self.root, cgroup)?;
-        let usage = read_u64(&dir, "memory.current")?.unwrap_or(0);
+        let usage = required(&dir, "memory.current", read_u64(&dir, "memory.current")?)?;
         memory_breakdown(&dir, usage, "anon", "shmem", "file")
     }
 
@@ -851,6 +865,22 @@ mod tests {
             std::fs::read_to_string(dir.join("memory.high")).expect("read"),
             "max"
         );
+    }
+
+    #[test]
+    fn a_missing_usage_file_is_an_error_not_zero_usage() {
+        let (tmp, v1) = v1_fixture();
+        let ctr = Path::new("/pod1/ctr");
+        std::fs::remove_file(tmp.path().join("memory/pod1/ctr/memory.usage_in_bytes")).expect("rm");
+        let err = v1.memory_use(ctr).expect_err("no usage file");
+        assert!(matches!(err, CgroupError::MissingFile { .. }), "{err}");
+        assert!(err.to_string().contains("memory.usage_in_bytes"), "{err}");
+
+        let (tmp, v2) = v2_fixture();
+        std::fs::remove_file(tmp.path().join("pod1/ctr/memory.current")).expect("rm");
+        let err = v2.memory_use(ctr).expect_err("no usage file");
+        assert!(matches!(err, CgroupError::MissingFile { .. }), "{err}");
+        assert!(err.to_string().contains("memory.current"), "{err}");
     }
 
     #[test]

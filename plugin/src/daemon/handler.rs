@@ -305,6 +305,12 @@ impl Handler for ModelHandler {
         Ok(reply)
     }
 
+    fn undecided_memory_decrease(&self, container_id: &str, subject: &str) -> Option<Rejection> {
+        self.engine
+            .as_ref()?
+            .refuse_undecided_decrease(container_id, subject)
+    }
+
     async fn post_update_container(&self, pod: Pod, ctr: Container) {
         let id = ctr.id.clone();
         self.container_event(EventKind::PostUpdateContainer, pod, ctr);

@@ -64,7 +64,7 @@ pub const CATALOG: &[Entry] = &[
     e("nri_resize_nri_connected", Kind::Gauge, "0/1", &[], "1 while registered with the runtime over NRI (refreshed at every scrape)"),
     e("nri_resize_nri_events_total", Kind::Counter, "events", &["event"], "NRI events handled, by event (`CreateContainer`, `UpdateContainer`, ...)"),
     e("nri_resize_nri_handler_duration_seconds", Kind::Histogram, "seconds", &["event"], "time in the plugin's handler per NRI event (buckets 10 µs … 2 s)"),
-    e("nri_resize_nri_handler_deadline_exceeded_total", Kind::Counter, "calls", &["event"], "handler calls that overran their budget and were answered fail-open"),
+    e("nri_resize_nri_handler_deadline_exceeded_total", Kind::Counter, "calls", &["event"], "handler calls that overran their budget and were answered without the handler (fail-open; a memory decrease refused)"),
     // Resizes.
     e("nri_resize_resize_outcomes_total", Kind::Counter, "requests", &["outcome"], "resize decisions: `in_place`, `restart`, `rejected`, `deferred`, `infeasible`, `error`"),
     e("nri_resize_resize_requests_total", Kind::Counter, "requests", &["resource", "direction", "outcome"], "resize requests (kubelet updates and whole-pod resizes) per resource (`cpu`, `memory`) and direction (`increase`, `decrease`) they change, by outcome (as above)"),

@@ -161,7 +161,7 @@ impl Metrics {
             )?,
             nri_deadlines: int_counter(
                 "nri_handler_deadline_exceeded_total",
-                "NRI handler calls that overran their budget and were answered fail-open.",
+                "NRI handler calls that overran their budget and were answered without the handler (fail-open; a memory decrease refused).",
                 &["event"],
             )?,
             nri_handler_duration: register(

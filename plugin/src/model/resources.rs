@@ -108,6 +108,17 @@ impl LinuxResources {
         self.memory.as_ref().and_then(|m| m.limit)
     }
 
+    /// Whether applying `requested` over `self` (the current resources) lowers the memory limit:
+    /// a limit is asked for, and it is below the current one or the current one is unlimited.
+    pub fn lowers_memory_limit(&self, requested: &LinuxResources) -> bool {
+        let Some(new) = requested.memory_limit().and_then(limited_bytes) else {
+            return false;
+        };
+        self.memory_limit()
+            .and_then(limited_bytes)
+            .is_none_or(|old| new < old)
+    }
+
     /// CPU limit in millicores derived from quota and period (`None` when unlimited).
     pub fn cpu_limit_millis(&self) -> Option<u64> {
         let quota = u64::try_from(self.cpu_quota()?).ok()?;
@@ -224,5 +235,36 @@ mod tests {
     fn json_rejects_unknown_fields() {
         let err = serde_json::from_str::<LinuxResources>(r#"{"cpu":{"qouta":5}}"#).unwrap_err();
         assert!(err.to_string().contains("qouta"), "{err}");
+    }
+
+    #[test]
+    fn a_lower_memory_limit_is_told_from_other_updates() {
+        let mem = |limit: Option<i64>| LinuxResources {
+            memory: Some(MemoryResources {
+                limit,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert!(mem(Some(256 << 20)).lowers_memory_limit(&mem(Some(128 << 20))));
+        assert!(
+            mem(None).lowers_memory_limit(&mem(Some(128 << 20))),
+            "from unlimited"
+        );
+        assert!(
+            mem(Some(-1)).lowers_memory_limit(&mem(Some(128 << 20))),
+            "from -1"
+        );
+        assert!(!mem(Some(128 << 20)).lowers_memory_limit(&mem(Some(256 << 20))));
+        assert!(!mem(Some(128 << 20)).lowers_memory_limit(&mem(Some(128 << 20))));
+        assert!(
+            !mem(Some(128 << 20)).lowers_memory_limit(&mem(Some(0))),
+            "to unlimited"
+        );
+        assert!(
+            !mem(Some(128 << 20)).lowers_memory_limit(&mem(None)),
+            "memory untouched"
+        );
+        assert!(!mem(Some(128 << 20)).lowers_memory_limit(&LinuxResources::default()));
     }
 }

@@ -207,6 +207,15 @@ pub trait Handler: Send + Sync + 'static {
     ) -> Result<UpdateReply, Rejection> {
         Ok(UpdateReply::default())
     }
+    /// `update_container` of `container_id` (`subject` as logs name it) did not answer within
+    /// the runtime's deadline, and the update lowers the container's memory limit. The
+    /// transport answers fail-open — the runtime applies the update as asked — unless this
+    /// returns a refusal. A memory decrease nobody checked is not harmless (on cgroup v2 the
+    /// kernel OOM-kills inside the runtime's write), so a handler that guards decreases refuses
+    /// it; kubelet asks again on a later sync.
+    fn undecided_memory_decrease(&self, container_id: &str, subject: &str) -> Option<Rejection> {
+        None
+    }
     async fn post_update_container(&self, pod: Pod, container: Container) {}
     async fn stop_container(&self, pod: Pod, container: Container) -> Vec<ContainerUpdate> {
         Vec::new()

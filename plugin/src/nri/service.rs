@@ -21,7 +21,7 @@ use super::convert::{
 use super::deadline::Deadline;
 use super::handler::{budget_within, Handler, Rejection, RuntimeInfo};
 use super::runtime::RuntimeLink;
-use crate::model::{Container, EventKind, Pod};
+use crate::model::{Container, EventKind, LinuxResources, Pod};
 use crate::sync::Locked as _;
 
 /// Most pods plus containers a split `Synchronize` may carry in all (a node runs hundreds; the
@@ -383,6 +383,11 @@ impl<H: Handler> Plugin for PluginService<H> {
             .map(resources_from_pb)
             .unwrap_or_default();
         let subject = format!("{}/{}", pod.full_name(), ctr.name);
+        let lowers_memory = ctr.resources.as_ref().map_or_else(
+            || LinuxResources::default().lowers_memory_limit(&resources),
+            |current| current.lowers_memory_limit(&resources),
+        );
+        let id = lowers_memory.then(|| ctr.id.clone());
         let deadline = Deadline::after(self.budget());
         let Some(result) = self
             .within_deadline(
@@ -394,6 +399,12 @@ impl<H: Handler> Plugin for PluginService<H> {
             )
             .await
         else {
+            // Overran: fail-open, but never into a memory decrease nobody checked.
+            if let Some(id) = id {
+                if let Some(r) = self.handler.undecided_memory_decrease(&id, &subject) {
+                    return Err(reject(&r));
+                }
+            }
             return Ok(pb::UpdateContainerResponse::new());
         };
         let reply = result.map_err(|r| reject(&r))?;

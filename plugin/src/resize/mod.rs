@@ -70,6 +70,10 @@ pub struct Engine {
     /// Staged memory decreases in flight, by container id.
     reclaims: Mutex<HashMap<String, decrease::ReclaimHandle>>,
     reclaim_generation: std::sync::atomic::AtomicU64,
+    /// Held around the reclaim checkpoints' file I/O together with the ownership check that
+    /// decides it, so that a superseded decrease's late write or removal never lands over a
+    /// newer decrease's checkpoint (same key). Taken on blocking threads only.
+    reclaim_checkpoint_io: Mutex<()>,
     /// Restarts in flight ([`restart`]).
     restarts: Arc<restart::Restarts>,
     /// Fires at shutdown: every background task of the engine (staged decreases, resumed
@@ -100,6 +104,7 @@ impl Engine {
             resumed: std::sync::atomic::AtomicBool::new(false),
             reclaims: Mutex::new(HashMap::new()),
             reclaim_generation: std::sync::atomic::AtomicU64::new(0),
+            reclaim_checkpoint_io: Mutex::new(()),
             restarts: Arc::new(restart::Restarts::new(
                 shutdown.child_token(),
                 restart::Timing::default(),

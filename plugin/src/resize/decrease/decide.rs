@@ -3,7 +3,7 @@
 //! asking again for a decrease that is staged or was deferred.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
@@ -19,8 +19,31 @@ use crate::policy::{
 };
 use crate::sync::Locked as _;
 
-/// What one pass of the inline reclaim asks for.
+/// The most one pass of the inline reclaim asks for.
 const INLINE_CHUNK: u64 = 64 << 20;
+/// What the first pass asks for, before the cgroup's reclaim rate is known.
+const INLINE_FIRST: u64 = 8 << 20;
+/// The least a later pass asks for.
+const INLINE_MIN: u64 = 1 << 20;
+
+/// The next inline pass's size: what the rate seen so far (`done` bytes in `took`) reclaims in
+/// half the time `left`, within [`INLINE_MIN`, `INLINE_CHUNK`], so that a pass (a write the
+/// kernel does not return from until it has reclaimed) ends within the time left; the first
+/// pass, with no rate yet, asks for [`INLINE_FIRST`].
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss,
+    reason = "a rate estimate: non-negative, clamped to a chunk"
+)]
+fn inline_pass_size(done: u64, took: Duration, left: Duration) -> u64 {
+    if done == 0 || took.is_zero() {
+        return INLINE_FIRST;
+    }
+    let rate = done as f64 / took.as_secs_f64();
+    let fits = (rate * left.as_secs_f64() / 2.0) as u64;
+    fits.clamp(INLINE_MIN, INLINE_CHUNK)
+}
 
 /// The engine's answer for a memory decrease (`Direct`: not below usage, or reclaimed inline).
 pub(in crate::resize) enum DecreaseVerdict {
@@ -93,9 +116,14 @@ impl Engine {
         };
         let usage = match container_path(&ctr.cgroups_path).and_then(|p| cg.memory_use(&p)) {
             Ok(u) => u,
+            // Unchecked, a limit below usage is an OOM kill on cgroup v2: refused (kubelet
+            // asks again), never let through.
             Err(e) => {
-                warn!(container = %ctr.name, pod = %pod.full_name(), error = %e, "memory usage unreadable; the runtime writes the decrease as asked");
-                return DecreaseVerdict::Direct;
+                warn!(container = %ctr.name, pod = %pod.full_name(), error = %e, "memory usage unreadable: the decrease is refused until it can be checked");
+                self.state.metrics.decrease.outcome(DecreaseOutcome::Error);
+                return DecreaseVerdict::Reject(format!(
+                    "memory usage unreadable ({e}): a memory decrease is refused until it can be checked against usage"
+                ));
             }
         };
         let cfg = self.config();
@@ -164,6 +192,7 @@ impl Engine {
         let started = Instant::now();
         let until = started + deadline.remaining() / 2;
         let mut now_usage = usage.usage;
+        let (mut done, mut spent) = (0u64, Duration::ZERO);
         let fits = loop {
             if now_usage <= target {
                 break match cg.version() {
@@ -174,23 +203,27 @@ impl Engine {
                     crate::cgroup::CgroupVersion::V2 => true,
                 };
             }
-            if Instant::now() >= until || (floor > target && now_usage <= floor) {
+            let pass_started = Instant::now();
+            if pass_started >= until || (floor > target && now_usage <= floor) {
                 break false;
             }
+            let chunk = inline_pass_size(done, spent, until - pass_started);
             let step = match cg.version() {
                 crate::cgroup::CgroupVersion::V1 => {
-                    let next = now_usage.saturating_sub(INLINE_CHUNK).max(target);
+                    let next = now_usage.saturating_sub(chunk).max(target);
                     cg.set_memory_limit(&path, Some(next))
                 }
                 crate::cgroup::CgroupVersion::V2 => cg.reclaim(
                     &path,
-                    crate::policy::reclaim_request(now_usage, target).min(INLINE_CHUNK),
+                    crate::policy::reclaim_request(now_usage, target).min(chunk),
                 ),
             };
             match (step, cg.memory_use(&path)) {
                 (Ok(()) | Err(crate::cgroup::CgroupError::Again { .. }), Ok(u))
                     if u.usage < now_usage =>
                 {
+                    done += now_usage - u.usage;
+                    spent += pass_started.elapsed();
                     now_usage = u.usage;
                 }
                 // Nothing more comes out (or the cgroup is unreadable): staged, which waits.
@@ -285,6 +318,17 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_inline_pass_is_sized_to_end_within_the_time_left() {
+        let ms = Duration::from_millis;
+        assert_eq!(inline_pass_size(0, Duration::ZERO, ms(750)), INLINE_FIRST);
+        // 8 MiB in 250 ms is 32 MiB/s: half of 1 s left is 16 MiB.
+        assert_eq!(inline_pass_size(8 << 20, ms(250), ms(1000)), 16 << 20);
+        // Fast reclaim: never more than a chunk; slow reclaim with little time: at least 1 MiB.
+        assert_eq!(inline_pass_size(8 << 20, ms(1), ms(700)), INLINE_CHUNK);
+        assert_eq!(inline_pass_size(1 << 20, ms(500), ms(10)), INLINE_MIN);
+    }
 
     #[test]
     fn one_mapping_from_strategy_to_verdict_and_outcome() {

@@ -14,13 +14,16 @@ use crate::metrics::DecreaseOutcome;
 use crate::policy::{bytes_text, memory_limit_text, mib, not_reclaimable_reason, ResizeState};
 use crate::resize::reclaim::{self, reclaim_to, ReclaimJob, ReclaimOutcome};
 use crate::resize::runtime_update::UpdateError;
+use crate::resize::ContainerResize;
 use crate::sync::Locked as _;
 
 impl Engine {
     /// Runs reclaim until the target is applied, time runs out, or a newer update takes over.
+    /// The container's record is this decrease's (`generation`) only while no newer update
+    /// superseded it: every write to the record checks that ([`Self::own_record`]).
     #[expect(
         clippy::too_many_arguments,
-        reason = "one staged decrease: its container, its limits and its clock"
+        reason = "one staged decrease: its container, its limits, its generation and its clock"
     )]
     pub(super) async fn drive_reclaim(
         &self,
@@ -29,6 +32,7 @@ impl Engine {
         cgroup: PathBuf,
         target: u64,
         interim: u64,
+        generation: u64,
         started: Instant,
         cancel: &CancellationToken,
     ) -> (DecreaseOutcome, u64) {
@@ -51,7 +55,7 @@ impl Engine {
                 max_stall: self.max_stall_of(id),
             };
             let outcome = self
-                .reclaim_reporting(id, target, &cg, &cgroup, job, cancel)
+                .reclaim_reporting(id, generation, target, &cg, &cgroup, job, cancel)
                 .await;
             match outcome {
                 ReclaimOutcome::Reached {
@@ -64,10 +68,10 @@ impl Engine {
                             before.saturating_sub(end.usage),
                         );
                     }
-                    match self.apply_memory_limit(id, target).await {
+                    match self.apply_memory_limit(id, Some(generation), target).await {
                         Ok(()) => {
                             info!(container = %name, target_mib = mib(target), passes, took_ms = started.elapsed().as_millis(), "staged memory decrease done: the requested limit is in place");
-                            self.finish_record(id, None, "");
+                            self.finish_record(id, generation, None, "");
                             return (DecreaseOutcome::Converged, before.saturating_sub(end.usage));
                         }
                         // Superseded or the container stopped while the limit was applied:
@@ -85,6 +89,7 @@ impl Engine {
                             error!(container = %name, error = %e, "applying the requested memory limit failed");
                             self.finish_record(
                                 id,
+                                generation,
                                 Some(ResizeState::Error),
                                 &format!("applying the requested memory limit failed: {e}"),
                             );
@@ -103,7 +108,7 @@ impl Engine {
                     let mut kept = kept;
                     if kept < interim {
                         // The runtime's spec says what the cgroup holds.
-                        if let Err(e) = self.apply_memory_limit(id, kept).await {
+                        if let Err(e) = self.apply_memory_limit(id, Some(generation), kept).await {
                             warn!(container = %name, error = %e, "could not lower the kept limit through the runtime; the interim limit stays");
                             kept = interim;
                         }
@@ -113,10 +118,10 @@ impl Engine {
                         not_reclaimable_reason(&end, target, kept, md.timeout_ms / 1000, swap)
                             + &stall_note;
                     warn!(container = %name, %reason, "staged memory decrease deferred");
-                    self.finish_record(id, Some(ResizeState::Deferred), &reason);
-                    if let Some(r) = self.containers.locked().get_mut(id) {
+                    self.own_record(id, generation, |r| {
+                        finish(r, Some(ResizeState::Deferred), &reason);
                         r.deferred_target = Some(target);
-                    }
+                    });
                     let o = deferred_outcome(&end, target, swap);
                     return (o, before.saturating_sub(end.usage));
                 }
@@ -126,7 +131,7 @@ impl Engine {
                 }
                 ReclaimOutcome::Failed(e) => {
                     error!(container = %name, error = %e, "staged memory decrease failed");
-                    self.finish_record(id, Some(ResizeState::Error), &e);
+                    self.finish_record(id, generation, Some(ResizeState::Error), &e);
                     return (DecreaseOutcome::Error, 0);
                 }
             }
@@ -135,9 +140,14 @@ impl Engine {
 
     /// Runs [`reclaim_to`] on a blocking thread; after each pass the cgroup is read back and
     /// [`Self::reclaim_progress`] records where it stands.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one staged decrease's pass: its container, generation, target, cgroup and job"
+    )]
     async fn reclaim_reporting(
         &self,
         id: &str,
+        generation: u64,
         target: u64,
         cg: &crate::cgroup::Cgroups,
         cgroup: &std::path::Path,
@@ -160,7 +170,7 @@ impl Engine {
                 Ok(()) = passes.changed() => {
                     let seen = *passes.borrow_and_update();
                     if let Some((pass, actual)) = seen {
-                        self.reclaim_progress(id, target, interim, &pass, actual.as_ref());
+                        self.reclaim_progress(id, generation, target, interim, &pass, actual.as_ref());
                     }
                 }
             }
@@ -172,6 +182,7 @@ impl Engine {
     fn reclaim_progress(
         &self,
         id: &str,
+        generation: u64,
         target: u64,
         interim: u64,
         pass: &reclaim::Pass,
@@ -186,36 +197,179 @@ impl Engine {
             bytes_text(pass.usage.usage),
             bytes_text(interim)
         );
-        if let Some(r) = self.containers.locked().get_mut(id) {
+        let own = self.own_record(id, generation, |r| {
             if r.state == Some(ResizeState::InProgress) {
                 r.reason = reason;
                 r.updated_ms = now_ms();
             }
-        }
-        if let Some(a) = actual {
+        });
+        if let (true, Some(a)) = (own, actual) {
             self.state.note_actual(id, a);
         }
     }
 
     /// Asks the runtime to set the memory limit of `id` (its spec follows, so `ContainerStatus`
     /// reports it) and records it as allocated.
-    pub(super) async fn apply_memory_limit(&self, id: &str, limit: u64) -> Result<(), UpdateError> {
+    /// `generation`: the staged decrease applying it, which updates the record only while it
+    /// owns it; `None`: a whole-pod step's (the step's resize owns the record).
+    pub(super) async fn apply_memory_limit(
+        &self,
+        id: &str,
+        generation: Option<u64>,
+        limit: u64,
+    ) -> Result<(), UpdateError> {
         self.update_through_runtime(id, &memory_only(limit)).await?;
         let allocated = self
             .state
             .read_model(|m| m.container(id).and_then(|c| c.resources.clone()));
-        if let Some(r) = self.containers.locked().get_mut(id) {
-            r.allocated = allocated;
+        let set = |r: &mut ContainerResize| r.allocated = allocated;
+        match generation {
+            Some(g) => {
+                self.own_record(id, g, set);
+            }
+            None => {
+                if let Some(r) = self.containers.locked().get_mut(id) {
+                    set(r);
+                }
+            }
         }
         Ok(())
     }
 
-    pub(super) fn finish_record(&self, id: &str, state: Option<ResizeState>, reason: &str) {
-        if let Some(r) = self.containers.locked().get_mut(id) {
-            r.state = state;
-            r.reason = reason.to_string();
-            r.updated_ms = now_ms();
-            r.deferred_target = None;
+    /// Ends the record of this staged decrease (`generation`), unless a newer update owns it.
+    pub(super) fn finish_record(
+        &self,
+        id: &str,
+        generation: u64,
+        state: Option<ResizeState>,
+        reason: &str,
+    ) {
+        self.own_record(id, generation, |r| finish(r, state, reason));
+    }
+
+    /// Runs `f` on the record of `id` if the staged decrease in flight for it is still
+    /// `generation`; `false` when a newer update superseded it (the record is the newer one's).
+    /// The check and the write happen under the reclaims lock, which a supersede takes to
+    /// remove the decrease before the newer update writes the record: no interleaving lets a
+    /// superseded decrease write over it.
+    pub(super) fn own_record(
+        &self,
+        id: &str,
+        generation: u64,
+        f: impl FnOnce(&mut ContainerResize),
+    ) -> bool {
+        let reclaims = self.reclaims.locked();
+        if reclaims.get(id).is_none_or(|h| h.generation != generation) {
+            return false;
         }
+        if let Some(r) = self.containers.locked().get_mut(id) {
+            f(r);
+        }
+        drop(reclaims);
+        true
+    }
+}
+
+fn finish(r: &mut ContainerResize, state: Option<ResizeState>, reason: &str) {
+    r.state = state;
+    r.reason = reason.to_string();
+    r.updated_ms = now_ms();
+    r.deferred_target = None;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tokio::sync::Notify;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::model::{Container, Pod};
+    use crate::nri::RuntimeLink;
+    use crate::policy::MemoryUse;
+    use crate::resize::decrease::ReclaimHandle;
+    use crate::resize::node::NodeReader;
+    use crate::state::NodeState;
+
+    const MIB: u64 = 1 << 20;
+
+    /// The failure seen in the VM tier: a newer update superseded a staged decrease while a
+    /// pass was running; the pass's progress then wrote "reclaiming: limit 100Mi requested"
+    /// into the newer update's record, which therefore never completed (`InProgress` for ever
+    /// while desired and allocated said 400Mi). A superseded decrease writes nothing now.
+    #[test]
+    fn a_superseded_decrease_never_writes_the_newer_updates_record() {
+        let engine = Engine::new(
+            NodeState::new(Config::default()),
+            RuntimeLink::default(),
+            None,
+            NodeReader::new("/nonexistent/nri-resize-test-node"),
+            None,
+        );
+        let pod = Pod {
+            id: "p".into(),
+            namespace: "ns".into(),
+            name: "p".into(),
+            ..Pod::default()
+        };
+        let ctr = Container {
+            id: "c".into(),
+            pod_id: "p".into(),
+            name: "app".into(),
+            ..Container::default()
+        };
+        let generation = 7;
+        engine.reclaims.locked().insert(
+            "c".into(),
+            ReclaimHandle {
+                cancel: CancellationToken::new(),
+                applied: Arc::new(Notify::new()),
+                pod_id: "p".into(),
+                target: 100 * MIB,
+                interim: 317 * MIB,
+                generation,
+            },
+        );
+        engine.record(
+            &pod,
+            &ctr,
+            None,
+            Some(ResizeState::InProgress),
+            "reclaiming",
+        );
+        let pass = reclaim::Pass {
+            usage: MemoryUse {
+                usage: 250 * MIB,
+                anon: 20 * MIB,
+                shmem: 0,
+                file: 230 * MIB,
+            },
+            limit: 317 * MIB,
+            step: None,
+            stall: None,
+        };
+        // While it owns the record, a pass reports its progress there.
+        engine.reclaim_progress("c", generation, 100 * MIB, 317 * MIB, &pass, None);
+        assert!(engine.container_resizes()["c"]
+            .reason
+            .contains("usage 250Mi"));
+
+        // The newer update (400Mi) supersedes it and records itself, in flight.
+        engine.supersede_reclaim("c");
+        engine.record(&pod, &ctr, None, Some(ResizeState::InProgress), "");
+        // The superseded decrease's last pass, its end and its allocation all come too late.
+        engine.reclaim_progress("c", generation, 100 * MIB, 317 * MIB, &pass, None);
+        engine.finish_record("c", generation, Some(ResizeState::Deferred), "timed out");
+        let r = &engine.container_resizes()["c"];
+        assert_eq!(
+            (r.state, r.reason.as_str()),
+            (Some(ResizeState::InProgress), ""),
+            "the newer update's record was written by the superseded decrease"
+        );
+        assert!(!engine.own_record("c", generation, |r| r.reason = "mine".into()));
+        // So the runtime's applying the newer update completes it.
+        engine.applied(&ctr);
+        assert_eq!(engine.container_resizes()["c"].state, None);
     }
 }

@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 pub(super) use self::decide::DecreaseVerdict;
 use self::resume::checkpoint_key;
@@ -100,16 +100,66 @@ impl Engine {
         );
     }
 
-    /// Cancels the staged decrease of `container_id`, if any, saying why (`what`).
+    /// Cancels the staged decrease of `container_id`, if any, saying why (`what`). Removes its
+    /// checkpoint (file I/O: call it off the async workers).
     pub(in crate::resize) fn end_reclaim(&self, container_id: &str, what: &'static str) {
-        if let Some(h) = self.reclaims.locked().remove(container_id) {
+        let ended = self.reclaims.locked().remove(container_id);
+        if let Some(h) = ended {
             info!(container_id, target_mib = mib(h.target), "{what}");
             h.cancel.cancel();
-            // It must not be resumed after a restart; a newer staged decrease writes its own.
+            // It must not be resumed after a restart; a newer staged decrease writes its own
+            // (after this: its task takes the same lock, and the handle is gone).
             if let Some(store) = &self.checkpoints {
+                let _io = self.reclaim_checkpoint_io.locked();
                 if let Err(e) = store.remove(&checkpoint_key(container_id)) {
                     warn!(container_id, error = %e, "cannot remove the reclaim checkpoint");
                 }
+            }
+        }
+    }
+
+    /// Saves the checkpoint of staged decrease `generation` of `rec`'s container while it is
+    /// still in flight (a superseded one writes nothing). Blocking file I/O.
+    fn save_reclaim_checkpoint(&self, generation: u64, rec: &resume::ReclaimCheckpoint) {
+        let Some(store) = &self.checkpoints else {
+            return;
+        };
+        let _io = self.reclaim_checkpoint_io.locked();
+        let own = self
+            .reclaims
+            .locked()
+            .get(&rec.container_id)
+            .is_some_and(|h| h.generation == generation);
+        if !own {
+            return;
+        }
+        if let Err(e) = store.save(&checkpoint_key(&rec.container_id), rec) {
+            error!(container_id = %rec.container_id, error = %e, "cannot checkpoint the staged memory decrease; it will not survive a restart");
+            self.state.state_dir_problem(format!(
+                "checkpoint of the memory decrease of {} not written: {e}",
+                rec.container_id
+            ));
+        }
+    }
+
+    /// Staged decrease `generation` of `container_id` ended on its own: it leaves the engine
+    /// and its checkpoint goes, unless a newer decrease took over meanwhile (whose handle and
+    /// checkpoint stay). Blocking file I/O.
+    fn retire_reclaim(&self, container_id: &str, generation: u64) {
+        let _io = self.reclaim_checkpoint_io.locked();
+        let mine = {
+            let mut all = self.reclaims.locked();
+            let mine = all
+                .get(container_id)
+                .is_some_and(|h| h.generation == generation);
+            if mine {
+                all.remove(container_id);
+            }
+            mine
+        };
+        if let (true, Some(store)) = (mine, &self.checkpoints) {
+            if let Err(e) = store.remove(&checkpoint_key(container_id)) {
+                warn!(container_id, error = %e, "cannot remove the reclaim checkpoint");
             }
         }
     }

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
-use tracing::{error, info, warn};
+use tracing::info;
 
-use super::resume::{checkpoint_key, ReclaimCheckpoint};
+use super::resume::ReclaimCheckpoint;
 use super::{memory_limit, Engine, ReclaimHandle};
 use crate::cgroup::container_path;
 use crate::config::Mode;
@@ -87,7 +87,7 @@ impl Engine {
         let generation = self
             .reclaim_generation
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if let Some(old) = self.reclaims.locked().insert(
+        let replaced = self.reclaims.locked().insert(
             ctr.id.clone(),
             ReclaimHandle {
                 cancel: cancel.clone(),
@@ -97,33 +97,32 @@ impl Engine {
                 interim,
                 generation,
             },
-        ) {
+        );
+        if let Some(old) = replaced {
             old.cancel.cancel();
         }
-        if let Some(store) = &self.checkpoints {
-            let rec = ReclaimCheckpoint {
-                container_id: ctr.id.clone(),
-                pod_id,
-                target,
-                interim,
-            };
-            if let Err(e) = store.save(&checkpoint_key(&ctr.id), &rec) {
-                error!(container = %ctr.name, error = %e, "cannot checkpoint the staged memory decrease; it will not survive a restart");
-                self.state.state_dir_problem(format!(
-                    "checkpoint of the memory decrease of {} not written: {e}",
-                    ctr.name
-                ));
-            }
-        }
+        let checkpoint = ReclaimCheckpoint {
+            container_id: ctr.id.clone(),
+            pod_id,
+            target,
+            interim,
+        };
         self.state.metrics.decrease.started();
         let engine = Arc::clone(self);
         let id = ctr.id.clone();
         let name = ctr.name.clone();
         self.tasks.spawn(async move {
+            // The checkpoint is written here, not in the handler: after the handler committed
+            // to its answer only in-memory work may delay that answer (see `Deadline`).
+            engine
+                .off_worker(move |e| e.save_reclaim_checkpoint(generation, &checkpoint))
+                .await;
             // The runtime applies the interim limit after this handler answers: start after it.
             let _ = tokio::time::timeout(Duration::from_secs(2), applied.notified()).await;
             let outcome = engine
-                .drive_reclaim(&id, &name, cgroup, target, interim, started, &cancel)
+                .drive_reclaim(
+                    &id, &name, cgroup, target, interim, generation, started, &cancel,
+                )
                 .await;
             if engine.shutdown.is_cancelled() {
                 // Stopping, not superseded: the record and the checkpoint stay for the next start.
@@ -137,20 +136,10 @@ impl Engine {
                 .metrics
                 .decrease
                 .finished(o, seconds, reclaimed);
-            let mine = {
-                let mut all = engine.reclaims.locked();
-                let mine = all.get(&id).is_some_and(|h| h.generation == generation);
-                if mine {
-                    all.remove(&id);
-                }
-                mine
-            };
-            // Not mine: superseded, and the checkpoint (if any) belongs to a newer decrease.
-            if let (true, Some(store)) = (mine, &engine.checkpoints) {
-                if let Err(e) = store.remove(&checkpoint_key(&id)) {
-                    warn!(container = %name, error = %e, "cannot remove the reclaim checkpoint");
-                }
-            }
+            // Superseded: the handle and the checkpoint (if any) belong to a newer decrease.
+            engine
+                .off_worker(move |e| e.retire_reclaim(&id, generation))
+                .await;
         });
     }
 }

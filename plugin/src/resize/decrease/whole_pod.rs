@@ -142,7 +142,7 @@ impl Engine {
                 let o = deferred_outcome(&end, target, swap);
                 dec.finished(o, secs, start.usage.saturating_sub(end.usage));
                 if kept < interim {
-                    let _ = self.apply_memory_limit(&ctr.id, kept).await;
+                    let _ = self.apply_memory_limit(&ctr.id, None, kept).await;
                 }
                 let reason =
                     not_reclaimable_reason(&end, target, kept, timeout_secs, swap) + &stall_note;

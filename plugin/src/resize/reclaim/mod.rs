@@ -157,9 +157,9 @@ pub fn reclaim_to(
         passes += 1;
         let step = paced.as_ref().map(|p| p.pacer.step(u64::MAX));
         let pass = if v1 {
-            v1_pass(io, job, &mut limit_now)
+            v1_pass(io, job, cancel, &mut limit_now)
         } else {
-            v2_pass(io, job, step, &mut use_high, &mut high_set)
+            v2_pass(io, job, cancel, step, &mut use_high, &mut high_set)
         };
         let now = match pass.and_then(|()| read()) {
             Ok(u) => u,
@@ -168,6 +168,13 @@ pub fn reclaim_to(
                 return ReclaimOutcome::Failed(e.to_string());
             }
         };
+        // Superseded during the pass: nothing more is reported or written.
+        if cancel.is_cancelled() {
+            return match restore_high(high_set) {
+                Ok(()) => ReclaimOutcome::Cancelled,
+                Err(e) => restore_failed(&e),
+            };
+        }
         on_pass(&Pass {
             usage: now,
             limit: limit_now,
@@ -195,7 +202,7 @@ pub fn reclaim_to(
         if started.elapsed() >= job.timeout {
             let usage = paced::kept_usage(paced.as_ref(), now.usage);
             let kept = safe_limit(limit_now, job.target, usage, job.headroom);
-            if v1 && kept < limit_now {
+            if v1 && kept < limit_now && !cancel.is_cancelled() {
                 // Best effort: a refusal keeps the (higher, still safe) limit in place.
                 if io.set_memory_limit(&job.cgroup, Some(kept)).is_ok() {
                     limit_now = kept;
@@ -231,8 +238,18 @@ fn restore_failed(e: &CgroupError) -> ReclaimOutcome {
     ReclaimOutcome::Failed(format!("restoring memory.high: {e}"))
 }
 
-/// v1: try the target; on `EBUSY` let the limit follow usage down.
-fn v1_pass(io: &dyn CgroupIo, job: &ReclaimJob, limit_now: &mut u64) -> Result<(), CgroupError> {
+/// v1: try the target; on `EBUSY` let the limit follow usage down. Every write is preceded by a
+/// look at `cancel`: once a newer update has superseded the decrease, no lower limit is written
+/// over the runtime's.
+fn v1_pass(
+    io: &dyn CgroupIo,
+    job: &ReclaimJob,
+    cancel: &CancellationToken,
+    limit_now: &mut u64,
+) -> Result<(), CgroupError> {
+    if cancel.is_cancelled() {
+        return Ok(());
+    }
     match io.set_memory_limit(&job.cgroup, Some(job.target)) {
         Ok(()) => {
             *limit_now = job.target;
@@ -241,7 +258,7 @@ fn v1_pass(io: &dyn CgroupIo, job: &ReclaimJob, limit_now: &mut u64) -> Result<(
         Err(CgroupError::Busy { .. }) => {
             let usage = io.memory_use(&job.cgroup)?.usage;
             let follow = safe_limit(*limit_now, job.target, usage, job.headroom);
-            if follow < *limit_now {
+            if follow < *limit_now && !cancel.is_cancelled() {
                 match io.set_memory_limit(&job.cgroup, Some(follow)) {
                     Ok(()) => *limit_now = follow,
                     // Usage grew meanwhile: keep the limit in place.
@@ -257,9 +274,11 @@ fn v1_pass(io: &dyn CgroupIo, job: &ReclaimJob, limit_now: &mut u64) -> Result<(
 
 /// v2: `memory.reclaim`, or `memory.high` stepping where there is none. `step`: at most this
 /// much per pass (paced); 0 holds: nothing is reclaimed and `memory.high` goes back to `max`.
+/// Nothing is reclaimed or lowered once `cancel` fired (the loop then puts `memory.high` back).
 fn v2_pass(
     io: &dyn CgroupIo,
     job: &ReclaimJob,
+    cancel: &CancellationToken,
     step: Option<u64>,
     use_high: &mut bool,
     high_set: &mut bool,
@@ -276,6 +295,9 @@ fn v2_pass(
         }
         return Ok(());
     }
+    if cancel.is_cancelled() {
+        return Ok(());
+    }
     if !*use_high {
         match io.reclaim(&job.cgroup, reclaim_request(usage, job.target).min(step)) {
             Ok(()) | Err(CgroupError::Again { .. }) => return Ok(()),
@@ -288,6 +310,9 @@ fn v2_pass(
     let gap = usage - job.target;
     let down = if gap <= 32 << 20 { gap } else { gap / 2 };
     let high = usage - down.min(step);
+    if cancel.is_cancelled() {
+        return Ok(());
+    }
     io.set_memory_high(&job.cgroup, Some(high))?;
     *high_set = true;
     Ok(())

@@ -497,3 +497,145 @@ fn a_vanished_cgroup_is_a_clear_failure() {
         "{out:?}"
     );
 }
+
+/// A memcg whose `at`-th call (any file) is where a newer update supersedes the decrease: the
+/// token fires inside that call, as it would from the NRI handler's thread mid-pass.
+#[derive(Debug)]
+struct SupersededAt {
+    inner: FakeMemcg,
+    at: usize,
+    calls: std::sync::atomic::AtomicUsize,
+    cancel: CancellationToken,
+    /// Writes made after the token fired.
+    late_writes: Mutex<Vec<String>>,
+}
+
+impl SupersededAt {
+    fn call(&self, write: Option<String>) {
+        if let Some(w) = write {
+            if self.cancel.is_cancelled() {
+                self.late_writes.lock().unwrap().push(w);
+            }
+        }
+        let n = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        if n == self.at {
+            self.cancel.cancel();
+        }
+    }
+}
+
+impl CgroupIo for SupersededAt {
+    fn version(&self) -> CgroupVersion {
+        self.inner.version()
+    }
+    fn read_actual(&self, p: &std::path::Path) -> Result<ActualResources, CgroupError> {
+        self.inner.read_actual(p)
+    }
+    fn set_cpu_limit(&self, p: &std::path::Path, l: CpuLimit) -> Result<(), CgroupError> {
+        self.inner.set_cpu_limit(p, l)
+    }
+    fn procs(&self, p: &std::path::Path) -> Result<Vec<u32>, CgroupError> {
+        self.inner.procs(p)
+    }
+    fn set_memory_limit(&self, p: &std::path::Path, l: Option<u64>) -> Result<(), CgroupError> {
+        self.call(Some(format!("limit {:?}", l.map(|b| b / MIB))));
+        self.inner.set_memory_limit(p, l)
+    }
+    fn memory_use(&self, p: &std::path::Path) -> Result<MemoryUse, CgroupError> {
+        self.call(None);
+        self.inner.memory_use(p)
+    }
+    fn reclaim(&self, p: &std::path::Path, bytes: u64) -> Result<(), CgroupError> {
+        self.call(Some(format!("reclaim {}", bytes / MIB)));
+        self.inner.reclaim(p, bytes)
+    }
+    fn set_memory_high(&self, p: &std::path::Path, h: Option<u64>) -> Result<(), CgroupError> {
+        // Putting memory.high back to max is the clean-up a superseded decrease owes.
+        let w = h.map(|h| format!("high {}", h / MIB));
+        self.call(w);
+        self.inner.set_memory_high(p, h)
+    }
+    fn memory_pressure(&self, p: &std::path::Path) -> Result<StallTotals, CgroupError> {
+        self.call(None);
+        self.inner.memory_pressure(p)
+    }
+    fn io_pressure(&self, p: &std::path::Path) -> Result<StallTotals, CgroupError> {
+        self.call(None);
+        self.inner.io_pressure(p)
+    }
+    fn workingset_refaults(&self, p: &std::path::Path) -> Result<u64, CgroupError> {
+        self.call(None);
+        self.inner.workingset_refaults(p)
+    }
+}
+
+/// Issue: a staged decrease superseded mid-pass took one more step and reported it, which
+/// overwrote the newer update's record. With the supersede landing inside each cgroup call of
+/// the loop in turn (v1 limit writes, v2 `memory.reclaim`, v2 `memory.high` stepping), nothing
+/// is written after it but `memory.high` going back to `max`, no pass is reported after it, and
+/// the loop ends `Cancelled` unless it had already finished.
+#[test]
+fn a_supersede_at_any_call_of_the_loop_stops_it_there() {
+    type Scenario = (&'static str, fn() -> FakeMemcg);
+    let scenarios: [Scenario; 3] = [
+        ("v1, anonymous floor above the target", || {
+            FakeMemcg::new(CgroupVersion::V1, 450 * MIB, 200 * MIB, 466 * MIB)
+        }),
+        ("v2 memory.reclaim, paced", || {
+            let f = FakeMemcg::new(CgroupVersion::V2, 450 * MIB, 50 * MIB, 466 * MIB);
+            {
+                let mut s = f.state.lock().unwrap();
+                s.psi_us = Some(0);
+                s.io_psi_us = Some(0);
+            }
+            f
+        }),
+        ("v2 memory.high stepping", || {
+            let mut f = FakeMemcg::new(CgroupVersion::V2, 450 * MIB, 50 * MIB, 466 * MIB);
+            f.has_reclaim = false;
+            f
+        }),
+    ];
+    for (name, make) in scenarios {
+        let mut at = 1;
+        loop {
+            let io = SupersededAt {
+                inner: make(),
+                at,
+                calls: std::sync::atomic::AtomicUsize::new(0),
+                cancel: CancellationToken::new(),
+                late_writes: Mutex::new(Vec::new()),
+            };
+            let mut reported_late = 0;
+            let out = reclaim_to(&io, &job(128 * MIB, 466 * MIB), &io.cancel.clone(), |_| {
+                if io.cancel.is_cancelled() {
+                    reported_late += 1;
+                }
+            });
+            let fired = io.cancel.is_cancelled();
+            assert!(
+                io.late_writes.lock().unwrap().is_empty(),
+                "{name}, superseded at call {at}: written after the supersede: {:?}",
+                io.late_writes.lock().unwrap()
+            );
+            assert_eq!(
+                reported_late, 0,
+                "{name}, superseded at call {at}: a pass reported after it"
+            );
+            if !fired {
+                // The loop ended before its `at`-th call: every call has been tried.
+                assert!(
+                    at > 2,
+                    "{name}: the loop made too few calls to test ({out:?})"
+                );
+                break;
+            }
+            assert!(
+                matches!(out, ReclaimOutcome::Cancelled)
+                    || io.calls.load(std::sync::atomic::Ordering::SeqCst) == at,
+                "{name}, superseded at call {at}: {out:?}"
+            );
+            at += 1;
+        }
+    }
+}
