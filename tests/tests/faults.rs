@@ -10,7 +10,9 @@
 //! - containerd restarted while the plugin runs: it re-registers and the metrics continue;
 //! - a cgroup read stuck past the runtime's deadline (test-only fault injection): the update is
 //!   answered fail-open at 3/4 of the runtime's request timeout, the runtime keeps the plugin,
-//!   the late decision acts on nothing, and the next update is handled normally;
+//!   the late decision acts on nothing, and the next update is handled normally; a memory
+//!   decrease under the same fault is refused instead (never written unchecked), the container
+//!   lives;
 //! - SIGTERM during a staged decrease; `mode = "observe"` with a checkpoint.
 //!
 //! (A plugin frozen past the runtime's deadline is `nri_containerd::frozen_plugin_fails_open`;
@@ -32,6 +34,20 @@ const ANON_300: &str = "dd if=/dev/zero bs=300M count=1 2>/dev/null | sleep 3600
 
 fn limit(ctrd: &Containerd, id: &str) -> i64 {
     ctrd.container_memory_limit(id)
+}
+
+/// OOM kills in the container's memory cgroup (`memory.oom_control` on v1, `memory.events` on v2).
+fn oom_kills(ctrd: &Containerd, id: &str) -> u64 {
+    let v1 = ctrd.cgroups().mode() == nri_resize_tests::CgroupMode::V1;
+    let text = ctrd.read_container_cgroup(
+        id,
+        if v1 {
+            "memory.oom_control"
+        } else {
+            "memory.events"
+        },
+    );
+    nri_resize::observer::parse::oom_kill_count(&text).unwrap_or(0)
 }
 
 /// A pod with one container `app` (512 MiB) running `script`, once it uses `min_usage`.
@@ -640,4 +656,99 @@ async fn slow_cgroup_fails_open_containerd_1_7() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn slow_cgroup_fails_open_containerd_2() {
     slow_cgroup_fails_open(ContainerdVersion::V2).await;
+}
+
+/// A memory decrease below usage (300 MiB anonymous, 512 MiB → 100 MiB) whose usage read is
+/// stuck past the runtime's deadline (the slow-cgroup fault on every cgroup): refused with the
+/// reason, never answered fail-open — the runtime's write of a limit nobody checked is an OOM
+/// kill on cgroup v2. The container lives with its limit unchanged and no OOM kill; the record
+/// says `Deferred` and why; the plugin stays registered and the next update is handled. (A CPU
+/// change under the same fault still fails open: `slow_cgroup_fails_open_*`.)
+async fn slow_usage_read_refuses_a_memory_decrease(version: ContainerdVersion) {
+    const STUCK_MS: u64 = 4000;
+    let ctrd = Containerd::start(version, ContainerdOptions::default()).await;
+    let flag = ctrd.base_dir().join("slow-cgroup");
+    let fault = format!("{STUCK_MS}:{}", flag.display());
+    let plugin = PluginProcess::start_ready_env(
+        &ctrd,
+        "nri-resize",
+        &[("NRI_RESIZE_FAULT_SLOW_CGROUP", &fault)],
+    )
+    .await;
+    let log = || std::fs::read_to_string(&plugin.log_path).expect("plugin log");
+    assert!(
+        log().contains("fault injection active"),
+        "the plugin binary was built without `--features fault-injection` (see tests/src/plugin.rs)"
+    );
+    let api = plugin.api();
+    let id = container(&ctrd, "slow-decrease", ANON_300, 300 * MIB).await;
+    let connects = api.status().await.expect("status").runtime.connects;
+    let oom_before = oom_kills(&ctrd, &id);
+
+    // Every cgroup read of the plugin hangs for 4 s: the usage read of the decision too.
+    std::fs::write(&flag, "").expect("arm the fault");
+    let answer = ctrd
+        .update_container_resources(&id, &Resources::limits(100_000, 100 * MIB))
+        .await;
+    std::fs::remove_file(&flag).expect("disarm the fault");
+    let err = answer.expect_err("an unchecked memory decrease must be refused, not let through");
+    let why = "could not be checked against usage within the runtime's deadline";
+    assert!(
+        err.to_string().contains(why),
+        "{version}: refused for another reason: {err}\n{}",
+        plugin.log_tail(30)
+    );
+    assert_eq!(
+        limit(&ctrd, &id),
+        512 * MIB,
+        "{version}: the limit was written although the decrease was refused"
+    );
+    assert!(
+        ctrd.container_status(&id)
+            .await
+            .is_ok_and(|s| s.state == ContainerState::ContainerRunning as i32),
+        "{version}: the container did not survive"
+    );
+    assert_eq!(oom_kills(&ctrd, &id), oom_before, "{version}: OOM kill");
+    let rec = state_of(&api, &id).await.expect("the refusal is recorded");
+    assert_eq!(rec.state, Some(ResizeState::Deferred), "{rec:?}");
+    assert!(rec.reason.contains(why), "{rec:?}");
+    let metrics = scrape_metrics(&api).await;
+    assert_eq!(
+        metric(
+            &metrics,
+            "nri_resize_nri_handler_deadline_exceeded_total{event=\"update_container\"}"
+        ),
+        Some(1.0),
+        "exactly one overrun counted"
+    );
+
+    // The stuck read ends 4 s after it began; the late decision then acts on nothing (no staged
+    // decrease starts behind the refusal).
+    let until = Instant::now() + Duration::from_secs(30);
+    while !log().contains("decided after the runtime's deadline") {
+        assert!(
+            Instant::now() < until,
+            "the late decision did not stand down:\n{}",
+            plugin.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        reclaim_checkpoints(&plugin).is_empty(),
+        "a staged decrease started behind the refusal:\n{}",
+        plugin.log_tail(30)
+    );
+    assert_eq!(limit(&ctrd, &id), 512 * MIB);
+    kept_and_handled_next(&ctrd, &plugin, &id, connects).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn slow_usage_read_refuses_a_memory_decrease_containerd_1_7() {
+    slow_usage_read_refuses_a_memory_decrease(ContainerdVersion::V1_7).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn slow_usage_read_refuses_a_memory_decrease_containerd_2() {
+    slow_usage_read_refuses_a_memory_decrease(ContainerdVersion::V2).await;
 }

@@ -204,7 +204,10 @@ impl Engine {
                 };
             }
             let pass_started = Instant::now();
-            if pass_started >= until || (floor > target && now_usage <= floor) {
+            // Past its share, short of the floor, or the runtime was already answered (the
+            // decrease refused): no more passes.
+            if pass_started >= until || (floor > target && now_usage <= floor) || deadline.expired()
+            {
                 break false;
             }
             let chunk = inline_pass_size(done, spent, until - pass_started);
