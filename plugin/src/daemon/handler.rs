@@ -345,15 +345,76 @@ impl Handler for ModelHandler {
 
     async fn remove_container(&self, pod: Pod, ctr: Container) {
         debug!(pod = %pod.full_name(), container = %ctr.name, id = %ctr.id, "container removed");
-        self.read_backs.finish(&ctr.id).await;
+        // Everything in memory first, before any await: the transport's deadline can cut the
+        // call short at an await, and what it skipped would never be cleaned up. A read-back
+        // still running finds the container untracked and records nothing.
         self.state
             .record(EventKind::RemoveContainer, &pod, Some(&ctr), None);
         self.state.untrack(&ctr.id);
-        if let Some(engine) = &self.engine {
-            // Removes a reclaim checkpoint, if any.
-            let (engine, id) = (Arc::clone(engine), ctr.id.clone());
-            off_worker("forget", move || engine.forget_container(&id)).await;
-        }
         self.state.write_model(|m| m.remove_container(&ctr.id));
+        let staged = self
+            .engine
+            .as_ref()
+            .is_some_and(|e| e.forget_container_in_memory(&ctr.id));
+        self.read_backs.finish(&ctr.id).await;
+        if let (true, Some(engine)) = (staged, &self.engine) {
+            // Its staged decrease's checkpoint goes (file I/O, off the workers).
+            let (engine, id) = (Arc::clone(engine), ctr.id.clone());
+            off_worker("forget", move || engine.remove_reclaim_checkpoint(&id)).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn pod() -> Pod {
+        Pod {
+            id: "p1".into(),
+            namespace: "ns".into(),
+            name: "pod".into(),
+            ..Pod::default()
+        }
+    }
+
+    fn ctr() -> Container {
+        Container {
+            id: "c1".into(),
+            pod_id: "p1".into(),
+            name: "app".into(),
+            state: ContainerState::Running,
+            ..Container::default()
+        }
+    }
+
+    /// `RemoveContainer` cut short by the runtime's deadline while it waits for a read-back that
+    /// hangs (a stuck cgroupfs): the container is still forgotten — untracked, out of the model.
+    #[tokio::test]
+    async fn a_remove_cut_short_at_its_deadline_still_forgets_the_container() {
+        let state = NodeState::new(Config::default());
+        let handler = ModelHandler::new(Arc::clone(&state));
+        handler.container_event(EventKind::StartContainer, pod(), ctr());
+        assert!(state.read_model(|m| m.container("c1").is_some()));
+        let (release, stuck) = std::sync::mpsc::channel::<()>();
+        handler.read_backs.start("test", "c1", move || {
+            let _ = stuck.recv();
+        });
+        let cut = tokio::time::timeout(
+            Duration::from_millis(50),
+            handler.remove_container(pod(), ctr()),
+        )
+        .await;
+        assert!(cut.is_err(), "the remove waited for the stuck read-back");
+        assert!(
+            state.read_model(|m| m.container("c1").is_none()),
+            "still in the model"
+        );
+        assert!(
+            state.observed(|o| !o.targets.contains_key("c1")),
+            "still tracked"
+        );
+        release.send(()).expect("release the read-back");
     }
 }

@@ -186,11 +186,21 @@ impl Engine {
         self.state.confirm(container_id, ctr.resources.clone());
     }
 
-    /// Forgets a removed container.
+    /// Forgets a removed container (and removes its staged decrease's checkpoint: file I/O).
     pub fn forget_container(&self, id: &str) {
+        if self.forget_container_in_memory(id) {
+            self.remove_reclaim_checkpoint(id);
+        }
+    }
+
+    /// [`Engine::forget_container`]'s in-memory part: its restart, staged decrease and record
+    /// end. `true`: a staged decrease ended, whose checkpoint is for
+    /// [`Engine::remove_reclaim_checkpoint`].
+    pub fn forget_container_in_memory(&self, id: &str) -> bool {
         self.restarts.note(id, restart::Seen::Stopped);
-        self.supersede_reclaim(id);
+        let staged = self.take_reclaim(id, "container removed: staged memory decrease ended");
         self.containers.locked().remove(id);
+        staged
     }
 
     /// Forgets a removed pod: its whole-pod resize record and the records of any of its

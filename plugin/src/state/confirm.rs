@@ -124,10 +124,12 @@ impl NodeState {
     pub fn note_actual(&self, id: &str, actual: &ActualResources) {
         let version = self.cgroups.as_ref().map(cgroup::CgroupIo::version);
         self.observed(|o| {
+            let seq = o.next_reading();
             let Some(target) = o.targets.get(id) else {
                 return;
             };
             let c = o.confirmations.entry(id.to_owned()).or_default();
+            c.seq = seq;
             if let (Some(d), Some(v)) = (&c.desired, version) {
                 let diff = differences(d, actual, v);
                 c.matches = diff.as_ref().map(Vec::is_empty);
@@ -144,21 +146,35 @@ impl NodeState {
     /// update asked; `None` takes the container's resources as the runtime reports them.
     pub fn confirm(&self, id: &str, desired: Option<LinuxResources>) -> Option<Confirmation> {
         let cgroups = self.cgroups.as_ref()?;
-        let target = self.observed(|o| o.targets.get(id).cloned())?;
+        self.confirm_reading(id, desired, |path| cgroups.read_actual(path))
+    }
+
+    /// [`Self::confirm`] with the cgroup read by `read`. The reading is numbered as it begins:
+    /// when another reading of the container began later and was recorded first, this older
+    /// one records nothing (it is returned, not kept), so neither the confirmation nor the
+    /// desired and actual gauges go back in time.
+    fn confirm_reading(
+        &self,
+        id: &str,
+        desired: Option<LinuxResources>,
+        read: impl FnOnce(&std::path::Path) -> Result<ActualResources, cgroup::CgroupError>,
+    ) -> Option<Confirmation> {
+        let version = self.cgroups.as_ref()?.version();
+        let (target, seq) =
+            self.observed(|o| Some((o.targets.get(id).cloned()?, o.next_reading())))?;
         let desired = desired.or_else(|| target.resources.clone());
         let mut confirmation = Confirmation {
             desired,
             at_ms: now_ms(),
+            seq,
             ..Confirmation::default()
         };
-        match cgroup::container_path(&target.cgroups_path)
-            .and_then(|path| cgroups.read_actual(&path))
-        {
+        match cgroup::container_path(&target.cgroups_path).and_then(|path| read(&path)) {
             Ok(actual) => {
                 let diff = confirmation
                     .desired
                     .as_ref()
-                    .and_then(|d| differences(d, &actual, cgroups.version()));
+                    .and_then(|d| differences(d, &actual, version));
                 confirmation.matches = diff.as_ref().map(Vec::is_empty);
                 confirmation.differences = diff.unwrap_or_default();
                 confirmation.actual = Some(actual);
@@ -183,8 +199,8 @@ impl NodeState {
             );
         }
         self.observed(|o| {
-            // The container may have gone meanwhile.
-            if o.targets.contains_key(id) {
+            // The container may have gone meanwhile, or a newer reading was recorded.
+            if o.targets.contains_key(id) && o.newer_reading(id, seq) {
                 if let Some(d) = &confirmation.desired {
                     self.metrics.set_desired(&target.labels, d);
                 }
@@ -254,6 +270,42 @@ mod tests {
                 CgroupVersion::V2
             ),
             Some(Vec::new())
+        );
+    }
+
+    /// Two readings side by side: the one that began first ends last. It must not replace
+    /// the newer confirmation, nor put the desired gauge back to the older request.
+    #[test]
+    fn an_older_reading_ending_last_does_not_overwrite_a_newer_one() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let state = NodeState::with_cgroups(
+            crate::config::Config::default(),
+            Some(cgroup::Cgroups::V2(cgroup::V2 {
+                root: tmp.path().to_owned(),
+            })),
+        );
+        state.track(&pod("p1"), &ctr("c1", "p1", "app"));
+        let older = res(100_000, 100_000, 100 << 20);
+        let newer = res(300_000, 100_000, 400 << 20);
+        let c = state
+            .confirm_reading("c1", Some(older), |_| {
+                // While the older reading is in the kernel, a newer one begins and ends.
+                let n = state
+                    .confirm_reading("c1", Some(newer.clone()), |_| {
+                        Ok(actual(300_000, 100_000, 400 << 20))
+                    })
+                    .expect("newer");
+                assert_eq!(n.matches, Some(true));
+                Ok(actual(100_000, 100_000, 100 << 20))
+            })
+            .expect("older");
+        assert_eq!(c.matches, Some(true), "the older reading itself: {c:?}");
+        let kept = state.observed(|o| o.confirmations["c1"].clone());
+        assert_eq!(kept.desired.as_ref(), Some(&newer), "{kept:?}");
+        let text = state.metrics.encode().expect("encode");
+        assert!(
+            text.contains(r#"nri_resize_container_desired_memory_bytes{container="app",namespace="ns",pod="pod-p1"} 419430400"#),
+            "{text}"
         );
     }
 

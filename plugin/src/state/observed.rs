@@ -63,6 +63,9 @@ pub struct Confirmation {
     /// Why the cgroup could not be read.
     pub error: Option<String>,
     pub at_ms: u64,
+    /// When the reading began, in the order of [`Observed::next_reading`]: a reading that began
+    /// earlier never replaces one that began later (reads run side by side, off the workers).
+    pub(super) seq: u64,
 }
 
 /// The observer as started.
@@ -77,6 +80,8 @@ pub struct ObserverInfo {
 #[derive(Debug, Default)]
 pub struct Observed {
     generation: u64,
+    /// The last number [`Observed::next_reading`] gave out.
+    readings: u64,
     pub targets: HashMap<String, Target>,
     pub observations: HashMap<String, ContainerObservation>,
     pub confirmations: HashMap<String, Confirmation>,
@@ -88,6 +93,17 @@ impl Observed {
     /// Changes whenever the watched set does (the observer re-syncs only then).
     pub fn generation(&self) -> u64 {
         self.generation
+    }
+
+    /// Numbers a cgroup reading as it begins (see [`Confirmation::seq`]).
+    pub(super) fn next_reading(&mut self) -> u64 {
+        self.readings += 1;
+        self.readings
+    }
+
+    /// Whether a reading numbered `seq` of container `id` is newer than the one recorded.
+    pub(super) fn newer_reading(&self, id: &str, seq: u64) -> bool {
+        self.confirmations.get(id).is_none_or(|c| c.seq < seq)
     }
 }
 

@@ -173,29 +173,38 @@ impl NodeState {
     }
 
     /// Every observer interval: the latest observation of each watched container. Judges the
-    /// resizes whose window has passed.
+    /// resizes whose window has passed. An observation of a container no longer tracked (removed
+    /// while the observer read it) is dropped: the check and the history's write happen under
+    /// the watched set's lock, which a removal holds while it forgets the history, so a removed
+    /// container's history is never re-created.
     pub fn verdict_tick<'a>(&self, observations: impl Iterator<Item = (&'a str, &'a Observation)>) {
         let window_ms = self.window_ms();
-        let due: Vec<(String, Pending, u64)> = self.verdicts(|v| {
-            let now = v.mono_ms();
-            // Enough history for the window before a resize applied up to a window ago.
-            let keep_from = now.saturating_sub(window_ms.saturating_mul(2).saturating_add(5_000));
-            for (id, o) in observations {
-                v.history.entry(id.to_owned()).or_default().record(
-                    counter_sample(now, o),
-                    window_ms,
-                    keep_from,
-                );
-            }
-            let ids: Vec<String> = v
-                .pending
-                .iter()
-                .filter(|(_, p)| now >= p.at_ms.saturating_add(window_ms))
-                .map(|(id, _)| id.clone())
-                .collect();
-            ids.into_iter()
-                .filter_map(|id| v.pending.remove(&id).map(|p| (id, p, now)))
-                .collect()
+        let due: Vec<(String, Pending, u64)> = self.observed(|tracked| {
+            self.verdicts(|v| {
+                let now = v.mono_ms();
+                // Enough history for the window before a resize applied up to a window ago.
+                let keep_from =
+                    now.saturating_sub(window_ms.saturating_mul(2).saturating_add(5_000));
+                for (id, o) in observations {
+                    if !tracked.targets.contains_key(id) {
+                        continue;
+                    }
+                    v.history.entry(id.to_owned()).or_default().record(
+                        counter_sample(now, o),
+                        window_ms,
+                        keep_from,
+                    );
+                }
+                let ids: Vec<String> = v
+                    .pending
+                    .iter()
+                    .filter(|(_, p)| now >= p.at_ms.saturating_add(window_ms))
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                ids.into_iter()
+                    .filter_map(|id| v.pending.remove(&id).map(|p| (id, p, now)))
+                    .collect()
+            })
         });
         for (id, p, now) in due {
             self.judge_one(&id, &p, now, window_ms);
@@ -337,6 +346,22 @@ mod tests {
         );
         state.forget_verdicts("c1");
         assert!(state.verdicts(|v| v.records.is_empty() && v.history.is_empty()));
+    }
+
+    /// The observer's tick read a container that was removed meanwhile: its history must not
+    /// come back (it would never be dropped again).
+    #[test]
+    fn a_tick_does_not_recreate_the_history_of_a_removed_container() {
+        let state = NodeState::new(crate::config::Config::default());
+        state.track(&pod("p1"), &ctr("c1", "p1", "app"));
+        state.track(&pod("p1"), &ctr("c2", "p1", "side"));
+        let seen = observation(1_000);
+        state.verdict_tick([("c1", &seen), ("c2", &seen)].into_iter());
+        assert!(state.verdicts(|v| v.history.contains_key("c1")));
+        state.untrack("c1");
+        state.verdict_tick([("c1", &seen), ("c2", &seen)].into_iter());
+        let ids: Vec<String> = state.verdicts(|v| v.history.keys().cloned().collect());
+        assert_eq!(ids, ["c2"], "the removed container's history came back");
     }
 
     #[test]

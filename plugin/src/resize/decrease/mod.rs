@@ -103,17 +103,30 @@ impl Engine {
     /// Cancels the staged decrease of `container_id`, if any, saying why (`what`). Removes its
     /// checkpoint (file I/O: call it off the async workers).
     pub(in crate::resize) fn end_reclaim(&self, container_id: &str, what: &'static str) {
+        if self.take_reclaim(container_id, what) {
+            self.remove_reclaim_checkpoint(container_id);
+        }
+    }
+
+    /// [`Self::end_reclaim`]'s in-memory part: the decrease leaves the engine and its task is
+    /// cancelled. `true` when there was one (its checkpoint is still to remove).
+    pub(in crate::resize) fn take_reclaim(&self, container_id: &str, what: &'static str) -> bool {
         let ended = self.reclaims.locked().remove(container_id);
-        if let Some(h) = ended {
+        if let Some(h) = &ended {
             info!(container_id, target_mib = mib(h.target), "{what}");
             h.cancel.cancel();
-            // It must not be resumed after a restart; a newer staged decrease writes its own
-            // (after this: its task takes the same lock, and the handle is gone).
-            if let Some(store) = &self.checkpoints {
-                let _io = self.reclaim_checkpoint_io.locked();
-                if let Err(e) = store.remove(&checkpoint_key(container_id)) {
-                    warn!(container_id, error = %e, "cannot remove the reclaim checkpoint");
-                }
+        }
+        ended.is_some()
+    }
+
+    /// Removes the checkpoint of an ended staged decrease of `container_id`: it must not be
+    /// resumed after a restart. A newer staged decrease writes its own after this (its task
+    /// takes the same lock, and the ended one's handle is gone). Blocking file I/O.
+    pub fn remove_reclaim_checkpoint(&self, container_id: &str) {
+        if let Some(store) = &self.checkpoints {
+            let _io = self.reclaim_checkpoint_io.locked();
+            if let Err(e) = store.remove(&checkpoint_key(container_id)) {
+                warn!(container_id, error = %e, "cannot remove the reclaim checkpoint");
             }
         }
     }
