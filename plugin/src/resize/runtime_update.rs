@@ -23,6 +23,9 @@ pub enum UpdateError {
     /// The runtime answered, listing the container as not updated.
     #[error("the runtime could not update the container")]
     NotUpdated,
+    /// A newer update superseded the staged decrease that was about to apply this.
+    #[error("superseded by a newer update before it was applied")]
+    Superseded,
 }
 
 impl Engine {

@@ -281,7 +281,12 @@ impl Engine {
                     "memory decrease of {subject} in progress, not yet in place: {progress}"
                 )));
             }
-            self.supersede_reclaim(&ctr.id);
+            if !self.supersede_unless_applying(&ctr.id) {
+                info!(container = %subject, "newer update while the staged memory decrease is being applied: refused once, kubelet asks again");
+                return Some(Rejection(format!(
+                    "the staged memory decrease of {subject} is being applied by the runtime at this moment; this newer update goes through when kubelet asks again"
+                )));
+            }
             return None;
         }
         let (deferred, reason) = {

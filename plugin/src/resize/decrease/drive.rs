@@ -218,7 +218,16 @@ impl Engine {
         generation: Option<u64>,
         limit: u64,
     ) -> Result<(), UpdateError> {
-        self.update_through_runtime(id, &memory_only(limit)).await?;
+        if let Some(g) = generation {
+            if !self.begin_apply(id, g) {
+                return Err(UpdateError::Superseded);
+            }
+        }
+        let applied = self.update_through_runtime(id, &memory_only(limit)).await;
+        if let Some(g) = generation {
+            self.end_apply(id, g);
+        }
+        applied?;
         let allocated = self
             .state
             .read_model(|m| m.container(id).and_then(|c| c.resources.clone()));
@@ -322,14 +331,13 @@ mod tests {
         let generation = 7;
         engine.reclaims.locked().insert(
             "c".into(),
-            ReclaimHandle {
-                cancel: CancellationToken::new(),
-                applied: Arc::new(Notify::new()),
-                pod_id: "p".into(),
-                target: 100 * MIB,
-                interim: 317 * MIB,
+            ReclaimHandle::new(
+                CancellationToken::new(),
+                Arc::new(Notify::new()),
+                "p".into(),
+                (100 * MIB, 317 * MIB),
                 generation,
-            },
+            ),
         );
         engine.record(
             &pod,
@@ -371,5 +379,44 @@ mod tests {
         // So the runtime's applying the newer update completes it.
         engine.applied(&ctr);
         assert_eq!(engine.container_resizes()["c"].state, None);
+    }
+
+    /// A newer kubelet update while the staged decrease has the runtime apply its limit would
+    /// race with that write (the older limit could land last): it is refused once instead, and
+    /// once the apply is over it supersedes the decrease, which then applies nothing more.
+    #[test]
+    fn a_newer_update_never_races_the_decrease_s_own_apply() {
+        let engine = Engine::new(
+            NodeState::new(Config::default()),
+            RuntimeLink::default(),
+            None,
+            NodeReader::new("/nonexistent/nri-resize-test-node"),
+            None,
+        );
+        let generation = 3;
+        engine.reclaims.locked().insert(
+            "c".into(),
+            ReclaimHandle::new(
+                CancellationToken::new(),
+                Arc::new(Notify::new()),
+                "p".into(),
+                (100 * MIB, 317 * MIB),
+                generation,
+            ),
+        );
+        assert!(engine.begin_apply("c", generation));
+        assert!(
+            !engine.supersede_unless_applying("c"),
+            "superseded in the middle of the decrease's own apply"
+        );
+        assert!(engine.reclaim_in_flight("c").is_some());
+        engine.end_apply("c", generation);
+        assert!(engine.supersede_unless_applying("c"));
+        assert!(engine.reclaim_in_flight("c").is_none());
+        assert!(
+            !engine.begin_apply("c", generation),
+            "a superseded decrease must apply nothing"
+        );
+        assert!(engine.supersede_unless_applying("c"), "nothing in flight");
     }
 }

@@ -44,6 +44,29 @@ pub(in crate::resize) struct ReclaimHandle {
     pub(super) target: u64,
     pub(super) interim: u64,
     generation: u64,
+    /// The decrease is having the runtime apply a limit right now (see
+    /// [`Engine::supersede_unless_applying`]).
+    applying: bool,
+}
+
+impl ReclaimHandle {
+    pub(super) fn new(
+        cancel: CancellationToken,
+        applied: Arc<Notify>,
+        pod_id: String,
+        (target, interim): (u64, u64),
+        generation: u64,
+    ) -> Self {
+        ReclaimHandle {
+            cancel,
+            applied,
+            pod_id,
+            target,
+            interim,
+            generation,
+            applying: false,
+        }
+    }
 }
 
 fn memory_limit(r: &LinuxResources) -> Option<u64> {
@@ -173,6 +196,58 @@ impl Engine {
         if let (true, Some(store)) = (mine, &self.checkpoints) {
             if let Err(e) = store.remove(&checkpoint_key(container_id)) {
                 warn!(container_id, error = %e, "cannot remove the reclaim checkpoint");
+            }
+        }
+    }
+
+    /// A newer kubelet update of `container_id` while its staged decrease may be in flight:
+    /// supersedes it (`true`), unless the decrease is having the runtime apply a limit at this
+    /// moment (`false`: nothing changes). The runtime's writes of that apply and of the newer
+    /// update would race, and the older limit could land last, over kubelet's; refused once,
+    /// kubelet asks again and the newer update goes through after the apply. (Waiting here
+    /// instead could deadlock: the runtime applies the plugin's update under the lock it holds
+    /// while it calls this handler.) The check and the removal are one step under the reclaims
+    /// lock, which the apply takes to start ([`Engine::begin_apply`]).
+    pub(in crate::resize) fn supersede_unless_applying(&self, container_id: &str) -> bool {
+        {
+            let mut all = self.reclaims.locked();
+            match all.get(container_id) {
+                None => return true,
+                Some(h) if h.applying => return false,
+                Some(_) => {
+                    if let Some(h) = all.remove(container_id) {
+                        info!(
+                            container_id,
+                            target_mib = mib(h.target),
+                            "newer update: staged memory decrease superseded"
+                        );
+                        h.cancel.cancel();
+                    }
+                }
+            }
+        }
+        self.remove_reclaim_checkpoint(container_id);
+        true
+    }
+
+    /// Staged decrease `generation` of `container_id` is about to have the runtime apply a
+    /// limit: `false` when it was superseded (apply nothing); `true` marks it applying until
+    /// [`Engine::end_apply`].
+    pub(in crate::resize) fn begin_apply(&self, container_id: &str, generation: u64) -> bool {
+        match self.reclaims.locked().get_mut(container_id) {
+            Some(h) if h.generation == generation && !h.cancel.is_cancelled() => {
+                h.applying = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The apply [`Engine::begin_apply`] started is over.
+    pub(in crate::resize) fn end_apply(&self, container_id: &str, generation: u64) {
+        if let Some(h) = self.reclaims.locked().get_mut(container_id) {
+            if h.generation == generation {
+                h.applying = false;
             }
         }
     }

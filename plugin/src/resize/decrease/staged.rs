@@ -89,14 +89,13 @@ impl Engine {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let replaced = self.reclaims.locked().insert(
             ctr.id.clone(),
-            ReclaimHandle {
-                cancel: cancel.clone(),
-                applied: Arc::clone(&applied),
-                pod_id: pod_id.clone(),
-                target,
-                interim,
+            ReclaimHandle::new(
+                cancel.clone(),
+                Arc::clone(&applied),
+                pod_id.clone(),
+                (target, interim),
                 generation,
-            },
+            ),
         );
         if let Some(old) = replaced {
             old.cancel.cancel();

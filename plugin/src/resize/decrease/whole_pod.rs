@@ -74,14 +74,13 @@ impl Engine {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.reclaims.locked().insert(
             ctr.id.clone(),
-            ReclaimHandle {
-                cancel: cancel.clone(),
-                applied: Arc::new(Notify::new()),
-                pod_id: pod.id.clone(),
-                target,
-                interim,
+            ReclaimHandle::new(
+                cancel.clone(),
+                Arc::new(Notify::new()),
+                pod.id.clone(),
+                (target, interim),
                 generation,
-            },
+            ),
         );
         self.state.metrics.decrease.started();
         let started = Instant::now();
