@@ -421,7 +421,7 @@ impl Containerd {
     ///
     /// # Panics
     /// If the pod or container cannot be created or started, or usage stays below `min_usage`
-    /// for 60 s (the message says how far it got).
+    /// for 180 s (the message says how far it got; a loaded disk can take minutes to write the page cache).
     pub async fn loaded_pod(
         &self,
         name: &str,
@@ -442,7 +442,7 @@ impl Containerd {
             .await
             .expect("CreateContainer");
         self.start_container(&id).await.expect("StartContainer");
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline = Instant::now() + Duration::from_secs(180);
         while self.container_memory_usage(&id) < min_usage {
             assert!(
                 Instant::now() < deadline,
