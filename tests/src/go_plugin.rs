@@ -51,7 +51,11 @@ fn build() -> PathBuf {
     let main = std::fs::read(src.join("main.go")).expect("read tests/go-plugin/main.go");
     let debs = std::fs::read(go_dir.join(".deb")).unwrap_or_default();
     let hash = Sha256::digest([main.as_slice(), b"\0", debs.as_slice()].concat());
-    let hex: String = hash.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    let hex = hash.iter().take(8).fold(String::new(), |mut s, b| {
+        use std::fmt::Write as _;
+        let _ = write!(s, "{b:02x}");
+        s
+    });
     let out_dir = cache_dir().join("go-plugin");
     let bin = out_dir.join(format!("nri-other-{hex}"));
     if bin.is_file() {

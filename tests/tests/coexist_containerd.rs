@@ -5,8 +5,8 @@
 //! (`tests/go-plugin`, independent of nri-resize's code and transport): on every
 //! `UpdateContainer` it sets the cpuset and, on cgroup v2, one `unified` key.
 //!
-//! Through a CPU resize, a staged memory decrease below usage (reclaimed to the new limit) and a
-//! resize that needs a restart, every CRI update succeeds and both plugins' adjustments are in
+//! Through a CPU resize, a staged memory decrease below usage (the interim limit held above
+//! anonymous usage) and a resize that needs a restart, every CRI update succeeds and both plugins' adjustments are in
 //! place: read back from the cgroup (cpuset, quota, memory limit) and from the runtime's spec
 //! (`ContainerStatus`) where the container has already exited.
 
@@ -16,14 +16,11 @@ use nri_resize::api::ApiClient;
 use nri_resize::policy::ResizeState;
 use nri_resize_tests::cri::ContainerState;
 use nri_resize_tests::{
-    go_plugin_binary, resize_record, CgroupMode, Containerd, ContainerdOptions, ContainerdVersion,
-    GoPlugin, GoPluginMode, PluginProcess, Resources,
+    go_plugin_binary, resize_record, scrape_metrics, CgroupMode, Containerd, ContainerdOptions,
+    ContainerdVersion, GoPlugin, GoPluginMode, PluginProcess, Resources,
 };
 
 const MIB: i64 = 1 << 20;
-/// 400 MiB of clean page cache (written, then synced) and 50 MiB held anonymous.
-const CACHE_AND_ANON: &str =
-    "dd if=/dev/zero of=/tmp/cache bs=1M count=400 2>/dev/null; sync; dd if=/dev/zero bs=50M count=1 2>/dev/null | sleep 3600";
 const ANON_300: &str = "dd if=/dev/zero bs=300M count=1 2>/dev/null | sleep 3600";
 /// The cpuset the other plugin gives every updated container (CPU 0 exists everywhere).
 const OTHER_CPUS: &str = "0";
@@ -91,7 +88,6 @@ async fn coexist(version: ContainerdVersion) {
         Some("[memory_decrease]\ntimeout_ms = 5000\ninline_max = 0\n"),
     )
     .await;
-    let api = plugin.api();
     // After nri-resize (index 50): the order in which a claimed field conflicts.
     let other = GoPlugin::start(
         &ctrd,
@@ -103,57 +99,112 @@ async fn coexist(version: ContainerdVersion) {
             unified: v2(&ctrd).then(|| (OTHER_UNIFIED.0.into(), OTHER_UNIFIED.1.into())),
         },
     );
-    let logs = || {
+    let s = Sides {
+        ctrd: &ctrd,
+        plugin: &plugin,
+        other: &other,
+    };
+    resize_and_staged_decrease(&s).await;
+    restart(&s).await;
+}
+
+/// containerd, nri-resize and the other plugin.
+struct Sides<'a> {
+    ctrd: &'a Containerd,
+    plugin: &'a PluginProcess,
+    other: &'a GoPlugin,
+}
+
+impl Sides<'_> {
+    /// The three logs' tails, for a failure's message.
+    fn logs(&self) -> String {
         format!(
             "containerd {}\nnri-resize:\n{}\nnri-other:\n{}\ncontainerd:\n{}",
-            ctrd.version(),
-            plugin.log_tail(30),
-            other.log_tail(10),
-            ctrd.log_tail(30)
+            self.ctrd.version(),
+            self.plugin.log_tail(30),
+            self.other.log_tail(10),
+            self.ctrd.log_tail(30)
         )
-    };
+    }
+}
+
+/// A CPU resize (step 1), then a staged decrease below usage (step 2): 300 MiB of anonymous
+/// memory, limit to 100 MiB. Anonymous memory (no swap) is what neither the reclaim nor the
+/// host's own memory pressure can take away, so the container stays above the new limit:
+/// nri-resize's reply holds an interim limit above usage in the cgroup (its adjustment, where
+/// kubelet asked 100 MiB), the other plugin's the cpuset, in the same update. (Page cache, which
+/// would let the reclaim converge, is evicted by the host's global reclaim when the machine is
+/// short of free memory.)
+async fn resize_and_staged_decrease(s: &Sides<'_>) {
+    let Sides {
+        ctrd,
+        plugin,
+        other,
+    } = *s;
+    let api = plugin.api();
+    let logs = || s.logs();
 
     // 1. A CPU resize: kubelet's quota, the other plugin's cpuset.
-    let (_pod, a) = ctrd
-        .loaded_pod("cache", &[], CACHE_AND_ANON, 440 * MIB)
-        .await;
+    let (_pod, a) = ctrd.loaded_pod("anon", &[], ANON_300, 300 * MIB).await;
     ctrd.update_container_resources(&a, &Resources::limits(150_000, 512 * MIB))
         .await
         .unwrap_or_else(|e| panic!("the CPU resize failed: {e:?}\n{}", logs()));
     assert_eq!(ctrd.container_cpu_quota(&a), 150_000, "the new quota");
-    assert_other_plugin_in_cgroup(&ctrd, &a, "after the CPU resize");
+    assert_other_plugin_in_cgroup(ctrd, &a, "after the CPU resize");
     assert_eq!(other.updates_of(&a), 1, "{}", other.log_tail(10));
 
-    // 2. A staged decrease below usage: nri-resize's reply sets the interim limit, the other
-    //    plugin's the cpuset, in the same update; then the reclaim reaches 128 MiB.
-    ctrd.update_container_resources(&a, &Resources::limits(150_000, 128 * MIB))
+    // 2. The staged decrease.
+    ctrd.update_container_resources(&a, &Resources::limits(150_000, 100 * MIB))
         .await
         .unwrap_or_else(|e| panic!("the staged memory decrease failed: {e:?}\n{}", logs()));
-    let interim = ctrd.container_memory_limit(&a);
-    assert!(
-        interim >= 128 * MIB,
-        "never below the requested limit: {interim}"
-    );
-    assert_other_plugin_in_cgroup(&ctrd, &a, "after the staged decrease's update");
+    assert_other_plugin_in_cgroup(ctrd, &a, "after the staged decrease's update");
     let rec = settled(&api, &a, Duration::from_secs(30)).await;
-    assert_eq!(rec.state, None, "the staged decrease converged: {rec:?}");
-    assert_eq!(
+    assert_eq!(rec.state, Some(ResizeState::Deferred), "{rec:?}");
+    assert!(
+        rec.reason
+            .contains("anonymous memory cannot be reclaimed without swap"),
+        "{rec:?}"
+    );
+    // Through the staged path (the reply this test is about).
+    let metrics = scrape_metrics(&api).await;
+    assert!(
+        metrics.lines().any(|l| l.starts_with(
+            "nri_resize_memory_decrease_outcomes_total{outcome=\"deferred_anonymous\"} "
+        ) && !l.ends_with(" 0")),
+        "no staged decrease in /metrics\n{}",
+        logs()
+    );
+    let (kept, used) = (
         ctrd.container_memory_limit(&a),
-        128 * MIB,
-        "the cgroup holds 128 MiB"
+        ctrd.container_memory_usage(&a),
+    );
+    assert!(
+        kept > used && kept > 100 * MIB && kept <= 512 * MIB,
+        "nri-resize's interim limit {kept} in the cgroup, above usage {used}"
     );
     assert_eq!(ctrd.container_cpu_quota(&a), 150_000);
-    assert_other_plugin_in_cgroup(&ctrd, &a, "after the reclaim");
+    assert_other_plugin_in_cgroup(ctrd, &a, "after the reclaim gave up");
     let status = ctrd
         .container_resources(&a)
         .await
         .expect("ContainerStatus")
         .expect("resources");
-    assert_eq!(status.memory_limit_in_bytes, 128 * MIB, "{status:?}");
+    assert_eq!(status.memory_limit_in_bytes, kept, "{status:?}");
     assert_eq!(status.cpuset_cpus, OTHER_CPUS, "{status:?}");
-    assert!(running(&ctrd, &a).await, "never restarted");
-    assert_eq!(oom_kills(&ctrd, &a), 0);
+    assert!(running(ctrd, &a).await, "never restarted");
+    assert_eq!(oom_kills(ctrd, &a), 0);
     assert_eq!(other.updates_of(&a), 2, "{}", other.log_tail(10));
+}
+
+/// A resize that needs a restart (step 3).
+async fn restart(s: &Sides<'_>) {
+    let Sides {
+        ctrd,
+        plugin,
+        other,
+    } = *s;
+    let api = plugin.api();
+    let logs = || s.logs();
 
     // 3. A resize that needs a restart (strategy `restart`, anonymous memory): nri-resize keeps
     //    the memory limit in the update (the only field it changes) and stops the container. A
@@ -175,7 +226,7 @@ async fn coexist(version: ContainerdVersion) {
                 logs()
             )
         });
-    assert_other_plugin_in_cgroup(&ctrd, &b, "after the CPU resize");
+    assert_other_plugin_in_cgroup(ctrd, &b, "after the CPU resize");
     ctrd.update_container_resources(&b, &Resources::limits(80_000, 100 * MIB))
         .await
         .unwrap_or_else(|e| {
@@ -185,7 +236,7 @@ async fn coexist(version: ContainerdVersion) {
             )
         });
     let deadline = Instant::now() + Duration::from_secs(15);
-    while running(&ctrd, &b).await {
+    while running(ctrd, &b).await {
         assert!(
             Instant::now() < deadline,
             "restart: the container was not stopped\n{}",

@@ -23,7 +23,7 @@ impl Engine {
         pod: &Pod,
         ctr: &Container,
         desired: &LinuxResources,
-        allocated: LinuxResources,
+        allocated: &LinuxResources,
         reason: &str,
         enforce: bool,
     ) -> UpdateReply {
@@ -42,7 +42,7 @@ impl Engine {
         }
         self.restart_container(ctr, &subject, reason);
         // Only the fields the request changes are put back (NRI gives each field one owner).
-        let keep = keep_reply(&allocated, desired);
+        let keep = keep_reply(allocated, desired);
         UpdateReply {
             updates: (keep != LinuxResources::default())
                 .then(|| ContainerUpdate {
