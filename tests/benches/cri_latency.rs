@@ -1,13 +1,14 @@
 //! CRI `CreateContainer` and `UpdateContainerResources` latency against real containerd, side by
-//! side in one run: no plugin, a do-nothing plugin on our transport (containerd's own NRI path,
-//! subscribed to the same events), nri-resize with its observer polling (`--no-ebpf`), and
+//! side in one run: no plugin, an independent do-nothing plugin (containerd's own NRI path: the
+//! tests' Go plugin on NRI's Go stub, `tests/go-plugin -mode noop`, subscribed to the same events
+//! as nri-resize, none of nri-resize's code), nri-resize with its observer polling (`--no-ebpf`), and
 //! nri-resize as deployed (JSON logs at `info`, as the `DaemonSet` runs it). Target: nri-resize
 //! adds at most 1 ms at p50 and 2 ms at p99 over containerd without a plugin.
 //!
 //! The sides alternate in rounds (nri-resize attached, detached, the do-nothing plugin attached,
 //! nri-resize attached again, ...), each round starting with the next side, so drift in the
 //! machine's load hits every side alike. nri-resize is measured once ready (registered,
-//! synchronized, its observer loaded), the do-nothing plugin 500 ms after it starts. Each
+//! synchronized, its observer loaded), the do-nothing plugin once the runtime synchronized it. Each
 //! side makes `NRI_RESIZE_BENCH_ITERS` calls of each kind (default 600: a p99 is then the 6th
 //! slowest call, not the 3rd) over `NRI_RESIZE_BENCH_ROUNDS` rounds (default 6); the
 //! percentiles are over all of a side's calls, with their spread over the rounds (the lowest
@@ -17,17 +18,18 @@
 //! thread, from `/proc/<pid>/task/*/schedstat`) is read around each phase: its cost per call,
 //! which unlike a latency does not move with what else the machine does.
 //!
-//! Verdict: met when nri-resize adds at most the target over no plugin; when containerd's own
-//! NRI path (the do-nothing plugin) already takes more than that, the remainder is containerd's
-//! if nri-resize adds at most the target over the do-nothing plugin, and the row says so.
+//! Verdict: met when nri-resize adds at most the target over no plugin, and only then; the ratio
+//! column is at p50 (p99's beside it in the text). A second row per kind of call reports
+//! "nri-resize − containerd's NRI floor" (the Go do-nothing plugin): nri-resize's own share, for
+//! information, never a verdict.
 //!
 //! Run: `cargo bench -p nri-resize-tests --bench cri_latency` (part of `cargo xtask bench`).
 
 use std::time::{Duration, Instant};
 
 use nri_resize_tests::{
-    percentile, scrape_metrics, ContainerSpec, Containerd, ContainerdOptions, ContainerdVersion,
-    PluginProcess, Pod, PodSpec, Resources,
+    go_plugin_binary, percentile, scrape_metrics, ContainerSpec, Containerd, ContainerdOptions,
+    ContainerdVersion, GoPlugin, GoPluginMode, PluginProcess, Pod, PodSpec, Resources,
 };
 
 const MIB: i64 = 1 << 20;
@@ -49,7 +51,7 @@ impl Side {
         match self {
             Side::Ours => "nri-resize",
             Side::Base => "no plugin",
-            Side::Null => "do-nothing plugin",
+            Side::Null => "Go do-nothing plugin",
             Side::NoEbpf => "nri-resize --no-ebpf",
         }
     }
@@ -329,41 +331,28 @@ fn report(name: &str, k: &Kind<'_>, handler_text: &str) {
     };
     line("nri-resize − no plugin (the target)", ours, base);
     line(
-        "do-nothing − no plugin (containerd's NRI floor)",
+        "Go do-nothing − no plugin (containerd's NRI floor)",
         null,
         base,
     );
-    line("nri-resize − do-nothing (ours)", ours, null);
+    line("nri-resize − Go do-nothing (ours)", ours, null);
     line("nri-resize − nri-resize --no-ebpf (eBPF)", ours, no_ebpf);
     println!(
         "  {:<38} {handler_text}",
         "nri-resize's handlers (its own work)"
     );
     let cpu_text = format!(
-        "{} per call (do-nothing plugin: {})",
+        "{} per call (Go do-nothing plugin: {})",
         cpu.0.text(),
         cpu.1.text()
     );
     println!("  {:<38} {cpu_text}", "plugin CPU time, all threads");
 
     let (b50, b90, b99) = (base.at(0.5).0, base.at(0.9).0, base.at(0.99).0);
-    let (n50, n99) = (null.at(0.5).0, null.at(0.99).0);
     let (o50, o90, o99) = (ours.at(0.5), ours.at(0.9).0, ours.at(0.99));
+    let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64().max(1e-9);
+    // The verdict is against the target alone: what nri-resize adds over no plugin.
     let met = added(o50.0, b50) <= TARGET.0 && added(o99.0, b99) <= TARGET.1;
-    // Over the target, the remainder is containerd's when nri-resize adds no more than the
-    // target over the do-nothing plugin (containerd's NRI path with the same events, no work).
-    let ours_share_within = added(o50.0, n50) <= TARGET.0 && added(o99.0, n99) <= TARGET.1;
-    let verdict = if met {
-        "met".to_string()
-    } else if ours_share_within {
-        format!(
-            "over by containerd's own NRI path: nri-resize − do-nothing plugin {} p50 / {} p99, within the target",
-            delta(o50.0, n50),
-            delta(o99.0, n99)
-        )
-    } else {
-        nri_resize::bench_table::verdict(false).to_string()
-    };
     nri_resize::bench_table::row(
         &format!(
             "CRI latency: {name}, {} calls per side in {} alternating rounds",
@@ -371,26 +360,60 @@ fn report(name: &str, k: &Kind<'_>, handler_text: &str) {
             ours.rounds.len()
         ),
         &format!(
-            "no plugin: {} p50 / {} p90 / {} p99; do-nothing plugin (containerd's NRI floor): {} p50 / {} p99",
+            "no plugin: {} p50 / {} p90 / {} p99",
             ms(b50),
             ms(b90),
             ms(b99),
-            delta(n50, b50),
-            delta(n99, b99),
         ),
         &format!(
-            "{} p50 / {} p90 / {} p99 ({} p50, {} p99; p99 over rounds {}–{}); its handlers: {handler_text}; its CPU time, all threads: {cpu_text}; its eBPF programs (vs --no-ebpf): {} p50",
+            "{} p50 / {} p90 / {} p99 ({} p50, {} p99; ratio p99 {:.2}×; p99 over rounds {}–{}); its handlers: {handler_text}; its CPU time, all threads: {cpu_text}; its eBPF programs (vs --no-ebpf): {} p50",
             ms(o50.0),
             ms(o90),
             ms(o99.0),
             delta(o50.0, b50),
             delta(o99.0, b99),
+            ratio(o99.0, b99),
             ms(o99.1),
             ms(o99.2),
             delta(o50.0, no_ebpf.at(0.5).0),
         ),
-        Some(o99.0.as_secs_f64() / b99.as_secs_f64().max(1e-9)),
-        &format!("≤ +1 ms p50 and ≤ +2 ms p99: {verdict}"),
+        Some(ratio(o50.0, b50)),
+        &format!(
+            "nri-resize − no plugin ≤ +1 ms p50 and ≤ +2 ms p99: {} ({} p50, {} p99)",
+            nri_resize::bench_table::verdict(met),
+            delta(o50.0, b50),
+            delta(o99.0, b99)
+        ),
+    );
+    floor_row(name, k);
+}
+
+/// containerd's own NRI path, measured with an independent do-nothing plugin (NRI's Go stub,
+/// none of nri-resize's code), and what nri-resize adds over it: its own row.
+fn floor_row(name: &str, k: &Kind<'_>) {
+    let (base, null, ours) = (k.base, k.null, k.ours);
+    let (b50, b99) = (base.at(0.5).0, base.at(0.99).0);
+    let (n50, n99) = (null.at(0.5).0, null.at(0.99).0);
+    let (o50, o99) = (ours.at(0.5).0, ours.at(0.99).0);
+    let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64().max(1e-9);
+    nri_resize::bench_table::row(
+        &format!("CRI latency: {name}: nri-resize − containerd's NRI floor"),
+        &format!(
+            "Go do-nothing plugin (NRI stub, same events): {} p50 / {} p99 ({} p50, {} p99 over no plugin); its CPU time, all threads: {}",
+            ms(n50),
+            ms(n99),
+            delta(n50, b50),
+            delta(n99, b99),
+            k.cpu.1.text(),
+        ),
+        &format!(
+            "nri-resize − that floor: {} p50, {} p99 (ratio p99 {:.2}×)",
+            delta(o50, n50),
+            delta(o99, n99),
+            ratio(o99, n99),
+        ),
+        Some(ratio(o50, n50)),
+        "informational (nri-resize's own share); the target is judged against no plugin",
     );
 }
 
@@ -407,9 +430,11 @@ async fn main() {
     let iters = env_usize("NRI_RESIZE_BENCH_ITERS", 600);
     let rounds = env_usize("NRI_RESIZE_BENCH_ROUNDS", 6);
     let per_round = iters.div_ceil(rounds);
+    // Built (or found in the cache) before anything is timed.
+    let _ = go_plugin_binary();
     println!(
         "CRI latency, {} calls of each kind per side in {rounds} alternating rounds \
-         (nri-resize, no plugin, do-nothing plugin, ...); percentiles over all calls, \
+         (nri-resize, no plugin, Go do-nothing plugin, ...); percentiles over all calls, \
          (lowest–highest round); target: nri-resize − no plugin ≤ 1 ms at p50 and ≤ 2 ms at p99",
         per_round * rounds
     );
@@ -436,14 +461,15 @@ async fn main() {
                 let out = match side {
                     Side::Base => measure(&ctrd, &pod, per_round, &tag, None).await,
                     Side::Null => {
-                        let mut np = std::process::Command::new(env!("CARGO_BIN_EXE_null_plugin"))
-                            .arg(ctrd.nri_socket())
-                            .spawn()
-                            .expect("start the do-nothing plugin");
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                        let out = measure(&ctrd, &pod, per_round, &tag, Some(np.id())).await;
-                        let _ = np.kill();
-                        let _ = np.wait();
+                        // Measured once the runtime synchronized it.
+                        let np = GoPlugin::start(
+                            &ctrd,
+                            &format!("nri-noop{round}"),
+                            "50",
+                            &GoPluginMode::Noop,
+                        );
+                        let out = measure(&ctrd, &pod, per_round, &tag, np.pid()).await;
+                        drop(np);
                         out
                     }
                     Side::Ours | Side::NoEbpf => {

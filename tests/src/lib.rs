@@ -41,6 +41,7 @@ mod cgroups;
 mod cleanup;
 mod containerd;
 pub mod cri_pod;
+mod go_plugin;
 mod image;
 mod images;
 mod plugin;
@@ -52,6 +53,7 @@ mod version;
 pub use cgroups::{shares_to_weight, weight_to_shares, CgroupLimits, CgroupMode, CgroupTree};
 pub use cleanup::shim_pids;
 pub use containerd::{connect, Containerd, ContainerdOptions};
+pub use go_plugin::{go_plugin_binary, GoPlugin, GoPluginMode};
 pub use image::{
     daemon_image_archive, http_get, DaemonContainer, Privilege, DAEMON_IMAGE, LEAST_PRIVILEGE_CAPS,
 };

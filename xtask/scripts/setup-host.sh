@@ -66,9 +66,10 @@ if [[ ${#need_pkgs[@]} -gt 0 ]]; then
 fi
 
 # 2. Packages from sid, unpacked beside the system (never installed), through a private sources
-#    list: sid_unpack <package> <dir> downloads the .deb and extracts it into <dir>.
+#    list: sid_unpack <dir> <package>... downloads the .debs and extracts them all into <dir>.
 sid_unpack() {
-  local pkg=$1 dest=$2 tmp deb
+  local dest=$1 tmp deb pkg
+  shift
   tmp=$(mktemp -d)
   mkdir -p "$tmp/etc/apt/sources.list.d" "$tmp/etc/apt/preferences.d" "$tmp/state/lists/partial" "$tmp/cache/archives/partial"
   cat >"$tmp/etc/apt/sources.list" <<'SRC'
@@ -78,20 +79,23 @@ SRC
         -o Dir::Etc::Preferences="$tmp/etc/apt/preferences" -o Dir::Etc::PreferencesParts="$tmp/etc/apt/preferences.d"
         -o Dir::State::Lists="$tmp/state/lists" -o Dir::Cache="$tmp/cache" -o Acquire::Retries=3)
   apt-get "${opts[@]}" update -qq >/dev/null
-  (cd "$tmp" && apt-get "${opts[@]}" download "$pkg" >/dev/null)
-  deb=$(ls "$tmp"/"$pkg"_*.deb 2>/dev/null | head -1)
-  [[ -n "$deb" ]] || die "could not download $pkg from sid"
+  (cd "$tmp" && apt-get "${opts[@]}" download "$@" 2>/dev/null >/dev/null) || die "could not download $* from sid"
   rm -rf "$dest.tmp" && mkdir -p "$dest.tmp"
-  dpkg-deb -x "$deb" "$dest.tmp"
+  : >"$dest.tmp/.deb"
+  for pkg in "$@"; do
+    deb=$(ls "$tmp"/"$pkg"_*.deb 2>/dev/null | head -1)
+    [[ -n "$deb" ]] || die "could not download $pkg from sid"
+    dpkg-deb -x "$deb" "$dest.tmp"
+    basename "$deb" >>"$dest.tmp/.deb"
+  done
   rm -rf "$dest" && mv "$dest.tmp" "$dest"
-  basename "$deb" >"$dest/.deb"
   rm -rf "$tmp"
 }
 
 C2_DIR="$CACHE/containerd-2"
 if [[ ! -x "$C2_DIR/usr/bin/containerd" ]]; then
   log "fetching containerd 2.x from Debian sid (unpacked into $C2_DIR, not installed)"
-  sid_unpack containerd "$C2_DIR"
+  sid_unpack "$C2_DIR" containerd
 fi
 
 # The CRI api.proto with UpdatePodSandboxResources (cri-api >= 0.34; k8s-cri 0.11 predates it):
@@ -100,8 +104,25 @@ CRI_DIR="$CACHE/cri-api"
 CRI_PROTO="$CRI_DIR/usr/share/gocode/src/k8s.io/cri-api/pkg/apis/runtime/v1/api.proto"
 if ! grep -qs UpdatePodSandboxResources "$CRI_PROTO"; then
   log "fetching the CRI api.proto from Debian sid's golang-k8s-cri-api-dev (unpacked into $CRI_DIR)"
-  sid_unpack golang-k8s-cri-api-dev "$CRI_DIR"
+  sid_unpack "$CRI_DIR" golang-k8s-cri-api-dev
   grep -qs UpdatePodSandboxResources "$CRI_PROTO" || die "no CRI api.proto with UpdatePodSandboxResources at $CRI_PROTO"
+fi
+
+# The Go toolchain and NRI's Go stub with its dependencies, from Debian sid (unpacked into one
+# GOPATH-style tree, never installed): the tests build an independent NRI plugin of their own
+# (tests/go-plugin) to run beside nri-resize and to measure containerd's own NRI floor.
+# Built offline: GOROOT=$GO_DIR/usr/lib/go-1.26 GOPATH=$GO_DIR/usr/share/gocode GO111MODULE=off.
+GO_DIR="$CACHE/go-nri"
+GO_PKGS=(golang-1.26-go golang-1.26-src golang-github-containerd-nri-dev golang-github-containerd-ttrpc-dev
+  golang-github-containerd-log-dev golang-github-sirupsen-logrus-dev golang-golang-x-sys-dev
+  golang-golang-x-net-dev golang-golang-x-text-dev golang-google-grpc-dev golang-google-genproto-dev
+  golang-google-protobuf-dev golang-github-golang-protobuf-1-5-dev golang-github-opencontainers-specs-dev
+  golang-k8s-cri-api-dev)
+if [[ ! -x "$GO_DIR/usr/lib/go-1.26/bin/go" || ! -d "$GO_DIR/usr/share/gocode/src/github.com/containerd/nri/pkg/stub" \
+      || "$(cat "$GO_DIR/.pkgs" 2>/dev/null)" != "${GO_PKGS[*]}" ]]; then
+  log "fetching Go 1.26 and NRI's Go stub (0.8) with its dependencies from Debian sid (unpacked into $GO_DIR)"
+  sid_unpack "$GO_DIR" "${GO_PKGS[@]}"
+  echo "${GO_PKGS[*]}" >"$GO_DIR/.pkgs"
 fi
 
 # 3. eBPF toolchain (Debian's rustc-web with precompiled core for bpfel, bpf-linker on LLVM 22).
@@ -144,4 +165,5 @@ fi
 log "containerd 1.7: $(containerd --version 2>/dev/null | awk '{print $3}')"
 log "containerd 2.x: $("$C2_DIR/usr/bin/containerd" --version 2>/dev/null | awk '{print $3}')"
 log "CRI api.proto: $(cat "$CRI_DIR/.deb" 2>/dev/null)"
+log "Go for the tests' NRI plugin: $("$GO_DIR/usr/lib/go-1.26/bin/go" version 2>/dev/null | awk '{print $3}'), $(grep -h nri-dev "$GO_DIR/.deb" 2>/dev/null)"
 log "runc: $(runc --version 2>/dev/null | head -1 | awk '{print $3}')"

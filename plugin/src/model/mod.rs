@@ -1,6 +1,7 @@
 //! The plugin's view of the node: pods and containers as the runtime reports them, fed by NRI
 //! events and rebuilt from scratch by every `Synchronize`. Plain data, no I/O, no wire types.
 
+mod diff;
 #[cfg(test)]
 pub mod fixtures;
 mod journal;
@@ -11,6 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
+pub use diff::{fields_changed, values_of};
 pub use journal::{EventKind, EventRecord, Journal};
 pub use pod_limits::PodLimits;
 pub use resources::{

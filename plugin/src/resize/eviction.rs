@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use tracing::{error, info, warn};
 
+use super::reply::keep_reply;
 use super::{restart, Engine};
 use crate::cgroup::{container_path, CgroupIo};
 use crate::clock::now_ms;
@@ -22,7 +23,7 @@ impl Engine {
         pod: &Pod,
         ctr: &Container,
         desired: &LinuxResources,
-        allocated: LinuxResources,
+        allocated: &LinuxResources,
         reason: &str,
         enforce: bool,
     ) -> UpdateReply {
@@ -40,12 +41,17 @@ impl Engine {
             return UpdateReply::default();
         }
         self.restart_container(ctr, &subject, reason);
+        // Only the fields the request changes are put back (NRI gives each field one owner).
+        let keep = keep_reply(allocated, desired);
         UpdateReply {
-            updates: vec![ContainerUpdate {
-                container_id: ctr.id.clone(),
-                resources: allocated,
-                ignore_failure: true,
-            }],
+            updates: (keep != LinuxResources::default())
+                .then(|| ContainerUpdate {
+                    container_id: ctr.id.clone(),
+                    resources: keep,
+                    ignore_failure: true,
+                })
+                .into_iter()
+                .collect(),
             evictions: vec![Eviction {
                 container_id: ctr.id.clone(),
                 reason: format!("nri-resize: {reason}"),

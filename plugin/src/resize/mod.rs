@@ -33,6 +33,7 @@ mod pod_checkpoint;
 pub mod reclaim;
 mod records;
 pub mod reevaluate;
+mod reply;
 pub mod restart;
 mod runtime_update;
 mod update;

@@ -20,7 +20,7 @@ use super::{Engine, PodCgroupError, UpdateError};
 use crate::capacity::OnCapacityChange;
 use crate::clock::now_ms;
 use crate::config::Mode;
-use crate::model::{Container, LinuxResources, Pod};
+use crate::model::{fields_changed, Container, LinuxResources, Pod};
 use crate::policy::{plan_single, Admission, Limits, Quantities, ResizeState, Step};
 use crate::state::{Reevaluation, ReevaluationOutcome};
 use crate::sync::Locked as _;
@@ -172,7 +172,11 @@ impl Engine {
                 self.write_pod(pod, &raise).map_err(ApplyError::RaisePod)?;
             }
         }
-        self.update_through_runtime(&ctr.id, desired).await?;
+        // Only what changes: the fields the container already has belong to the request or to
+        // other plugins (NRI gives each field one owner).
+        let allocated = ctr.resources.clone().unwrap_or_default();
+        self.update_through_runtime(&ctr.id, &fields_changed(&allocated, desired))
+            .await?;
         self.note_applied_update(&ctr.id, desired);
         self.state.metrics.resize_outcome("in_place");
         Ok(())
@@ -434,8 +438,18 @@ mod tests {
         assert_eq!(updates.len(), 1, "{updates:?}");
         let u = &updates[0].update[0];
         assert_eq!(u.container_id, "c1");
-        let cpu = u.linux.resources.cpu.as_ref().expect("cpu");
+        let res = &u.linux.resources;
+        let cpu = res.cpu.as_ref().expect("cpu");
         assert_eq!(cpu.quota.as_ref().map(|q| q.value), Some(300_000));
+        assert_eq!(cpu.shares.as_ref().map(|q| q.value), Some(3072));
+        // Nothing but what changes: period and memory limit are as they were, and no other
+        // field is claimed (NRI gives each one owner).
+        assert!(cpu.period.is_none(), "{cpu:?}");
+        assert!(cpu.cpus.is_empty() && cpu.mems.is_empty(), "{cpu:?}");
+        assert!(res.memory.is_none(), "{res:?}");
+        assert!(res.hugepage_limits.is_empty(), "{res:?}");
+        assert!(res.unified.is_empty(), "{res:?}");
+        assert!(res.pids.is_none(), "{res:?}");
         // The model and the record follow: allocated = desired, nothing waiting.
         let r = engine.container_resizes().remove("c1").expect("record");
         assert_eq!(r.state, None, "{r:?}");

@@ -71,7 +71,7 @@ impl Engine {
                 too_late(&subject, deadline)?;
                 let reason = format!("restart required: {reason}");
                 timer.finish("restart");
-                return Ok(self.restart_reply(pod, ctr, &desired, allocated, &reason, enforce));
+                return Ok(self.restart_reply(pod, ctr, &desired, &allocated, &reason, enforce));
             }
             Decision::Reject { reason } => {
                 too_late(&subject, deadline)?;
@@ -106,7 +106,7 @@ impl Engine {
             decrease::DecreaseVerdict::Restart(reason) => {
                 too_late(&subject, deadline)?;
                 timer.finish("restart");
-                return Ok(self.restart_reply(pod, ctr, &desired, allocated, &reason, enforce));
+                return Ok(self.restart_reply(pod, ctr, &desired, &allocated, &reason, enforce));
             }
         }
         // The raise is harmless when late, but skipped once the runtime was answered. Only a

@@ -11,9 +11,10 @@ use super::resume::ReclaimCheckpoint;
 use super::{memory_limit, Engine, ReclaimHandle};
 use crate::cgroup::container_path;
 use crate::config::Mode;
-use crate::model::{Container, LinuxResources, MemoryResources, Pod};
+use crate::model::{Container, LinuxResources, Pod};
 use crate::nri::{ContainerUpdate, UpdateReply};
 use crate::policy::{bytes_text, mib, ResizeState};
+use crate::resize::reply::interim_reply;
 use crate::sync::Locked as _;
 
 impl Engine {
@@ -41,11 +42,7 @@ impl Engine {
             );
             return UpdateReply::default();
         }
-        let mut adjusted = desired.clone();
-        adjusted
-            .memory
-            .get_or_insert_with(MemoryResources::default)
-            .limit = Some(i64::try_from(interim).unwrap_or(i64::MAX));
+        let adjusted = interim_reply(desired, target, interim);
         let reason = format!(
             "reclaiming: limit {} requested; the cgroup holds {} until usage fits",
             bytes_text(target),
