@@ -1,7 +1,7 @@
 //! The daemon run from its OCI image (`cargo xtask image`) inside a harness containerd, the
-//! way the `DaemonSet` runs it on a node: imported with `ctr -n k8s.io images import`, started
-//! with `ctr run` privileged, in the host's PID and network namespaces, with the NRI socket,
-//! cgroupfs, the API socket directory and the state directory mounted from the host.
+//! way the `DaemonSet` runs it on a node: imported with `ctr -n k8s.io images import`, its pod
+//! and container created through CRI with the security context, namespaces and mounts a
+//! rendered `DaemonSet` gives them ([`AsDeployed`]).
 //!
 //! The container's cgroup is placed inside the harness's own cgroup tree, so everything it
 //! starts is removed with the harness; the container itself is killed and deleted by id on drop.
@@ -59,39 +59,9 @@ pub fn http_get(addr: &str, path: &str, accept: Option<&str>) -> Option<(u16, St
     Some((code, headers.to_lowercase(), body.to_string()))
 }
 
-/// How the daemon container is privileged: as `deploy/base/daemonset.yaml`, or as the
-/// least-privilege overlay (`deploy/overlays/least-privilege`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Privilege {
-    /// `privileged: true`.
-    Privileged,
-    /// Not privileged: the runtime's default capabilities dropped, these added, a read-only
-    /// root filesystem, the host's tracefs mounted at `/sys/kernel/tracing` (mounting it would
-    /// need `CAP_SYS_ADMIN`).
-    Capabilities(Vec<String>),
-}
-
-/// The capabilities of the least-privilege overlay (`deploy/overlays/least-privilege`).
+/// The capabilities the default `DaemonSet` (`deploy/base`) adds after dropping all (README
+/// "Privileges"); `tests/tests/deploy_manifests.rs` holds the manifests to them.
 pub const LEAST_PRIVILEGE_CAPS: &[&str] = &["CAP_BPF", "CAP_PERFMON", "CAP_KILL"];
-
-/// containerd's default capability set for unprivileged containers (dropped one by one: `ctr`
-/// takes no `ALL`).
-const DEFAULT_CAPS: &[&str] = &[
-    "CAP_CHOWN",
-    "CAP_DAC_OVERRIDE",
-    "CAP_FSETID",
-    "CAP_FOWNER",
-    "CAP_MKNOD",
-    "CAP_NET_RAW",
-    "CAP_SETGID",
-    "CAP_SETUID",
-    "CAP_SETFCAP",
-    "CAP_SETPCAP",
-    "CAP_NET_BIND_SERVICE",
-    "CAP_SYS_CHROOT",
-    "CAP_KILL",
-    "CAP_AUDIT_WRITE",
-];
 
 /// The daemon running in a container of `ctrd`, from [`DAEMON_IMAGE`].
 #[derive(Debug)]
@@ -107,39 +77,12 @@ pub struct DaemonContainer {
     pub log_path: PathBuf,
 }
 
-fn free_port() -> u16 {
+/// A TCP port free on 127.0.0.1 now.
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("find a free TCP port")
-}
-
-/// `ctr run` flags for `privilege`; adds the mounts it needs.
-fn privilege_args(privilege: &Privilege, mounts: &mut Vec<String>) -> Vec<String> {
-    let mut args: Vec<String> = Vec::new();
-    match privilege {
-        Privilege::Privileged => args.push("--privileged".into()),
-        Privilege::Capabilities(caps) => {
-            // As the overlay: `readOnlyRootFilesystem: true`.
-            args.push("--read-only".into());
-            for c in DEFAULT_CAPS {
-                args.extend(["--cap-drop".to_string(), (*c).to_string()]);
-            }
-            for c in caps {
-                args.extend(["--cap-add".to_string(), c.clone()]);
-            }
-            let tracing = Path::new("/sys/kernel/tracing");
-            assert!(
-                tracing.join("events").is_dir(),
-                "the host has no tracefs at /sys/kernel/tracing to mount (mount -t tracefs tracefs /sys/kernel/tracing)"
-            );
-            mounts.push(format!(
-                "type=bind,src={},dst=/sys/kernel/tracing,options=rbind:rw",
-                tracing.display()
-            ));
-        }
-    }
-    args
 }
 
 impl DaemonContainer {
@@ -161,98 +104,6 @@ impl DaemonContainer {
             String::from_utf8_lossy(&out.stderr)
         );
         out
-    }
-
-    /// Imports `archive` into `ctrd` (namespace `k8s.io`, where kubelet's images live) and
-    /// starts the daemon from it. Does not wait for readiness ([`Self::wait_ready`]).
-    pub fn start(ctrd: &Containerd, archive: &Path, privilege: &Privilege) -> DaemonContainer {
-        let base = ctrd.base_dir();
-        let api_dir = base.join("image-daemon-api");
-        let state_dir = base.join("image-daemon-state");
-        for d in [&api_dir, &state_dir] {
-            std::fs::create_dir_all(d).unwrap_or_else(|e| panic!("create {}: {e}", d.display()));
-        }
-        let d = DaemonContainer {
-            ctr: ctrd.containerd_version().ctr_bin(),
-            address: ctrd.cri_socket().to_path_buf(),
-            id: format!(
-                "nri-resize-daemon-{}-{}",
-                std::process::id(),
-                crate::util::next_instance()
-            ),
-            api_dir,
-            metrics_addr: format!("127.0.0.1:{}", free_port()),
-            log_path: base.join("image-daemon.log"),
-        };
-        let archive = archive.to_str().expect("utf-8 archive path");
-        d.run_ctr("import the daemon image", &["images", "import", archive]);
-        let images = d.run_ctr("list images", &["images", "ls", "-q"]);
-        assert!(
-            String::from_utf8_lossy(&images.stdout).contains(DAEMON_IMAGE),
-            "{DAEMON_IMAGE} not among the imported images: {}",
-            String::from_utf8_lossy(&images.stdout)
-        );
-        let bind = |src: &Path, dst: &str| {
-            format!("type=bind,src={},dst={dst},options=rbind:rw", src.display())
-        };
-        let nri_socket = ctrd.nri_socket();
-        let cgroup = format!("{}/nri-resize-daemon", ctrd.cgroups().path());
-        let log_uri = format!("file://{}", d.log_path.display());
-        // The host's PID namespace, as `hostPID: true`: this process's (`/proc/1` may be
-        // unreadable when the test machine is itself a container).
-        let host_pid_ns = format!("pid:/proc/{}/ns/pid", std::process::id());
-        let mut mounts = vec![
-            // The private containerd's NRI socket where the DaemonSet mounts the node's
-            // (/var/run/nri); the socket file itself: its directory also holds the rootfs mounts.
-            format!(
-                "type=bind,src={},dst=/var/run/nri/nri.sock,options=bind:rw",
-                nri_socket.display()
-            ),
-            bind(Path::new("/sys/fs/cgroup"), "/sys/fs/cgroup"),
-            bind(&d.api_dir, "/run/nri-resize"),
-            bind(&state_dir, "/var/lib/nri-resize"),
-        ];
-        let privilege_args = privilege_args(privilege, &mut mounts);
-        let mut args: Vec<String> = Vec::new();
-        args.extend(
-            [
-                "run",
-                "--detach",
-                "--net-host",
-                "--with-ns",
-                &host_pid_ns,
-                "--cgroup",
-                &cgroup,
-                "--log-uri",
-                &log_uri,
-                "--env",
-                "NRI_RESIZE_LOG=nri_resize=debug,info",
-            ]
-            .iter()
-            .map(ToString::to_string),
-        );
-        args.extend(privilege_args);
-        for m in &mounts {
-            args.push("--mount".into());
-            args.push(m.clone());
-        }
-        args.extend(
-            [
-                DAEMON_IMAGE,
-                &d.id,
-                "/usr/bin/nri-resize",
-                "run",
-                "--nri-socket",
-                "/var/run/nri/nri.sock",
-                "--metrics-addr",
-                &d.metrics_addr,
-            ]
-            .iter()
-            .map(ToString::to_string),
-        );
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        d.run_ctr("run the daemon container", &args);
-        d
     }
 
     /// The daemon's log so far (last `n` lines).
@@ -293,6 +144,202 @@ impl DaemonContainer {
             String::from_utf8_lossy(&out.stdout).into_owned(),
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
+    }
+}
+
+/// The daemon's container as a `DaemonSet` in `deploy/` renders it, to be created through CRI
+/// the way kubelet creates it: the rendered security context (translated field by field as
+/// kubelet does), the host PID namespace if `hostPID`, and the rendered mounts with the host
+/// paths a test chooses.
+#[derive(Debug, Clone, Default)]
+pub struct AsDeployed {
+    /// The container's `args` (the image's entrypoint runs them).
+    pub args: Vec<String>,
+    /// The container's `env`.
+    pub env: Vec<(String, String)>,
+    /// `hostPID`.
+    pub host_pid: bool,
+    /// (host path, container path, read only) for every volume mount.
+    pub mounts: Vec<(PathBuf, String, bool)>,
+    /// The container's `securityContext` in CRI terms.
+    pub security: k8s_cri::v1::LinuxContainerSecurityContext,
+    /// Host directory behind the API socket's directory (for [`DaemonContainer::api_dir`]).
+    pub api_dir: PathBuf,
+    /// Where `/metrics` answers (the rendered `--metrics-addr` replaced by the test's).
+    pub metrics_addr: String,
+}
+
+impl DaemonContainer {
+    /// Imports `archive` and creates the daemon's pod and container through CRI as `spec`
+    /// says (host network, as every test's pods here); does not wait for readiness.
+    pub async fn start_as_deployed(
+        ctrd: &Containerd,
+        archive: &Path,
+        spec: AsDeployed,
+    ) -> DaemonContainer {
+        use k8s_cri::v1::{
+            CreateContainerRequest, LinuxPodSandboxConfig, LinuxSandboxSecurityContext,
+            NamespaceMode, NamespaceOption, PodSandboxConfig, PodSandboxMetadata,
+            RunPodSandboxRequest, StartContainerRequest,
+        };
+        let base = ctrd.base_dir();
+        let n = crate::util::next_instance();
+        let log_dir = base.join(format!("image-daemon-pod-{n}"));
+        std::fs::create_dir_all(&log_dir)
+            .unwrap_or_else(|e| panic!("create {}: {e}", log_dir.display()));
+        let archive_str = archive.to_str().expect("utf-8 archive path");
+        let mut d = DaemonContainer {
+            ctr: ctrd.containerd_version().ctr_bin(),
+            address: ctrd.cri_socket().to_path_buf(),
+            id: String::new(),
+            api_dir: spec.api_dir.clone(),
+            metrics_addr: spec.metrics_addr.clone(),
+            log_path: log_dir.join("nri-resize.log"),
+        };
+        d.run_ctr(
+            "import the daemon image",
+            &["images", "import", archive_str],
+        );
+        let namespaces = NamespaceOption {
+            network: NamespaceMode::Node.into(),
+            pid: if spec.host_pid {
+                NamespaceMode::Node.into()
+            } else {
+                NamespaceMode::Pod.into()
+            },
+            ipc: NamespaceMode::Pod.into(),
+            ..Default::default()
+        };
+        let uid = format!("{:08x}-0000-4000-8000-{n:012x}", std::process::id());
+        let cgroup_parent = format!("{}/pod{uid}", ctrd.cgroups().path());
+        ctrd.cgroups().create_cgroup(&cgroup_parent);
+        let sandbox = PodSandboxConfig {
+            metadata: Some(PodSandboxMetadata {
+                name: "nri-resize".into(),
+                uid,
+                namespace: "kube-system".into(),
+                attempt: 0,
+            }),
+            log_directory: log_dir.to_string_lossy().into_owned(),
+            linux: Some(LinuxPodSandboxConfig {
+                cgroup_parent,
+                security_context: Some(LinuxSandboxSecurityContext {
+                    namespace_options: Some(namespaces.clone()),
+                    // kubelet: a sandbox is privileged when one of its containers is.
+                    privileged: spec.security.privileged,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut client = ctrd.runtime_client();
+        let pod_id = Box::pin(client.run_pod_sandbox(RunPodSandboxRequest {
+            config: Some(sandbox.clone()),
+            runtime_handler: String::new(),
+        }))
+        .await
+        .unwrap_or_else(|e| panic!("RunPodSandbox for the daemon: {e}"))
+        .into_inner()
+        .pod_sandbox_id;
+        let config = container_config(&spec, namespaces);
+        let id = Box::pin(client.create_container(CreateContainerRequest {
+            pod_sandbox_id: pod_id,
+            config: Some(config),
+            sandbox_config: Some(sandbox),
+        }))
+        .await
+        .unwrap_or_else(|e| panic!("CreateContainer for the daemon: {e}"))
+        .into_inner()
+        .container_id;
+        d.id = id;
+        client
+            .start_container(StartContainerRequest {
+                container_id: d.id.clone(),
+            })
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "StartContainer for the daemon: {e}\nlog:\n{}",
+                    d.log_tail(40)
+                )
+            });
+        d
+    }
+
+    /// The OCI spec containerd gave the container (`ctr containers info`): what the runtime
+    /// really applied (capabilities, seccomp, mounts), read back.
+    pub fn oci_spec(&self) -> serde_json::Value {
+        let out = self.run_ctr("container info", &["containers", "info", &self.id]);
+        let info: serde_json::Value =
+            serde_json::from_slice(&out.stdout).expect("ctr containers info is JSON");
+        info["Spec"].clone()
+    }
+
+    /// The daemon's process status (`/proc/<pid>/status` of the container's init, read from
+    /// the host): `CapEff`, `Seccomp`, `NoNewPrivs` as the kernel sees them.
+    pub fn process_status(&self) -> String {
+        let out = self.run_ctr("task ls", &["task", "ls"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let pid = text
+            .lines()
+            .find_map(|l| {
+                let mut f = l.split_whitespace();
+                (f.next() == Some(self.id.as_str()))
+                    .then(|| f.next())
+                    .flatten()
+            })
+            .unwrap_or_else(|| panic!("no task {} in\n{text}", self.id));
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_else(|e| panic!("read /proc/{pid}/status: {e}"))
+    }
+}
+
+/// The daemon's `ContainerConfig` for CRI from `spec`, in the sandbox's `namespaces`.
+fn container_config(
+    spec: &AsDeployed,
+    namespaces: k8s_cri::v1::NamespaceOption,
+) -> k8s_cri::v1::ContainerConfig {
+    use k8s_cri::v1::{
+        ContainerConfig, ContainerMetadata, ImageSpec, KeyValue, LinuxContainerConfig, Mount,
+    };
+    let mut security = spec.security.clone();
+    security.namespace_options = Some(namespaces);
+    ContainerConfig {
+        metadata: Some(ContainerMetadata {
+            name: "nri-resize".into(),
+            attempt: 0,
+        }),
+        image: Some(ImageSpec {
+            image: DAEMON_IMAGE.into(),
+            user_specified_image: DAEMON_IMAGE.into(),
+            ..Default::default()
+        }),
+        args: spec.args.clone(),
+        envs: spec
+            .env
+            .iter()
+            .map(|(key, value)| KeyValue {
+                key: key.clone(),
+                value: value.clone(),
+            })
+            .collect(),
+        mounts: spec
+            .mounts
+            .iter()
+            .map(|(host, inside, readonly)| Mount {
+                container_path: inside.clone(),
+                host_path: host.to_string_lossy().into_owned(),
+                readonly: *readonly,
+                ..Default::default()
+            })
+            .collect(),
+        log_path: "nri-resize.log".into(),
+        linux: Some(LinuxContainerConfig {
+            security_context: Some(security),
+            ..Default::default()
+        }),
+        ..Default::default()
     }
 }
 

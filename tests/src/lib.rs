@@ -55,7 +55,8 @@ pub use cleanup::shim_pids;
 pub use containerd::{connect, Containerd, ContainerdOptions};
 pub use go_plugin::{go_plugin_binary, GoPlugin, GoPluginMode};
 pub use image::{
-    daemon_image_archive, http_get, DaemonContainer, Privilege, DAEMON_IMAGE, LEAST_PRIVILEGE_CAPS,
+    daemon_image_archive, free_port, http_get, AsDeployed, DaemonContainer, DAEMON_IMAGE,
+    LEAST_PRIVILEGE_CAPS,
 };
 pub use images::{image_archives, ImageArchives, BUSYBOX_IMAGE, PAUSE_IMAGE};
 /// The CRI v1 API (types and clients) from crate `k8s-cri`.

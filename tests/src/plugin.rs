@@ -66,7 +66,8 @@ impl PluginProcess {
         let dir = ctrd.base_dir();
         let mut p = PluginProcess {
             child: None,
-            api_socket: dir.join(format!("{name}-api.sock")),
+            // A directory of its own: the daemon refuses to tighten a shared one.
+            api_socket: dir.join(format!("{name}-api/api.sock")),
             log_path: dir.join(format!("{name}.log")),
             args,
             env,

@@ -1,6 +1,7 @@
 //! `deploy/` checked where schemas cannot: the kustomizations rendered by kustomize, the
-//! `DaemonSet` against what the daemon needs (its flags, mounts, probes on the metrics port), the
-//! least-privilege overlay against the capabilities the image test runs with, the
+//! `DaemonSet` against what the daemon needs (its flags, mounts, probes on the metrics port), its
+//! least-privilege security context (the image test runs the image with it as rendered), the
+//! privileged overlay, the `NetworkPolicy` in front of `/metrics`, the
 //! `PodMonitor`/`ServiceMonitor` custom resources (no schema in kubernetes-validate: checked
 //! structurally here), the `ConfigMap` through the daemon's own config parser, the containerd
 //! configurations, and the Grafana dashboard's queries against the metrics catalog.
@@ -109,7 +110,7 @@ fn the_daemonset_gives_the_daemon_what_it_needs() {
         DAEMON_IMAGE,
         "the image `cargo xtask image` builds"
     );
-    assert_eq!(c["securityContext"]["privileged"], Value::Bool(true));
+    assert_eq!(c["securityContext"]["privileged"], Value::Bool(false));
     // Every flag is one the daemon knows.
     let help = Command::new(plugin_binary())
         .args(["run", "--help"])
@@ -132,7 +133,6 @@ fn the_daemonset_gives_the_daemon_what_it_needs() {
         (flag(c, "api-socket"), "/run/nri-resize"),
         ("/sys/kernel/btf/vmlinux", "/sys/kernel/btf"),
         ("/sys/kernel/tracing", "/sys/kernel/tracing"),
-        ("/sys/fs/bpf", "/sys/fs/bpf"),
     ] {
         assert_eq!(host_path_for(ds, inside), host, "{inside}");
     }
@@ -171,37 +171,156 @@ fn the_daemonset_gives_the_daemon_what_it_needs() {
         .unwrap_or_else(|e| panic!("the ConfigMap's {key} does not parse: {e}"));
 }
 
+/// The default install (`deploy/`, `deploy/base`) is least privilege: not privileged, every
+/// capability dropped but exactly the ones the image test checks in the running container, the
+/// runtime's default seccomp profile (and the `AppArmor` one, by leaving it unset), no privilege
+/// escalation, a read-only root.
 #[test]
-fn least_privilege_has_exactly_the_tested_capabilities() {
-    let docs = render("deploy/overlays/least-privilege");
+fn the_default_daemonset_is_least_privilege() {
+    for dir in ["deploy", "deploy/base"] {
+        let docs = render(dir);
+        let c = container(find(&docs, "DaemonSet"));
+        let sc = &c["securityContext"];
+        assert_eq!(sc["privileged"], Value::Bool(false), "{dir}");
+        assert_eq!(sc["allowPrivilegeEscalation"], Value::Bool(false), "{dir}");
+        assert_eq!(sc["readOnlyRootFilesystem"], Value::Bool(true), "{dir}");
+        assert_eq!(
+            sc["capabilities"]["drop"].as_sequence().map(Vec::len),
+            Some(1),
+            "{dir}"
+        );
+        assert_eq!(sc["capabilities"]["drop"][0].as_str(), Some("ALL"), "{dir}");
+        let added: BTreeSet<&str> = sc["capabilities"]["add"]
+            .as_sequence()
+            .expect("capabilities.add")
+            .iter()
+            .map(s)
+            .collect();
+        let tested: BTreeSet<&str> = LEAST_PRIVILEGE_CAPS
+            .iter()
+            .map(|c| c.trim_start_matches("CAP_"))
+            .collect();
+        assert_eq!(
+            added, tested,
+            "{dir}: exactly what tests/tests/image_containerd.rs reads back from the container"
+        );
+        assert_eq!(s(&sc["seccompProfile"]["type"]), "RuntimeDefault", "{dir}");
+        // Unset: the runtime's default where the node has AppArmor; naming RuntimeDefault makes
+        // containerd refuse the container on nodes without it (seen on 1.7: "apparmor is not
+        // supported").
+        assert!(sc["appArmorProfile"].is_null(), "{dir}: appArmorProfile");
+    }
+}
+
+/// No kustomization turns a confinement off: `Unconfined` appears nowhere.
+#[test]
+fn no_rendering_is_unconfined() {
+    for dir in [
+        "deploy",
+        "deploy/base",
+        "deploy/monitoring",
+        "deploy/overlays/privileged",
+    ] {
+        let text = serde_yaml::to_string(&render(dir)).expect("YAML");
+        assert!(!text.contains("Unconfined"), "{dir}:\n{text}");
+    }
+}
+
+/// The privileged overlay changes the security context only, and only as Kubernetes accepts it
+/// (privileged with privilege escalation allowed; capabilities moot, so not listed).
+#[test]
+fn the_privileged_overlay_changes_only_the_security_context() {
+    let docs = render("deploy/overlays/privileged");
     let ds = find(&docs, "DaemonSet");
     let c = container(ds);
     let sc = &c["securityContext"];
-    assert_eq!(sc["privileged"], Value::Bool(false));
-    assert_eq!(sc["capabilities"]["drop"][0].as_str(), Some("ALL"));
-    let added: BTreeSet<&str> = sc["capabilities"]["add"]
+    assert_eq!(sc["privileged"], Value::Bool(true));
+    assert_eq!(sc["allowPrivilegeEscalation"], Value::Bool(true));
+    assert!(sc["capabilities"].is_null(), "{sc:?}");
+    let base_docs = render("deploy/base");
+    let base = find(&base_docs, "DaemonSet");
+    let strip = |ds: &Value| {
+        let mut ds = ds.clone();
+        ds["spec"]["template"]["spec"]["containers"][0]
+            .as_mapping_mut()
+            .expect("container")
+            .remove("securityContext");
+        ds
+    };
+    assert_eq!(strip(ds), strip(base), "only the securityContext differs");
+}
+
+/// The host's kernel interfaces are mounted read-only; only what the daemon writes is writable
+/// (cgroupfs: limits; the NRI socket; its own state and API directories); bpffs, which it
+/// never uses, is not mounted.
+#[test]
+fn kernel_interfaces_are_read_only_and_bpffs_is_not_mounted() {
+    let docs = render("deploy");
+    let ds = find(&docs, "DaemonSet");
+    let writable: BTreeSet<&str> = [
+        "/var/run/nri",
+        "/sys/fs/cgroup",
+        "/var/lib/nri-resize",
+        "/run/nri-resize",
+    ]
+    .into();
+    for m in container(ds)["volumeMounts"].as_sequence().expect("mounts") {
+        let path = s(&m["mountPath"]);
+        assert_ne!(path, "/sys/fs/bpf", "bpffs is not used");
+        if !writable.contains(path) {
+            assert_eq!(m["readOnly"], Value::Bool(true), "{path} read-only");
+        }
+    }
+    for v in ds["spec"]["template"]["spec"]["volumes"]
         .as_sequence()
-        .expect("capabilities.add")
+        .expect("volumes")
+    {
+        assert_ne!(v["hostPath"]["path"].as_str(), Some("/sys/fs/bpf"));
+    }
+}
+
+/// Only the monitoring namespace reaches the metrics port: one ingress rule, one peer.
+#[test]
+fn the_network_policy_admits_only_the_monitoring_namespace_to_metrics() {
+    let docs = render("deploy");
+    let ds = find(&docs, "DaemonSet");
+    let np = find(&docs, "NetworkPolicy");
+    assert_eq!(s(&np["apiVersion"]), "networking.k8s.io/v1");
+    assert_eq!(s(&np["metadata"]["namespace"]), "kube-system");
+    let pod_labels = &ds["spec"]["template"]["metadata"]["labels"];
+    for (k, v) in np["spec"]["podSelector"]["matchLabels"]
+        .as_mapping()
+        .expect("podSelector.matchLabels")
+    {
+        assert_eq!(&pod_labels[k], v, "selects the daemon's pods");
+    }
+    let types: Vec<&str> = np["spec"]["policyTypes"]
+        .as_sequence()
+        .expect("policyTypes")
         .iter()
         .map(s)
         .collect();
-    let tested: BTreeSet<&str> = LEAST_PRIVILEGE_CAPS
-        .iter()
-        .map(|c| c.trim_start_matches("CAP_"))
-        .collect();
+    assert!(types.contains(&"Ingress"), "{types:?}");
+    let rules = np["spec"]["ingress"].as_sequence().expect("ingress");
+    assert_eq!(rules.len(), 1, "one rule: {rules:?}");
+    let from = rules[0]["from"].as_sequence().expect("from");
+    assert_eq!(from.len(), 1, "one peer: {from:?}");
+    assert!(from[0]["podSelector"].is_null() && from[0]["ipBlock"].is_null());
     assert_eq!(
-        added, tested,
-        "the overlay must add exactly what tests/tests/image_containerd.rs runs the image with"
+        s(&from[0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]),
+        "monitoring"
     );
-    // The patch changed only the security context: the rest is the base's.
-    assert_eq!(ds["spec"]["template"]["spec"]["hostPID"], Value::Bool(true));
-    assert_eq!(
-        host_path_for(ds, "/sys/kernel/tracing"),
-        "/sys/kernel/tracing"
-    );
-    assert_eq!(
-        c["volumeMounts"],
-        container(find(&render("deploy/base"), "DaemonSet"))["volumeMounts"]
+    let ports = rules[0]["ports"].as_sequence().expect("ports");
+    assert_eq!(ports.len(), 1);
+    assert_eq!(s(&ports[0]["port"]), "metrics");
+    assert_eq!(s(&ports[0]["protocol"]), "TCP");
+    assert!(
+        container(ds)["ports"]
+            .as_sequence()
+            .expect("ports")
+            .iter()
+            .any(|p| p["name"].as_str() == Some("metrics")),
+        "the named port exists on the container"
     );
 }
 
@@ -256,7 +375,7 @@ fn every_manifest_is_part_of_a_kustomization() {
         "deploy",
         "deploy/base",
         "deploy/monitoring",
-        "deploy/overlays/least-privilege",
+        "deploy/overlays/privileged",
     ] {
         let k = file(&format!("{dir}/kustomization.yaml"));
         for key in ["resources", "patches"] {
@@ -271,7 +390,7 @@ fn every_manifest_is_part_of_a_kustomization() {
     for dir in [
         "deploy/base",
         "deploy/monitoring",
-        "deploy/overlays/least-privilege",
+        "deploy/overlays/privileged",
     ] {
         for e in std::fs::read_dir(root().join(dir)).expect("read dir") {
             let p = e.expect("entry").path();

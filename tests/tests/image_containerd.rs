@@ -1,15 +1,340 @@
 //! The daemon from its OCI image (`cargo xtask image`), run in a private containerd the way the
-//! `DaemonSet` runs it on a node: imported with `ctr -n k8s.io images import`, started privileged
-//! in the host's PID and network namespaces with the NRI socket and cgroupfs mounted. A real pod
-//! created through CRI must show up in `/metrics` (classic and `OpenMetrics`) and in
-//! `nri-resize status` read through the API socket inside the container.
+//! `DaemonSet` in `deploy/` runs it on a node: imported with `ctr -n k8s.io images import`, its
+//! pod and container created through CRI with the security context, `hostPID`, args, env and
+//! mounts of the rendered `DaemonSet` (`kustomize build`), translated as kubelet translates them.
+//! What the runtime applied is read back (OCI spec, the process's `/proc/<pid>/status`). A real
+//! pod created through CRI must show up in `/metrics` (classic and `OpenMetrics`) and in
+//! `nri-resize status` read through the API socket inside the container, with every eBPF
+//! program loaded (no fallback to polling but where the kernel lacks the tracepoint).
 
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use nri_resize_tests::{
-    daemon_image_archive, http_get, ContainerSpec, Containerd, ContainerdOptions,
-    ContainerdVersion, DaemonContainer, PodSpec, Privilege, Resources, LEAST_PRIVILEGE_CAPS,
+use nri_resize_tests::cri::{
+    Capability, Int64Value, LinuxContainerSecurityContext, SecurityProfile,
 };
+use nri_resize_tests::{
+    daemon_image_archive, free_port, http_get, AsDeployed, ContainerSpec, Containerd,
+    ContainerdOptions, ContainerdVersion, DaemonContainer, PodSpec, Resources,
+    LEAST_PRIVILEGE_CAPS,
+};
+use serde_yaml::Value;
+
+/// The `DaemonSet` of `kustomize build <dir>` (relative to the workspace).
+fn rendered_daemonset(dir: &str) -> Value {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ is in the workspace")
+        .to_path_buf();
+    let out = Command::new("kustomize")
+        .arg("build")
+        .arg(root.join(dir))
+        .output()
+        .unwrap_or_else(|e| panic!("run kustomize ({e}); `cargo xtask setup` installs it"));
+    assert!(
+        out.status.success(),
+        "kustomize build {dir}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    let ds = serde_yaml::Deserializer::from_str(&text)
+        .map(|d| -> Value { serde::Deserialize::deserialize(d).expect("rendered YAML parses") })
+        .find(|d| d["kind"].as_str() == Some("DaemonSet"))
+        .unwrap_or_else(|| panic!("no DaemonSet in {dir}"));
+    ds
+}
+
+/// kubelet's default masked and read-only paths for a container that is not privileged
+/// (`procMount: Default`), as it sends them in CRI.
+const MASKED_PATHS: &[&str] = &[
+    "/proc/asound",
+    "/proc/acpi",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+    "/sys/devices/virtual/powercap",
+];
+const READONLY_PATHS: &[&str] = &[
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+];
+
+/// A Kubernetes seccomp/AppArmor profile in CRI terms.
+fn profile(v: &Value) -> Option<SecurityProfile> {
+    use nri_resize_tests::cri::security_profile::ProfileType;
+    let kind = v["type"].as_str()?;
+    let profile_type = match kind {
+        "RuntimeDefault" => ProfileType::RuntimeDefault,
+        "Unconfined" => ProfileType::Unconfined,
+        "Localhost" => ProfileType::Localhost,
+        other => panic!("unknown profile type {other}"),
+    };
+    Some(SecurityProfile {
+        profile_type: profile_type.into(),
+        localhost_ref: v["localhostProfile"].as_str().unwrap_or_default().into(),
+    })
+}
+
+/// The container's `securityContext` as kubelet sends it in CRI.
+fn cri_security(sc: &Value) -> LinuxContainerSecurityContext {
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_sequence()
+            .into_iter()
+            .flatten()
+            .map(|c| c.as_str().expect("a string").to_string())
+            .collect()
+    };
+    let privileged = sc["privileged"].as_bool().unwrap_or(false);
+    let caps = &sc["capabilities"];
+    LinuxContainerSecurityContext {
+        capabilities: (!caps.is_null()).then(|| Capability {
+            add_capabilities: strings(&caps["add"]),
+            drop_capabilities: strings(&caps["drop"]),
+            ..Default::default()
+        }),
+        privileged,
+        readonly_rootfs: sc["readOnlyRootFilesystem"].as_bool().unwrap_or(false),
+        run_as_user: sc["runAsUser"].as_i64().map(|value| Int64Value { value }),
+        run_as_group: sc["runAsGroup"].as_i64().map(|value| Int64Value { value }),
+        no_new_privs: sc["allowPrivilegeEscalation"].as_bool() == Some(false),
+        seccomp: profile(&sc["seccompProfile"]),
+        apparmor: profile(&sc["appArmorProfile"]),
+        masked_paths: if privileged {
+            Vec::new()
+        } else {
+            MASKED_PATHS.iter().map(ToString::to_string).collect()
+        },
+        readonly_paths: if privileged {
+            Vec::new()
+        } else {
+            READONLY_PATHS.iter().map(ToString::to_string).collect()
+        },
+        ..Default::default()
+    }
+}
+
+/// The rendered `DaemonSet`'s container for this test's containerd: every volume mount mapped
+/// to the host path a node would have (the private containerd's NRI socket, directories of
+/// the test for state, API socket and the `ConfigMap`), `--metrics-addr` on a free loopback
+/// port; everything else as rendered.
+fn as_deployed(ctrd: &Containerd, ds: &Value) -> AsDeployed {
+    let pod = &ds["spec"]["template"]["spec"];
+    let c = &pod["containers"][0];
+    let base = ctrd.base_dir();
+    let dir = |name: &str| -> PathBuf {
+        let d = base.join(format!("image-daemon-{name}"));
+        std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("create {}: {e}", d.display()));
+        d
+    };
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    let args = c["args"]
+        .as_sequence()
+        .expect("args")
+        .iter()
+        .map(|a| {
+            let a = a.as_str().expect("arg");
+            if a.starts_with("--metrics-addr=") {
+                format!("--metrics-addr={metrics_addr}")
+            } else {
+                a.to_string()
+            }
+        })
+        .collect();
+    let env = c["env"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            (
+                e["name"].as_str().expect("env name").to_string(),
+                e["value"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    let mut api_dir = PathBuf::new();
+    let mut mounts = Vec::new();
+    for m in c["volumeMounts"].as_sequence().expect("volumeMounts") {
+        let name = m["name"].as_str().expect("mount name");
+        let inside = m["mountPath"].as_str().expect("mountPath").to_string();
+        let readonly = m["readOnly"].as_bool().unwrap_or(false);
+        let volume = pod["volumes"]
+            .as_sequence()
+            .expect("volumes")
+            .iter()
+            .find(|v| v["name"].as_str() == Some(name))
+            .unwrap_or_else(|| panic!("no volume {name}"));
+        let (host, inside) = match name {
+            // The private containerd's socket file (its directory also holds rootfs mounts).
+            "nri-socket" => (ctrd.nri_socket(), format!("{inside}/nri.sock")),
+            "state" => (dir("state"), inside),
+            "api" => {
+                api_dir = dir("api");
+                (api_dir.clone(), inside)
+            }
+            "config" => {
+                let cm = volume["configMap"]["name"].as_str().expect("configMap");
+                let d = dir("config");
+                let rendered = rendered_configmap(cm);
+                for (k, v) in rendered["data"].as_mapping().expect("data") {
+                    std::fs::write(d.join(k.as_str().expect("key")), v.as_str().expect("value"))
+                        .expect("write the ConfigMap's file");
+                }
+                (d, inside)
+            }
+            _ => {
+                let host = volume["hostPath"]["path"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("volume {name}: only hostPath is mapped here"));
+                assert!(
+                    Path::new(host).exists(),
+                    "{host} (volume {name}) missing on this host{}",
+                    if host == "/sys/kernel/tracing" {
+                        ": mount -t tracefs tracefs /sys/kernel/tracing"
+                    } else {
+                        ""
+                    }
+                );
+                (PathBuf::from(host), inside)
+            }
+        };
+        mounts.push((host, inside, readonly));
+    }
+    assert!(!api_dir.as_os_str().is_empty(), "no api volume");
+    AsDeployed {
+        args,
+        env,
+        host_pid: pod["hostPID"].as_bool().unwrap_or(false),
+        mounts,
+        security: cri_security(&c["securityContext"]),
+        api_dir,
+        metrics_addr,
+    }
+}
+
+fn rendered_configmap(name: &str) -> Value {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace")
+        .join("deploy/base");
+    let out = Command::new("kustomize")
+        .arg("build")
+        .arg(root)
+        .output()
+        .expect("kustomize");
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    let cm = serde_yaml::Deserializer::from_str(&text)
+        .map(|d| -> Value { serde::Deserialize::deserialize(d).expect("YAML") })
+        .find(|d| {
+            d["kind"].as_str() == Some("ConfigMap") && d["metadata"]["name"].as_str() == Some(name)
+        })
+        .unwrap_or_else(|| panic!("no ConfigMap {name}"));
+    cm
+}
+
+/// What the runtime applied, read back: for the default `DaemonSet`, exactly the listed
+/// capabilities, a seccomp filter in force (the runtime's default profile), no new privileges,
+/// a read-only root and read-only kernel interfaces; privileged: every capability, no filter.
+fn assert_applied(daemon: &DaemonContainer, ds: &Value) {
+    let sc = &ds["spec"]["template"]["spec"]["containers"][0]["securityContext"];
+    let spec = daemon.oci_spec();
+    let status = daemon.process_status();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")))
+            .map_or_else(|| panic!("no {name} in\n{status}"), str::trim)
+            .to_string()
+    };
+    let effective: BTreeSet<&str> = spec["process"]["capabilities"]["effective"]
+        .as_sequence_json()
+        .into_iter()
+        .collect();
+    eprintln!(
+        "applied: effective capabilities {effective:?}; CapEff {}; Seccomp {}; NoNewPrivs {}; \
+         seccomp default action {}; apparmor profile {:?}",
+        field("CapEff"),
+        field("Seccomp"),
+        field("NoNewPrivs"),
+        spec["linux"]["seccomp"]["defaultAction"],
+        spec["process"]["apparmorProfile"],
+    );
+    if sc["privileged"].as_bool() == Some(true) {
+        assert!(effective.contains("CAP_SYS_ADMIN"), "{effective:?}");
+        assert_eq!(field("Seccomp"), "0", "privileged: no seccomp filter");
+        return;
+    }
+    let want: BTreeSet<&str> = LEAST_PRIVILEGE_CAPS.iter().copied().collect();
+    assert_eq!(effective, want, "the container's effective capabilities");
+    // CapEff as the kernel sees it: CAP_KILL (5), CAP_PERFMON (38), CAP_BPF (39).
+    assert_eq!(
+        u64::from_str_radix(&field("CapEff"), 16).expect("CapEff hex"),
+        (1 << 5) | (1 << 38) | (1 << 39),
+        "CapEff of the daemon's process"
+    );
+    assert_eq!(
+        sc["seccompProfile"]["type"].as_str(),
+        Some("RuntimeDefault")
+    );
+    assert!(
+        !spec["linux"]["seccomp"].is_null(),
+        "RuntimeDefault gives a seccomp filter: {}",
+        spec["linux"]
+    );
+    assert_eq!(
+        field("Seccomp"),
+        "2",
+        "a seccomp filter is in force (mode 2)"
+    );
+    assert_eq!(field("NoNewPrivs"), "1");
+    assert_eq!(spec["root"]["readonly"].as_bool(), Some(true));
+    for path in ["/sys/kernel/tracing", "/sys/kernel/btf"] {
+        let m = spec["mounts"]
+            .as_array()
+            .expect("mounts")
+            .iter()
+            .find(|m| m["destination"].as_str() == Some(path))
+            .unwrap_or_else(|| panic!("{path} not mounted"));
+        assert!(
+            m["options"]
+                .as_array()
+                .is_some_and(|o| o.iter().any(|o| o.as_str() == Some("ro"))),
+            "{path} mounted read-only: {m}"
+        );
+    }
+    assert!(
+        !spec["mounts"]
+            .as_array()
+            .expect("mounts")
+            .iter()
+            .any(|m| m["destination"].as_str() == Some("/sys/fs/bpf")),
+        "bpffs is not mounted"
+    );
+}
+
+/// `serde_json` arrays of strings as `&str`s.
+trait AsSequenceJson {
+    fn as_sequence_json(&self) -> Vec<&str>;
+}
+
+impl AsSequenceJson for serde_json::Value {
+    fn as_sequence_json(&self) -> Vec<&str> {
+        self.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(serde_json::Value::as_str)
+            .collect()
+    }
+}
 
 /// A kubelet-style resize through CRI: counted by resource and direction, timed, confirmed.
 async fn resize_is_counted_and_confirmed(ctrd: &Containerd, daemon: &DaemonContainer, id: &str) {
@@ -36,11 +361,13 @@ async fn resize_is_counted_and_confirmed(ctrd: &Containerd, daemon: &DaemonConta
     }
 }
 
-async fn daemon_from_image_sees_a_real_pod(version: ContainerdVersion, privilege: Privilege) {
+async fn daemon_from_image_sees_a_real_pod(version: ContainerdVersion, deploy: &str) {
     let archive = daemon_image_archive();
     let ctrd = Containerd::start(version, ContainerdOptions::default()).await;
-    let daemon = DaemonContainer::start(&ctrd, &archive, &privilege);
+    let ds = rendered_daemonset(deploy);
+    let daemon = DaemonContainer::start_as_deployed(&ctrd, &archive, as_deployed(&ctrd, &ds)).await;
     daemon.wait_ready(Duration::from_secs(60));
+    assert_applied(&daemon, &ds);
 
     let mut spec = PodSpec::new("imaged");
     spec.resources = Resources::limits(100_000, 256 << 20);
@@ -88,12 +415,11 @@ async fn daemon_from_image_sees_a_real_pod(version: ContainerdVersion, privilege
     // Reclaim is counted by eBPF only where the kernel has the `memcg/count_memcg_events`
     // tracepoint (6.18 here); Debian's 6.1 and 6.12 (VM tier) lack it, so there the observer
     // polls `memory.stat`, with either privilege.
-    let reclaim =
-        if std::path::Path::new("/sys/kernel/tracing/events/memcg/count_memcg_events").exists() {
-            r#"nri_resize_observer_strategy{program="reclaim",strategy="memory_stat_polling"} 0"#
-        } else {
-            r#"nri_resize_observer_strategy{program="reclaim",strategy="memory_stat_polling"} 1"#
-        };
+    let reclaim = if Path::new("/sys/kernel/tracing/events/memcg/count_memcg_events").exists() {
+        r#"nri_resize_observer_strategy{program="reclaim",strategy="memory_stat_polling"} 0"#
+    } else {
+        r#"nri_resize_observer_strategy{program="reclaim",strategy="memory_stat_polling"} 1"#
+    };
     assert!(body.contains(reclaim), "missing {reclaim} in\n{body}");
     let (code, headers, om) = http_get(
         &daemon.metrics_addr,
@@ -144,23 +470,19 @@ async fn daemon_from_image_sees_a_real_pod(version: ContainerdVersion, privilege
     resize_is_counted_and_confirmed(&ctrd, &daemon, &id).await;
 }
 
+/// The default `DaemonSet` (`deploy/`): least privilege, the runtime's default seccomp profile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn daemon_image_in_containerd_1_7() {
-    daemon_from_image_sees_a_real_pod(ContainerdVersion::V1_7, Privilege::Privileged).await;
-}
-
-/// The least-privilege overlay's capabilities (`deploy/overlays/least-privilege`) suffice:
-/// NRI, cgroupfs, every eBPF program, the API socket.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn daemon_image_with_least_privilege_in_containerd_1_7() {
-    let caps = LEAST_PRIVILEGE_CAPS
-        .iter()
-        .map(ToString::to_string)
-        .collect();
-    daemon_from_image_sees_a_real_pod(ContainerdVersion::V1_7, Privilege::Capabilities(caps)).await;
+async fn daemon_image_as_deployed_in_containerd_1_7() {
+    daemon_from_image_sees_a_real_pod(ContainerdVersion::V1_7, "deploy").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn daemon_image_in_containerd_2() {
-    daemon_from_image_sees_a_real_pod(ContainerdVersion::V2, Privilege::Privileged).await;
+async fn daemon_image_as_deployed_in_containerd_2() {
+    daemon_from_image_sees_a_real_pod(ContainerdVersion::V2, "deploy").await;
+}
+
+/// The privileged overlay (`deploy/overlays/privileged`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_image_privileged_overlay_in_containerd_1_7() {
+    daemon_from_image_sees_a_real_pod(ContainerdVersion::V1_7, "deploy/overlays/privileged").await;
 }

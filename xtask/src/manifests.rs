@@ -15,7 +15,7 @@ pub const KUSTOMIZATIONS: &[(&str, &str)] = &[
     ("all", "deploy"),
     ("base", "deploy/base"),
     ("monitoring", "deploy/monitoring"),
-    ("least-privilege", "deploy/overlays/least-privilege"),
+    ("privileged", "deploy/overlays/privileged"),
 ];
 
 /// In-place resize is beta from 1.33 and GA in 1.35; 1.37.0 is the newest schema set of the

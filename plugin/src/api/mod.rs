@@ -550,20 +550,73 @@ async fn update_resources(
     }
 }
 
-/// Makes the socket's directory 0700, creating it if needed and tightening it when it exists
-/// (the `DaemonSet`'s `DirectoryOrCreate` creates it 0755 first). A shared directory (sticky bit,
-/// like `/tmp`) is never changed: there the socket's own 0600 is what protects it.
-fn secure_dir(dir: &Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    let mode = std::fs::metadata(dir)?.permissions().mode();
-    if mode & 0o1000 != 0 {
-        warn!(dir = %dir.display(), "status API socket in a shared (sticky) directory: left as it is; use a directory of its own");
+/// Why the socket's directory is not used.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{dir} is a shared directory (mode {mode:o}, holds {entry:?} and more): nri-resize will not \
+     change its mode; put the status API socket in a directory of its own (the default is \
+     /run/nri-resize/api.sock)"
+)]
+struct SharedDir {
+    dir: String,
+    mode: u32,
+    entry: String,
+}
+
+/// Makes sure only root can reach the socket's directory: a new directory is created 0700; an
+/// existing one that already admits no group or others is used as it is; an existing one of the
+/// socket's own (empty, or holding only the socket from an earlier run: the `DaemonSet`'s
+/// `DirectoryOrCreate` makes it 0755 first) is tightened to 0700. Any other existing directory is
+/// shared (`/run`, `/tmp`, a runtime's state directory): its mode is never changed, and the
+/// daemon refuses to start there.
+fn secure_dir(dir: &Path, socket_name: &std::ffi::OsStr) -> std::io::Result<()> {
+    match std::fs::create_dir(dir) {
+        Ok(()) => {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+            info!(dir = %dir.display(), "status API directory created 0700");
+            return Ok(());
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // Parents missing: create them (default mode), then this one as above.
+            if let Some(parent) = dir.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            return secure_dir(dir, socket_name);
+        }
+        Err(e) => return Err(e),
+    }
+    let meta = std::fs::metadata(dir)?;
+    if !meta.is_dir() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotADirectory,
+            format!("{} is not a directory", dir.display()),
+        ));
+    }
+    let mode = meta.permissions().mode() & 0o7777;
+    let group_and_others = mode & 0o077;
+    if group_and_others == 0 {
         return Ok(());
     }
-    if mode & 0o777 != 0o700 {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-        info!(dir = %dir.display(), from = format!("{:o}", mode & 0o777), "status API directory made 0700");
+    let other = std::fs::read_dir(dir)?
+        .filter_map(Result::ok)
+        .map(|e| e.file_name())
+        .find(|name| name != socket_name);
+    if mode & 0o1000 != 0 || other.is_some() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            SharedDir {
+                dir: dir.display().to_string(),
+                mode,
+                entry: other.map_or_else(
+                    || "a sticky bit".to_string(),
+                    |n| n.to_string_lossy().into_owned(),
+                ),
+            },
+        ));
     }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    info!(dir = %dir.display(), from = format!("{mode:o}"), "status API directory made 0700");
     Ok(())
 }
 
@@ -586,7 +639,8 @@ pub async fn serve(
         )
     };
     if let Some(dir) = socket.parent().filter(|d| !d.as_os_str().is_empty()) {
-        secure_dir(dir).map_err(with_path)?;
+        let name = socket.file_name().unwrap_or_default();
+        secure_dir(dir, name).map_err(with_path)?;
     }
     if socket.exists() {
         // A live daemon answers on it; a stale file from a crash does not.
@@ -623,24 +677,55 @@ mod tests {
     }
 
     #[test]
-    fn the_socket_directory_is_0700_whether_new_or_existing() {
+    fn the_socket_directory_is_0700_whether_new_or_its_own() {
         let tmp = tempfile::tempdir().expect("tempdir");
+        let sock = std::ffi::OsStr::new("api.sock");
         let new = tmp.path().join("new/api");
-        secure_dir(&new).expect("create");
+        secure_dir(&new, sock).expect("create");
         assert_eq!(mode(&new), 0o700);
-        let existing = tmp.path().join("existing");
-        std::fs::create_dir(&existing).expect("mkdir");
-        std::fs::set_permissions(&existing, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        secure_dir(&existing).expect("tighten");
-        assert_eq!(mode(&existing), 0o700, "tightened although it existed");
+        // Its own: empty, as `DirectoryOrCreate` leaves it.
+        let own = tmp.path().join("own");
+        std::fs::create_dir(&own).expect("mkdir");
+        std::fs::set_permissions(&own, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        secure_dir(&own, sock).expect("tighten");
+        assert_eq!(mode(&own), 0o700, "tightened although it existed");
+        // Its own with the socket an earlier run left.
+        std::fs::set_permissions(&own, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        std::fs::write(own.join("api.sock"), "").expect("stale socket");
+        secure_dir(&own, sock).expect("tighten");
+        assert_eq!(mode(&own), 0o700);
+        // Already private, shared or not: used as it is.
+        let private = tmp.path().join("private");
+        std::fs::create_dir(&private).expect("mkdir");
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        std::fs::write(private.join("other"), "").expect("other file");
+        secure_dir(&private, sock).expect("private");
+        assert_eq!(mode(&private), 0o700);
+    }
+
+    /// A shared directory such as `/run` (0755, other entries) or `/tmp` (sticky) is refused
+    /// and never chmodded.
+    #[test]
+    fn a_shared_directory_is_refused_and_left_as_it_is() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let sock = std::ffi::OsStr::new("api.sock");
+        let run = tmp.path().join("run");
+        std::fs::create_dir(&run).expect("mkdir");
+        std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        std::fs::create_dir(run.join("containerd")).expect("a neighbour");
+        let err = secure_dir(&run, sock).expect_err("refused");
+        assert_eq!(err.kind(), std::io::ErrorKind::PermissionDenied);
+        let text = err.to_string();
+        assert!(
+            text.contains("shared directory") && text.contains("containerd"),
+            "{text}"
+        );
+        assert_eq!(mode(&run), 0o755, "a shared directory is never changed");
         let shared = tmp.path().join("shared");
         std::fs::create_dir(&shared).expect("mkdir");
         std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
-        secure_dir(&shared).expect("left");
-        assert_eq!(
-            mode(&shared),
-            0o1777,
-            "a shared sticky directory is never changed"
-        );
+        let err = secure_dir(&shared, sock).expect_err("sticky refused");
+        assert!(err.to_string().contains("sticky"), "{err}");
+        assert_eq!(mode(&shared), 0o1777, "a sticky directory is never changed");
     }
 }

@@ -6,6 +6,7 @@
 //! reports 503 until the plugin is registered and synchronized again. `--exit-on-disconnect`
 //! makes it exit with status 3 instead, for setups that prefer the `DaemonSet` to restart it.
 
+mod bind_retry;
 mod handler;
 mod observe;
 mod off_worker;
@@ -37,6 +38,7 @@ use crate::resize::node::NodeReader;
 use crate::resize::Engine;
 use crate::state::NodeState;
 use crate::sync::{Locked as _, ReadWriteLocked as _};
+use bind_retry::{retry_while_in_use, Gave, BIND_RETRY_FOR};
 
 /// Exit status when the runtime connection is lost and `--exit-on-disconnect` is set.
 pub const EXIT_DISCONNECTED: i32 = 3;
@@ -119,21 +121,11 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
     let state = NodeState::with_cgroups(file_config, Some(cgroups));
     let link = RuntimeLink::default();
     let metrics_server = match opts.metrics_addr {
-        Some(addr) => {
-            let server = metrics::serve(
-                addr,
-                state.metrics.clone(),
-                Readiness {
-                    link: link.clone(),
-                    observer_loaded: state.observer_loaded.clone(),
-                    observer_fallbacks: state.observer_fallbacks.clone(),
-                },
-                cancel.clone(),
-            )
-            .await?;
-            *state.metrics_addr.write_locked() = Some(server.addr);
-            Some(server)
-        }
+        Some(addr) => match bind_metrics(addr, &state, &link, &cancel).await {
+            Ok(server) => Some(server),
+            Err(Gave::Up(err)) => return Err(err.into()),
+            Err(Gave::Cancelled) => return Ok(Exit::Stopped),
+        },
         None => None,
     };
     let checkpoints = open_checkpoints(&opts.state_dir, &state);
@@ -144,14 +136,30 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
         NodeReader::new("/"),
         checkpoints,
     ));
-    let api_server = api::serve(
-        &opts.api_socket,
-        state.clone(),
-        link.clone(),
-        Some(engine.clone()),
-        cancel.clone(),
+    let api_server = match retry_while_in_use(
+        "status API",
+        BIND_RETRY_FOR,
+        &cancel,
+        |e: &std::io::Error| e.kind() == std::io::ErrorKind::AddrInUse,
+        || {
+            api::serve(
+                &opts.api_socket,
+                state.clone(),
+                link.clone(),
+                Some(engine.clone()),
+                cancel.clone(),
+            )
+        },
     )
-    .await?;
+    .await
+    {
+        Ok(task) => task,
+        Err(Gave::Up(err)) => return Err(err.into()),
+        Err(Gave::Cancelled) => {
+            stop_metrics(metrics_server).await;
+            return Ok(Exit::Stopped);
+        }
+    };
 
     // The observer starts once, here, on its own thread; it stops when `stop_observer` drops.
     // It hands its cpuhp ring buffer to the capacity watcher, which starts with it.
@@ -191,15 +199,55 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
     if let Err(err) = api_server.await {
         warn!(%err, "status API task ended abnormally");
     }
-    if let Some(server) = metrics_server {
+    stop_metrics(metrics_server).await;
+    join_observer(observer_thread).await;
+    Ok(exit)
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `addr`, waiting while a previous daemon still
+/// holds the address (`bind_retry`); records the bound address for the status API.
+async fn bind_metrics(
+    addr: SocketAddr,
+    state: &Arc<NodeState>,
+    link: &RuntimeLink,
+    cancel: &CancellationToken,
+) -> Result<metrics::MetricsServer, Gave<metrics::MetricsError>> {
+    let readiness = Readiness {
+        link: link.clone(),
+        observer_loaded: state.observer_loaded.clone(),
+        observer_fallbacks: state.observer_fallbacks.clone(),
+    };
+    let server = retry_while_in_use(
+        "metrics",
+        BIND_RETRY_FOR,
+        cancel,
+        |e: &metrics::MetricsError| {
+            matches!(e, metrics::MetricsError::Bind { source, .. }
+                if source.kind() == std::io::ErrorKind::AddrInUse)
+        },
+        || {
+            metrics::serve(
+                addr,
+                state.metrics.clone(),
+                readiness.clone(),
+                cancel.clone(),
+            )
+        },
+    )
+    .await?;
+    *state.metrics_addr.write_locked() = Some(server.addr);
+    Ok(server)
+}
+
+/// Waits for the metrics server's task (it stops with the daemon's token).
+async fn stop_metrics(server: Option<metrics::MetricsServer>) {
+    if let Some(server) = server {
         match server.task.await {
             Ok(Ok(())) => {}
             Ok(Err(err)) => warn!(%err, "metrics server ended with an error"),
             Err(err) => warn!(%err, "metrics task ended abnormally"),
         }
     }
-    join_observer(observer_thread).await;
-    Ok(exit)
 }
 
 /// Waits for the observer thread, at most 3 s. It stops at its next tick; while it is still

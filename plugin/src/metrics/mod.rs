@@ -32,7 +32,7 @@ pub use decrease::{DecreaseMetrics, DecreaseOutcome};
 pub use pod::PodMetrics;
 pub use restart::{RestartMetrics, RestartOutcome};
 pub use series::ContainerSeries;
-pub use server::{serve, MetricsServer, Readiness};
+pub use server::{serve, serve_with, Limits, MetricsServer, Readiness};
 pub use verdict::VerdictMetrics;
 
 use crate::cgroup::ActualResources;

@@ -3,16 +3,21 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
+use tokio::sync::Semaphore;
+use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{debug, info, warn};
 
 use super::{openmetrics, Metrics, MetricsError};
 use crate::nri::RuntimeLink;
@@ -116,11 +121,49 @@ fn router(metrics: Arc<Metrics>, readiness: Readiness) -> Router {
         .with_state(Ctx { metrics, readiness })
 }
 
-/// Binds `addr` (port 0: any free port, logged and returned) and serves until `cancel`.
+/// What one client may hold on the metrics listener, so that nothing that reaches the port
+/// (idle or slow-header connections, a slowloris) starves `/metrics`, the probes or the rest of
+/// the daemon (the NRI handlers share its runtime): connections beyond `max_connections` wait in
+/// the kernel's accept queue until one closes; a connection that has not sent a whole request
+/// head within `header_read_timeout` (also between keep-alive requests) is closed; none lives
+/// longer than `max_connection_age`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub max_connections: usize,
+    pub header_read_timeout: Duration,
+    pub max_connection_age: Duration,
+}
+
+impl Default for Limits {
+    /// 32 connections (Prometheus keeps one per scraper, kubelet's probes one each), request
+    /// heads within 2 s (the probes' own timeout: a client that needs longer is not one of
+    /// ours), 60 s at most a connection (a scraper reconnects; a stuck reader is cut).
+    fn default() -> Self {
+        Limits {
+            max_connections: 32,
+            header_read_timeout: Duration::from_secs(2),
+            max_connection_age: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Binds `addr` (port 0: any free port, logged and returned) and serves until `cancel`, with the
+/// default [`Limits`].
 pub async fn serve(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
     readiness: Readiness,
+    cancel: CancellationToken,
+) -> Result<MetricsServer, MetricsError> {
+    serve_with(addr, metrics, readiness, Limits::default(), cancel).await
+}
+
+/// [`serve`] with explicit limits.
+pub async fn serve_with(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    readiness: Readiness,
+    limits: Limits,
     cancel: CancellationToken,
 ) -> Result<MetricsServer, MetricsError> {
     let listener = TcpListener::bind(addr)
@@ -133,12 +176,242 @@ pub async fn serve(
         addr: addr.to_string(),
         source,
     })?;
-    info!(addr = %bound, "metrics listening (/metrics, /healthz, /readyz)");
+    info!(
+        addr = %bound,
+        max_connections = limits.max_connections,
+        header_read_timeout_s = limits.header_read_timeout.as_secs_f64(),
+        "metrics listening (/metrics, /healthz, /readyz)"
+    );
     let app = router(metrics, readiness);
-    let task = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { cancel.cancelled().await })
-            .await
-    });
+    let task = tokio::spawn(accept_loop(listener, app, limits, cancel));
     Ok(MetricsServer { addr: bound, task })
+}
+
+/// Accepts while a connection slot is free; each connection is served by its own task, owned
+/// by the loop's `JoinSet` and shut down gracefully with `cancel`.
+async fn accept_loop(
+    listener: TcpListener,
+    app: Router,
+    limits: Limits,
+    cancel: CancellationToken,
+) -> std::io::Result<()> {
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let mut connections = JoinSet::new();
+    let mut full_said = false;
+    loop {
+        // Reap finished connections as we go (the set holds only live ones).
+        while connections.try_join_next().is_some() {}
+        let slot = if let Ok(slot) = slots.clone().try_acquire_owned() {
+            full_said = false;
+            slot
+        } else {
+            if !full_said {
+                warn!(
+                    max_connections = limits.max_connections,
+                    "metrics listener at its connection limit: new connections wait"
+                );
+                full_said = true;
+            }
+            tokio::select! {
+                slot = slots.clone().acquire_owned() => match slot {
+                    Ok(slot) => slot,
+                    Err(_) => break, // never closed
+                },
+                () = cancel.cancelled() => break,
+            }
+        };
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(err) => {
+                    // EMFILE and the like: say it, give the system a moment, go on.
+                    warn!(%err, "metrics listener: accept failed");
+                    tokio::select! {
+                        () = tokio::time::sleep(Duration::from_millis(100)) => continue,
+                        () = cancel.cancelled() => break,
+                    }
+                }
+            },
+            () = cancel.cancelled() => break,
+        };
+        let service = TowerToHyperService::new(app.clone());
+        let cancel = cancel.clone();
+        connections.spawn(async move {
+            let _slot = slot;
+            let mut builder = http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_read_timeout);
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            let mut conn = std::pin::pin!(conn);
+            tokio::select! {
+                r = conn.as_mut() => {
+                    if let Err(err) = r {
+                        debug!(%err, "metrics connection ended with an error");
+                    }
+                }
+                () = tokio::time::sleep(limits.max_connection_age) => {
+                    debug!("metrics connection closed at its maximum age");
+                }
+                () = cancel.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    // Bounded: an idle connection closes at once, a half-sent head within
+                    // the header timeout.
+                    let _ = tokio::time::timeout(limits.header_read_timeout, conn).await;
+                }
+            }
+        });
+    }
+    drop(listener);
+    while connections.join_next().await.is_some() {}
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read as _, Write as _};
+    use std::net::TcpStream;
+
+    use super::*;
+    use crate::nri::RuntimeLink;
+
+    /// A client's read of the server's answer (or of the server closing): never hangs the test
+    /// (the limits below are 100 times shorter).
+    const CLIENT_PATIENCE: Duration = Duration::from_secs(30);
+
+    fn readiness() -> Readiness {
+        Readiness {
+            link: RuntimeLink::default(),
+            observer_loaded: Arc::new(AtomicBool::new(false)),
+            observer_fallbacks: Arc::default(),
+        }
+    }
+
+    /// Blocks until the server closes `s` (EOF or reset); `Err` with what it read otherwise.
+    fn closed_by_server(mut s: TcpStream) -> Result<(), String> {
+        s.set_read_timeout(Some(CLIENT_PATIENCE)).expect("timeout");
+        let mut buf = [0u8; 256];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => return Ok(()),
+                Ok(_) => {} // an error answer (408) before the close is fine
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Ok(()),
+                Err(e) => return Err(format!("still open: {e}")),
+            }
+        }
+    }
+
+    fn get(addr: SocketAddr, path: &str) -> String {
+        let mut s = TcpStream::connect(addr).expect("connect");
+        s.set_read_timeout(Some(CLIENT_PATIENCE)).expect("timeout");
+        write!(s, "GET {path} HTTP/1.0\r\nHost: test\r\n\r\n").expect("send");
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).expect("read the answer");
+        resp
+    }
+
+    /// `max_connections` idle clients, one more idle and a slowloris (a request head dribbled a
+    /// byte at a time) do not keep a scrape out: the idle and the slow are closed by the header
+    /// timeout and the scrape is answered.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn idle_and_slow_clients_do_not_starve_the_scrape() {
+        let limits = Limits {
+            max_connections: 3,
+            header_read_timeout: Duration::from_millis(300),
+            max_connection_age: Duration::from_secs(600),
+        };
+        let cancel = CancellationToken::new();
+        let metrics = Arc::new(Metrics::new().expect("metrics"));
+        let server = serve_with(
+            "127.0.0.1:0".parse().expect("addr"),
+            metrics,
+            readiness(),
+            limits,
+            cancel.clone(),
+        )
+        .await
+        .expect("serve");
+        let addr = server.addr;
+        let outcome = tokio::task::spawn_blocking(move || {
+            let idle: Vec<TcpStream> = (0..=limits.max_connections)
+                .map(|_| TcpStream::connect(addr).expect("connect idle"))
+                .collect();
+            let slow = TcpStream::connect(addr).expect("connect slowloris");
+            let dribbler = std::thread::spawn(move || {
+                let mut slow = slow;
+                let head = b"GET /metrics HTTP/1.1\r\nHost: test\r\nX-Slow: ";
+                if slow.write_all(head).is_err() {
+                    return true;
+                }
+                // One byte at a time until the server hangs up (or 30 s: then it never did).
+                for _ in 0..3_000 {
+                    std::thread::sleep(Duration::from_millis(10));
+                    if slow.write_all(b"a").is_err() {
+                        return true;
+                    }
+                }
+                false
+            });
+            let scrape = get(addr, "/metrics");
+            let idle_closed: Vec<Result<(), String>> =
+                idle.into_iter().map(closed_by_server).collect();
+            let slow_closed = dribbler.join().expect("dribbler");
+            (scrape, idle_closed, slow_closed)
+        })
+        .await
+        .expect("clients");
+        let (scrape, idle_closed, slow_closed) = outcome;
+        assert!(scrape.starts_with("HTTP/1.0 200"), "{scrape}");
+        assert!(scrape.contains("nri_resize_nri_connected"), "{scrape}");
+        assert!(
+            idle_closed.iter().all(Result::is_ok),
+            "idle connections closed by the server: {idle_closed:?}"
+        );
+        assert!(slow_closed, "the slowloris was cut off");
+        cancel.cancel();
+        server
+            .task
+            .await
+            .expect("join")
+            .expect("server ends cleanly");
+    }
+
+    /// With every slot taken by clients that send nothing, more connections wait (they are
+    /// not refused) and are answered once the idle ones are cut.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn connections_over_the_limit_wait_for_a_slot() {
+        let limits = Limits {
+            max_connections: 1,
+            header_read_timeout: Duration::from_millis(200),
+            max_connection_age: Duration::from_secs(600),
+        };
+        let cancel = CancellationToken::new();
+        let server = serve_with(
+            "127.0.0.1:0".parse().expect("addr"),
+            Arc::new(Metrics::new().expect("metrics")),
+            readiness(),
+            limits,
+            cancel.clone(),
+        )
+        .await
+        .expect("serve");
+        let addr = server.addr;
+        let answers = tokio::task::spawn_blocking(move || {
+            let _idle = TcpStream::connect(addr).expect("connect idle");
+            let a = std::thread::spawn(move || get(addr, "/healthz"));
+            let b = std::thread::spawn(move || get(addr, "/readyz"));
+            (a.join().expect("a"), b.join().expect("b"))
+        })
+        .await
+        .expect("clients");
+        assert!(answers.0.starts_with("HTTP/1.0 200"), "{}", answers.0);
+        assert!(answers.0.ends_with("ok"), "{}", answers.0);
+        assert!(answers.1.starts_with("HTTP/1.0 503"), "{}", answers.1);
+        cancel.cancel();
+        server
+            .task
+            .await
+            .expect("join")
+            .expect("server ends cleanly");
+    }
 }
