@@ -185,7 +185,7 @@ fn test(fuzz_seconds: u64) -> anyhow::Result<()> {
             cargo().args(["test", "--workspace", "--lib", "--bins"]),
         )?;
         run(
-            "the CLI on bad input; the module layering (no cycles, state below its users)",
+            "the CLI on bad input; the module layering (no cycles, state below its users); a restart right after kill -9",
             cargo().args([
                 "test",
                 "-p",
@@ -194,6 +194,8 @@ fn test(fuzz_seconds: u64) -> anyhow::Result<()> {
                 "cli",
                 "--test",
                 "architecture",
+                "--test",
+                "restart",
             ]),
         )
     });
