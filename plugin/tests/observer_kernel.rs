@@ -333,24 +333,27 @@ fn throttling_from_sched_switch_agrees_with_cpu_stat_and_with_forced_fallback() 
         .expect("throttling");
     let base_kernel = nr_throttled(&cgroup);
 
-    let started = Instant::now();
     cgroup.spawn("while :; do :; done");
-    let first = loop {
+    // The first throttle shows (how soon, through the daemon, is the `deadlines` benchmark's; the bound here
+    // is generous and only fails a test that never sees one).
+    let deadline = Instant::now() + patience(Duration::from_secs(30));
+    loop {
         let now = observer
             .read(&observed)
             .expect("read")
             .throttling
             .expect("throttling");
         if now.count > base.count {
-            break started.elapsed();
+            break;
         }
         assert!(
-            started.elapsed() < patience(Duration::from_secs(2)),
-            "no throttling reported within {:?}: {now:?}",
-            patience(Duration::from_secs(2))
+            Instant::now() < deadline,
+            "no throttling reported for a cgroup at 0.1 CPU spinning: {now:?} (cpu.stat \
+             nr_throttled {} since the start)",
+            nr_throttled(&cgroup) - base_kernel
         );
         std::thread::sleep(Duration::from_millis(20));
-    };
+    }
     // Let it accumulate ~30 throttled periods (however long a loaded machine or emulation
     // takes), then stop the workload so all counters settle.
     let deadline = Instant::now() + patience(Duration::from_secs(20));
@@ -358,7 +361,18 @@ fn throttling_from_sched_switch_agrees_with_cpu_stat_and_with_forced_fallback() 
         std::thread::sleep(Duration::from_millis(100));
     }
     cgroup.kill_children();
-    std::thread::sleep(patience(Duration::from_millis(200)));
+    // The workload is gone (its cgroup has no task left), so no counter moves any more.
+    let deadline = Instant::now() + patience(Duration::from_secs(10));
+    while !TestCgroup::read(&cgroup.cpu(), "cgroup.procs")
+        .trim()
+        .is_empty()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the killed workload is still in its cgroup"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 
     let ebpf = observer
         .read(&observed)
@@ -373,7 +387,7 @@ fn throttling_from_sched_switch_agrees_with_cpu_stat_and_with_forced_fallback() 
     let kernel = nr_throttled(&cgroup) - base_kernel;
     let (ebpf_count, forced_count) = (ebpf.count - base.count, forced.count - base_polling.count);
     eprintln!(
-        "first throttle after {first:?}; eBPF: {ebpf_count} throttles, {} ms throttled; cpu.stat: {kernel} \
+        "eBPF: {ebpf_count} throttles, {} ms throttled; cpu.stat: {kernel} \
          nr_throttled; forced CpuStatPolling: {forced_count} throttles, {} ms",
         (ebpf.throttled_ns - base.throttled_ns) / 1_000_000,
         (forced.throttled_ns - base_polling.throttled_ns) / 1_000_000,

@@ -9,7 +9,7 @@
 //!   serves and resizes, and `/v1/status` reports it;
 //! - containerd restarted while the plugin runs: it re-registers and the metrics continue;
 //! - a cgroup read stuck past the runtime's deadline (test-only fault injection): the update is
-//!   answered fail-open at 3/4 of the runtime's request timeout, the runtime keeps the plugin,
+//!   answered fail-open by the deadline while the read still hangs, the runtime keeps the plugin,
 //!   the late decision acts on nothing, and the next update is handled normally; a memory
 //!   decrease under the same fault is refused instead (never written unchecked), the container
 //!   lives;
@@ -369,37 +369,31 @@ async fn sigterm_during_a_staged_decrease_exits_at_once_and_resumes() {
         .await
         .expect("accepted with an interim limit");
     reclaiming(&plugin, &id, Duration::from_secs(30)).await;
-    let started = Instant::now();
-    let code = plugin.stop_with(Signal::SIGTERM, Duration::from_secs(30));
-    let took = started.elapsed();
-    eprintln!(
-        "SIGTERM during a staged decrease: exited {code:?} in {} ms",
-        took.as_millis()
-    );
+    // Order and outcome, not time (how fast it exits is the `deadlines` benchmark's): the exit
+    // status is 0, and the reclaim ended because of the shutdown (its checkpoint kept), not by
+    // its own 120 s timeout, which the generous wait below could not reach anyway.
+    let code = plugin.stop_with(Signal::SIGTERM, Duration::from_secs(60));
     assert_eq!(
         code,
         Some(0),
-        "exits cleanly within 30 s (the reclaim's own timeout is 120 s):\n{}",
+        "exits cleanly after SIGTERM:\n{}",
         plugin.log_tail(30)
-    );
-    // The promise: under 1 s. The VM tier's guests emulate the CPU (TCG): 5 s there.
-    let promised = if std::env::var_os("NRI_RESIZE_IN_VM").is_some() {
-        Duration::from_secs(5)
-    } else {
-        Duration::from_secs(1)
-    };
-    assert!(
-        took < promised,
-        "SIGTERM during a staged decrease: exit took {} ms, over {} ms:\n{}",
-        took.as_millis(),
-        promised.as_millis(),
-        plugin.log_tail(40)
     );
     let log = std::fs::read_to_string(&plugin.log_path).expect("plugin log");
     assert!(
         log.contains("stays checkpointed"),
         "the reclaim stopped for the shutdown, not superseded:\n{log}"
     );
+    for ended in [
+        "staged memory decrease done",
+        "did not fall to the requested limit",
+    ] {
+        assert_eq!(
+            count(&log, ended),
+            0,
+            "the reclaim ended by the shutdown, not by converging or timing out:\n{log}"
+        );
+    }
     let checkpoints = reclaim_checkpoints(&plugin);
     assert_eq!(
         checkpoints.len(),
@@ -525,29 +519,17 @@ async fn slow_cgroup_fails_open(version: ContainerdVersion) {
 
     // The engine reads the pod cgroup before a CPU increase (KEP ordering): that read hangs.
     std::fs::write(&flag, &pod.cgroup_parent).expect("arm the fault");
-    let started = Instant::now();
     let first = ctrd
         .update_container_resources(&id, &Resources::limits(150_000, 512 * MIB))
         .await;
-    let took = started.elapsed();
+    // Order, not time (when the answer comes is the `deadlines` benchmark's fail-open row): the
+    // answer came while the stuck read still hung, so the deadline answered it, not the work.
+    let late_line = "decided after the runtime's deadline";
+    let answered_log = log();
     std::fs::remove_file(&flag).expect("disarm the fault");
-    eprintln!(
-        "{version}: UpdateContainer with a cgroup read stuck for {STUCK_MS} ms answered in {} ms (runtime timeout 2000 ms, budget 1500 ms)",
-        took.as_millis()
-    );
-    // Answered by the plugin's deadline, 3/4 of the runtime's 2 s: not before it (the stuck read
-    // takes 4 s) and before the runtime's own timeout. The VM tier's guests emulate the CPU
-    // (TCG) and run late: up to 4 s there.
-    let latest = if std::env::var_os("NRI_RESIZE_IN_VM").is_some() {
-        Duration::from_secs(4)
-    } else {
-        Duration::from_secs(2)
-    };
     assert!(
-        took >= Duration::from_millis(1450) && took < latest,
-        "{version}: answered in {} ms, expected at the 1500 ms budget (under {} ms):\n{}",
-        took.as_millis(),
-        latest.as_millis(),
+        !answered_log.contains(late_line),
+        "{version}: the update was answered only after the stuck read ended:\n{}",
         plugin.log_tail(30)
     );
     first.unwrap_or_else(|e| {
@@ -581,7 +563,7 @@ async fn slow_cgroup_fails_open(version: ContainerdVersion) {
 
     // The stuck read ends 4 s after it began; the late decision then acts on nothing.
     let until = Instant::now() + Duration::from_secs(15);
-    while !log().contains("decided after the runtime's deadline") {
+    while !log().contains(late_line) {
         assert!(
             Instant::now() < until,
             "the late decision did not stand down:\n{}",

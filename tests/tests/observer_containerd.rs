@@ -292,6 +292,58 @@ async fn wait_all<T>(
     out
 }
 
+/// Each instance's `pick` of its observation of `id` from a reading taken after `after_ms`
+/// (wall clock): the second publication after it (the first may hold reads begun before it).
+/// Ordered by the observer's own timestamps, not by sleeping for a tick.
+async fn fresh_readings<T>(
+    plugins: &Plugins,
+    id: &str,
+    after_ms: u64,
+    what: &str,
+    pick: impl Fn(&ContainerObserved) -> Option<T>,
+) -> Vec<T> {
+    let published = |o: &ContainerObserved| o.observed_at_ms.unwrap_or(0);
+    let first = wait_all(
+        plugins,
+        bound(Duration::from_secs(15)),
+        "an observer reading after the mark",
+        async |p| {
+            p.observed(id)
+                .await
+                .map(|o| published(&o))
+                .filter(|at| *at > after_ms)
+        },
+    )
+    .await;
+    let mut out = Vec::new();
+    for (p, at) in plugins.all.iter().zip(first) {
+        let deadline = Instant::now() + bound(Duration::from_secs(15));
+        loop {
+            let o = p.observed(id).await;
+            if let Some(v) = o.as_ref().filter(|o| published(o) > at).and_then(&pick) {
+                out.push(v);
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: no second reading with {what}: {o:?}; log:\n{}",
+                p.name,
+                p.plugin.log_tail(30)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    out
+}
+
+/// [`fresh_readings`] of the throttle count.
+async fn fresh_throttle_counts(plugins: &Plugins, id: &str, after_ms: u64) -> Vec<u64> {
+    fresh_readings(plugins, id, after_ms, "a throttle count", |o| {
+        o.throttling.map(|t| t.count)
+    })
+    .await
+}
+
 fn nr_throttled(ctrd: &Containerd, id: &str) -> u64 {
     let stat = ctrd.read_container_cgroup(id, "cpu.stat");
     nri_resize::observer::parse::cpu_stat(&stat)
@@ -313,10 +365,11 @@ async fn throttling(ctrd: &Containerd, plugins: &Plugins) {
         .await
         .expect("CreateContainer");
     ctrd.start_container(&id).await.expect("StartContainer");
-    let started = Instant::now();
 
-    // Within 2 s, in /v1/status and in /metrics, for the eBPF instance (1 s interval).
+    // Throttling shows in /v1/status and in /metrics of the eBPF instance (how soon is the
+    // `deadlines` benchmark's throttling row; here a generous bound only fails a test that never sees it).
     let ebpf = plugins.ebpf();
+    let deadline = Instant::now() + bound(Duration::from_secs(30));
     loop {
         let status = ebpf
             .observed(&id)
@@ -327,24 +380,28 @@ async fn throttling(ctrd: &Containerd, plugins: &Plugins) {
             .metric("container_throttled_periods_total", &pod.name, "busy")
             .unwrap_or(0.0);
         if status > 0 && metric > 0.0 {
-            eprintln!(
-                "throttling visible after {:?} (status {status}, metric {metric})",
-                started.elapsed()
-            );
             break;
         }
         assert!(
-            started.elapsed() < bound(Duration::from_secs(2)),
-            "no throttling in status ({status}) and /metrics ({metric}) within {:?}; log:\n{}",
-            bound(Duration::from_secs(2)),
+            Instant::now() < deadline,
+            "no throttling in status ({status}) and /metrics ({metric}) of a container at 0.1 CPU \
+             spinning; log:\n{}",
             ebpf.plugin.log_tail(30)
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     eprintln!("--- (e) pressure of the starved container");
     pressure(ctrd, plugins, &pod.name, &id).await;
-    // A few seconds of throttling to count (the pressure checks take 3 s more on v2 only).
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Enough throttling to count: at least 20 throttled periods in the kernel's own count.
+    let deadline = Instant::now() + bound(Duration::from_secs(60));
+    while nr_throttled(ctrd, &id) < 20 {
+        assert!(
+            Instant::now() < deadline,
+            "only {} throttled periods at 0.1 CPU",
+            nr_throttled(ctrd, &id)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     // Raise to 2 CPUs, as kubelet does for an in-place resize.
     ctrd.update_container_resources(&id, &Resources::limits(200_000, 64 * MIB))
@@ -360,42 +417,19 @@ async fn throttling(ctrd: &Containerd, plugins: &Plugins) {
         }
         kernel = now;
     }
-    tokio::time::sleep(Duration::from_millis(1500)).await; // a tick of every instance
-    let counts = wait_all(
-        plugins,
-        bound(Duration::from_secs(5)),
-        "throttle count",
-        async |p| {
-            p.observed(&id)
-                .await
-                .and_then(|o| o.throttling)
-                .map(|t| t.count)
-        },
-    )
-    .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let later = wait_all(
-        plugins,
-        bound(Duration::from_secs(5)),
-        "throttle count",
-        async |p| {
-            p.observed(&id)
-                .await
-                .and_then(|o| o.throttling)
-                .map(|t| t.count)
-        },
-    )
-    .await;
+    // Every instance's reading from after the kernel stopped throttling, then its next one.
+    let counts = fresh_throttle_counts(plugins, &id, nri_resize::clock::now_ms()).await;
+    let later = fresh_throttle_counts(plugins, &id, nri_resize::clock::now_ms()).await;
     let metric = ebpf
         .metric("container_throttled_periods_total", &pod.name, "busy")
         .expect("throttle metric");
     eprintln!(
         "cpu.stat nr_throttled {kernel}; ebpf/forced/noebpf {counts:?} then {later:?} 2 s later; metric {metric}"
     );
-    assert!(kernel >= 20, "only {kernel} throttles in ~4 s at 0.1 CPU");
+    assert!(kernel >= 20, "only {kernel} throttles at 0.1 CPU");
     assert_eq!(
         counts, later,
-        "throttling kept growing after the raise to 2 CPUs"
+        "throttling kept growing after the raise to 2 CPUs (two readings of every instance)"
     );
     // As in `observer_kernel`: `nr_throttled` counts throttled periods, the programs count
     // throttle events; under software emulation (VM tier) the period timer overruns often, so
@@ -701,12 +735,12 @@ async fn reclaim(ctrd: &Containerd, plugins: &Plugins) {
         .await
         .expect("CreateContainer");
     ctrd.start_container(&id).await.expect("StartContainer");
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let before = wait_all(
+    let before = fresh_readings(
         plugins,
-        bound(Duration::from_secs(5)),
-        "a first reading",
-        async |p| p.observed(&id).await.and_then(|o| o.reclaim),
+        &id,
+        nri_resize::clock::now_ms(),
+        "a first reclaim reading",
+        |o| o.reclaim,
     )
     .await;
     let stat_before =
@@ -727,7 +761,11 @@ async fn reclaim(ctrd: &Containerd, plugins: &Plugins) {
         "dd failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Every instance's reading from after the dd, then the kernel's account.
+    let after = fresh_readings(plugins, &id, nri_resize::clock::now_ms(), "reclaim", |o| {
+        o.reclaim
+    })
+    .await;
     let stat_text = ctrd.read_container_cgroup(&id, "memory.stat");
     let stat = nri_resize::observer::parse::memory_stat(&stat_text);
     let written: u64 = 300 << 20;
@@ -747,13 +785,6 @@ async fn reclaim(ctrd: &Containerd, plugins: &Plugins) {
         (written - cache.min(written)) / PAGE
     };
     let kernel_pgpgout = d(stat.pgpgout, stat_before.pgpgout);
-    let after = wait_all(
-        plugins,
-        bound(Duration::from_secs(5)),
-        "reclaim",
-        async |p| p.observed(&id).await.and_then(|o| o.reclaim),
-    )
-    .await;
     for ((p, b), a) in plugins.all.iter().zip(&before).zip(&after) {
         eprintln!(
             "{}: pages {:?}, pgpgout {:?}, direct reclaim {:?} events / {:?} s; kernel: {kernel_reclaimed} pages reclaimed, pgpgout {kernel_pgpgout}",

@@ -27,16 +27,18 @@
 //! pacing is off, and a log line says why.
 //!
 //! The loop is synchronous (cgroupfs writes block while the kernel reclaims): run it on a
-//! blocking thread. It checks its cancellation token between passes, so a newer update for the
-//! same container takes over at once.
+//! blocking thread. It looks at its cancellation token before every write and after every pass,
+//! so a newer update for the same container takes over at once: nothing is written or reported
+//! after it.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
 use crate::cgroup::{CgroupError, CgroupIo, CgroupVersion};
+use crate::clock::{Clock, RealClock};
 use crate::policy::{reclaim_request, safe_limit, Harm, MemoryUse, Share};
 use paced::Paced;
 
@@ -96,15 +98,6 @@ pub fn method(io: &dyn CgroupIo, force_memory_high: bool) -> &'static str {
 }
 
 const MAX_PAUSE: Duration = Duration::from_secs(1);
-const SLICE: Duration = Duration::from_millis(10);
-
-/// Sleeps `d` in small slices, or less when cancelled meanwhile.
-fn pause(d: Duration, cancel: &CancellationToken) {
-    let until = Instant::now() + d;
-    while Instant::now() < until && !cancel.is_cancelled() {
-        std::thread::sleep(SLICE.min(until.saturating_duration_since(Instant::now())));
-    }
-}
 
 /// Where a staged decrease stands after one pass.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -120,14 +113,28 @@ pub struct Pass {
     pub stall: Option<f64>,
 }
 
-/// Runs the staged decrease; `on_pass` sees where it stands after every pass.
+/// Runs the staged decrease on the machine's clock; `on_pass` sees where it stands after every
+/// pass.
 pub fn reclaim_to(
     io: &dyn CgroupIo,
     job: &ReclaimJob,
     cancel: &CancellationToken,
+    on_pass: impl FnMut(&Pass),
+) -> ReclaimOutcome {
+    reclaim_with_clock(io, job, &RealClock, cancel, on_pass)
+}
+
+/// [`reclaim_to`] on `clock`: every time the loop reads (the timeout, the pauses between passes,
+/// the wall time pacing divides the stall by) is the clock's.
+pub fn reclaim_with_clock(
+    io: &dyn CgroupIo,
+    job: &ReclaimJob,
+    clock: &dyn Clock,
+    cancel: &CancellationToken,
     mut on_pass: impl FnMut(&Pass),
 ) -> ReclaimOutcome {
-    let started = Instant::now();
+    let started = clock.now();
+    let elapsed = || clock.now().saturating_duration_since(started);
     let read = || io.memory_use(&job.cgroup);
     let start = match read() {
         Ok(u) => u,
@@ -146,7 +153,7 @@ pub fn reclaim_to(
     // Unpaced: the pause between passes doubles up to a second.
     let mut unpaced_pause = Backoff::new(job.step_interval, MAX_PAUSE);
     let mut passes = 0u32;
-    let mut paced = Paced::start(io, job);
+    let mut paced = Paced::start(io, job, clock);
     loop {
         if cancel.is_cancelled() {
             return match restore_high(high_set) {
@@ -196,10 +203,10 @@ pub fn reclaim_to(
                 start,
                 end: now,
                 passes,
-                elapsed: started.elapsed(),
+                elapsed: elapsed(),
             };
         }
-        if started.elapsed() >= job.timeout {
+        if elapsed() >= job.timeout {
             let usage = paced::kept_usage(paced.as_ref(), now.usage);
             let kept = safe_limit(limit_now, job.target, usage, job.headroom);
             if v1 && kept < limit_now && !cancel.is_cancelled() {
@@ -216,20 +223,20 @@ pub fn reclaim_to(
                 end: now,
                 kept: if v1 { limit_now } else { kept },
                 passes,
-                elapsed: started.elapsed(),
+                elapsed: elapsed(),
                 stall_note: paced.map(|p| p.pacer.deferred_note()).unwrap_or_default(),
             };
         }
         let wait = match &mut paced {
             Some(p) => {
-                p.observe(io, job, now.usage);
+                p.observe(io, job, clock, now.usage);
                 p.pacer.wait()
             }
             None => unpaced_pause.next_delay(),
         };
-        let left = job.timeout.saturating_sub(started.elapsed());
+        let left = job.timeout.saturating_sub(elapsed());
         // A cancel during the pause is handled at the top of the loop.
-        pause(wait.min(left), cancel);
+        clock.sleep(wait.min(left), cancel);
     }
 }
 

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use super::ReclaimJob;
 use crate::cgroup::{CgroupIo, CgroupVersion};
+use crate::clock::Clock;
 use crate::policy::{pacing_off_reason, Harm, Pacer};
 
 /// Pacing of one staged decrease: the pacer and the last readings of the workload's harm.
@@ -49,7 +50,7 @@ impl Readings {
 
 impl Paced {
     /// On when `job` asks for it and the cgroup's `memory.pressure` reads; else logs why not.
-    pub(super) fn start(io: &dyn CgroupIo, job: &ReclaimJob) -> Option<Self> {
+    pub(super) fn start(io: &dyn CgroupIo, job: &ReclaimJob, clock: &dyn Clock) -> Option<Self> {
         if job.max_stall.get() >= 1.0 {
             return None;
         }
@@ -82,18 +83,26 @@ impl Paced {
         Some(Self {
             pacer: Pacer::new(job.max_stall, job.step_interval),
             last: first,
-            at: Instant::now(),
+            at: clock.now(),
             own,
         })
     }
 
     /// Reads the harm since the last reading and adjusts the pacer (an unreadable
     /// `memory.pressure` leaves it as it was).
-    pub(super) fn observe(&mut self, io: &dyn CgroupIo, job: &ReclaimJob, usage: u64) {
+    pub(super) fn observe(
+        &mut self,
+        io: &dyn CgroupIo,
+        job: &ReclaimJob,
+        clock: &dyn Clock,
+        usage: u64,
+    ) {
         let Some(now) = Readings::take(io, &job.cgroup) else {
             return;
         };
-        let wall = u64::try_from(self.at.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let at = clock.now();
+        let wall =
+            u64::try_from(at.saturating_duration_since(self.at).as_micros()).unwrap_or(u64::MAX);
         let share = |stalled_us: u64| crate::observer::pressure::share(stalled_us, wall);
         let since = |now: Option<u64>, then: Option<u64>| Some(now?.saturating_sub(then?));
         let above = |share: f64, own: f64| (share - own).max(0.0);
@@ -111,7 +120,7 @@ impl Paced {
         let change = self.pacer.observe(harm, usage);
         tracing::debug!(cgroup = %job.cgroup.display(), memory_stall = harm.memory, io_stall = harm.io, refaulted = harm.refaulted, ?change, next_step = self.pacer.step(u64::MAX), wait_ms = self.pacer.wait().as_millis(), "reclaim pacing");
         self.last = now;
-        self.at = Instant::now();
+        self.at = at;
     }
 }
 

@@ -1,9 +1,12 @@
-//! The staged reclaim loop on fake and tempdir memcgs.
+//! The staged reclaim loop on fake and tempdir memcgs, on a fake clock: the loop's pauses and
+//! timeout, the fake memcg's stall and the wall time pacing divides it by are the clock's, so
+//! every run takes the same passes (no sleeping, nothing depends on the machine's load).
 
 use std::sync::Mutex;
 
 use super::*;
 use crate::cgroup::{ActualResources, CpuLimit, StallTotals};
+use crate::clock::FakeClock;
 
 const MIB: u64 = 1 << 20;
 
@@ -13,6 +16,8 @@ struct FakeMemcg {
     version: CgroupVersion,
     has_reclaim: bool,
     state: Mutex<Fake>,
+    /// The time the loop runs on, and the fake's own stall accrues on.
+    clock: FakeClock,
 }
 
 #[derive(Debug, Default)]
@@ -33,9 +38,8 @@ struct Fake {
     /// Bytes refaulted: each reclaim's bytes come back at once.
     refaulted: u64,
     /// I/O stall the workload has of its own, reclaim or not (hundredths of a percent of wall
-    /// time), accrued since `since`; `io.pressure`'s averages say as much.
+    /// time on the fake clock); `io.pressure`'s averages say as much.
     io_own_bp: u32,
-    since: Option<Instant>,
 }
 
 impl FakeMemcg {
@@ -49,7 +53,18 @@ impl FakeMemcg {
                 limit,
                 ..Fake::default()
             }),
+            clock: FakeClock::new(),
         }
+    }
+
+    /// Runs the staged decrease on this memcg and its fake clock.
+    fn reclaim(
+        &self,
+        job: &ReclaimJob,
+        cancel: &CancellationToken,
+        on_pass: impl FnMut(&Pass),
+    ) -> ReclaimOutcome {
+        reclaim_with_clock(self, job, &self.clock, cancel, on_pass)
     }
 }
 
@@ -111,6 +126,10 @@ impl CgroupIo for FakeMemcg {
         if stall + io_stall > 0 {
             s.refaulted += bytes;
         }
+        // The write takes as long as the workload stalls on it (at least that long: the
+        // workload waits on this very reclaim).
+        self.clock
+            .advance(Duration::from_micros(stall.max(io_stall)));
         let want = s.usage.saturating_sub(bytes);
         s.usage = want.max(s.floor);
         if want < s.floor {
@@ -148,10 +167,10 @@ impl CgroupIo for FakeMemcg {
             })
     }
     fn io_pressure(&self, _: &std::path::Path) -> Result<StallTotals, CgroupError> {
-        let mut s = self.state.lock().unwrap();
-        let since = *s.since.get_or_insert_with(Instant::now);
-        let own_us =
-            u64::try_from(since.elapsed().as_micros()).unwrap() * u64::from(s.io_own_bp) / 10_000;
+        let s = self.state.lock().unwrap();
+        let own_us = u64::try_from(self.clock.passed().as_micros()).unwrap()
+            * u64::from(s.io_own_bp)
+            / 10_000;
         s.io_psi_us
             .map(|some_us| StallTotals {
                 some_us: some_us + own_us,
@@ -184,8 +203,7 @@ fn job(target: u64, interim: u64) -> ReclaimJob {
 #[test]
 fn v1_page_cache_converges_in_one_limit_write() {
     let fake = FakeMemcg::new(CgroupVersion::V1, 450 * MIB, 50 * MIB, 466 * MIB);
-    let out = reclaim_to(
-        &fake,
+    let out = fake.reclaim(
         &job(128 * MIB, 466 * MIB),
         &CancellationToken::new(),
         |_| {},
@@ -200,8 +218,7 @@ fn v1_page_cache_converges_in_one_limit_write() {
 #[test]
 fn v1_anonymous_times_out_with_the_limit_following_usage_down() {
     let fake = FakeMemcg::new(CgroupVersion::V1, 330 * MIB, 300 * MIB, 346 * MIB);
-    let out = reclaim_to(
-        &fake,
+    let out = fake.reclaim(
         &job(100 * MIB, 346 * MIB),
         &CancellationToken::new(),
         |_| {},
@@ -226,12 +243,9 @@ fn v1_anonymous_times_out_with_the_limit_following_usage_down() {
 fn v2_reclaims_until_usage_fits_and_never_writes_memory_max() {
     let fake = FakeMemcg::new(CgroupVersion::V2, 450 * MIB, 50 * MIB, 466 * MIB);
     let mut seen = Vec::new();
-    let out = reclaim_to(
-        &fake,
-        &job(128 * MIB, 466 * MIB),
-        &CancellationToken::new(),
-        |p| seen.push(*p),
-    );
+    let out = fake.reclaim(&job(128 * MIB, 466 * MIB), &CancellationToken::new(), |p| {
+        seen.push(*p);
+    });
     assert!(matches!(out, ReclaimOutcome::Reached { .. }), "{out:?}");
     let s = fake.state.lock().unwrap();
     assert_eq!(s.writes, ["reclaim 323"]);
@@ -261,7 +275,7 @@ fn reclaims(fake: &FakeMemcg) -> Vec<u64> {
 /// The step of every paced pass, in MiB (0: holding).
 fn paced_steps(fake: &FakeMemcg, j: &ReclaimJob) -> (ReclaimOutcome, Vec<u64>) {
     let mut steps = Vec::new();
-    let out = reclaim_to(fake, j, &CancellationToken::new(), |p| {
+    let out = fake.reclaim(j, &CancellationToken::new(), |p| {
         steps.push(p.step.expect("paced") / MIB);
     });
     (out, steps)
@@ -318,11 +332,7 @@ fn the_workloads_own_io_stall_does_not_hold_a_paced_reclaim() {
         // A database waiting on its disk 8 % of the time, reclaim or not (`avg60=8.00`).
         s.io_own_bp = 800;
     }
-    let mut j = paced(job(68 * MIB, 116 * MIB));
-    // Passes long enough that scheduling jitter between a reading and its timestamp stays
-    // far below the hold threshold (2.5 %).
-    j.timeout = Duration::from_secs(5);
-    j.step_interval = Duration::from_millis(50);
+    let j = paced(job(68 * MIB, 116 * MIB));
     let (out, steps) = paced_steps(&fake, &j);
     assert!(
         matches!(out, ReclaimOutcome::Reached { .. }),
@@ -338,8 +348,7 @@ fn paced_reclaim_grows_its_steps_while_the_stall_stays_low() {
         let mut s = fake.state.lock().unwrap();
         (s.psi_us, s.io_psi_us) = (Some(0), Some(0));
     }
-    let out = reclaim_to(
-        &fake,
+    let out = fake.reclaim(
         &paced(job(16 * MIB, 416 * MIB)),
         &CancellationToken::new(),
         |_| {},
@@ -360,13 +369,15 @@ fn a_paced_memory_high_reclaim_puts_memory_high_back_to_max_while_it_holds() {
         s.psi_us = Some(0);
         s.stall_us_per_mib = 2_000;
     }
-    // The fake stalls on memory.reclaim only: make the first step's pass stall by hand.
+    // The fake stalls on memory.reclaim only: make the first step's pass stall by hand (the
+    // workload stalled the whole second the pass took).
     let mut j = paced(job(90 * MIB, 116 * MIB));
     j.force_memory_high = true;
     let first = std::cell::Cell::new(true);
-    let out = reclaim_to(&fake, &j, &CancellationToken::new(), |_| {
+    let out = fake.reclaim(&j, &CancellationToken::new(), |_| {
         if first.replace(false) {
             *fake.state.lock().unwrap().psi_us.as_mut().unwrap() += 1_000_000;
+            fake.clock.advance(Duration::from_secs(1));
         }
     });
     assert!(matches!(out, ReclaimOutcome::Reached { .. }), "{out:?}");
@@ -382,8 +393,7 @@ fn a_paced_memory_high_reclaim_puts_memory_high_back_to_max_while_it_holds() {
 #[test]
 fn without_psi_a_paced_job_reclaims_unpaced() {
     let fake = FakeMemcg::new(CgroupVersion::V2, 450 * MIB, 50 * MIB, 466 * MIB);
-    let out = reclaim_to(
-        &fake,
+    let out = fake.reclaim(
         &paced(job(128 * MIB, 466 * MIB)),
         &CancellationToken::new(),
         |_| {},
@@ -403,18 +413,26 @@ fn pacing_never_gives_up_before_the_timeout_which_names_the_stall() {
     }
     let mut j = paced(job(100 * MIB, 316 * MIB));
     j.timeout = Duration::from_millis(300);
-    let started = Instant::now();
-    let out = reclaim_to(&fake, &j, &CancellationToken::new(), |_| {});
-    assert!(started.elapsed() >= Duration::from_millis(300));
+    let out = fake.reclaim(&j, &CancellationToken::new(), |_| {});
     let ReclaimOutcome::TimedOut {
         stall_note,
         kept,
         end,
+        elapsed,
         ..
     } = out
     else {
         panic!("{out:?}");
     };
+    assert!(
+        elapsed >= j.timeout,
+        "it held on until the timeout: {elapsed:?}"
+    );
+    assert_eq!(
+        elapsed,
+        fake.clock.passed(),
+        "the outcome's time is the clock's"
+    );
     assert!(end.usage < 299 * MIB, "it resumed after holding: {end:?}");
     assert_eq!(
         kept,
@@ -434,8 +452,7 @@ fn pacing_never_gives_up_before_the_timeout_which_names_the_stall() {
 fn v2_without_memory_reclaim_steps_memory_high_and_restores_it() {
     let mut fake = FakeMemcg::new(CgroupVersion::V2, 450 * MIB, 50 * MIB, 466 * MIB);
     fake.has_reclaim = false;
-    let out = reclaim_to(
-        &fake,
+    let out = fake.reclaim(
         &job(128 * MIB, 466 * MIB),
         &CancellationToken::new(),
         |_| {},
@@ -452,8 +469,7 @@ fn v2_without_memory_reclaim_steps_memory_high_and_restores_it() {
     // Anonymous memory above the target: timed out, memory.high restored too.
     let mut fake = FakeMemcg::new(CgroupVersion::V2, 320 * MIB, 300 * MIB, 336 * MIB);
     fake.has_reclaim = false;
-    let out = reclaim_to(
-        &fake,
+    let out = fake.reclaim(
         &job(100 * MIB, 336 * MIB),
         &CancellationToken::new(),
         |_| {},
@@ -473,17 +489,29 @@ fn cancellation_stops_at_once_and_restores_memory_high() {
     let mut j = job(100 * MIB, 336 * MIB);
     j.timeout = Duration::from_secs(60);
     j.step_interval = Duration::from_millis(50);
-    let c = cancel.clone();
-    let t = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(30));
-        c.cancel();
+    // A newer update takes over after the second pass (its pause already begun once).
+    let mut passes = 0;
+    let out = fake.reclaim(&j, &cancel, |_| {
+        passes += 1;
+        if passes == 2 {
+            cancel.cancel();
+        }
     });
-    let started = Instant::now();
-    let out = reclaim_to(&fake, &j, &cancel, |_| {});
-    t.join().unwrap();
     assert_eq!(out, ReclaimOutcome::Cancelled);
-    assert!(started.elapsed() < Duration::from_secs(30));
-    assert_eq!(fake.state.lock().unwrap().high, None);
+    assert_eq!(passes, 2, "no pass after the cancel");
+    let s = fake.state.lock().unwrap();
+    assert_eq!(s.high, None);
+    assert_eq!(
+        s.writes.last().map(String::as_str),
+        Some("high max"),
+        "memory.high put back last: {:?}",
+        s.writes
+    );
+    assert_eq!(
+        fake.clock.passed(),
+        Duration::from_millis(50),
+        "one pause (before the second pass), none after the cancel"
+    );
 }
 
 #[test]
@@ -547,7 +575,7 @@ impl CgroupIo for SupersededAt {
     }
     fn reclaim(&self, p: &std::path::Path, bytes: u64) -> Result<(), CgroupError> {
         self.call(Some(format!("reclaim {}", bytes / MIB)));
-        self.inner.reclaim(p, bytes)
+        CgroupIo::reclaim(&self.inner, p, bytes)
     }
     fn set_memory_high(&self, p: &std::path::Path, h: Option<u64>) -> Result<(), CgroupError> {
         // Putting memory.high back to max is the clean-up a superseded decrease owes.
@@ -607,11 +635,18 @@ fn a_supersede_at_any_call_of_the_loop_stops_it_there() {
                 late_writes: Mutex::new(Vec::new()),
             };
             let mut reported_late = 0;
-            let out = reclaim_to(&io, &job(128 * MIB, 466 * MIB), &io.cancel.clone(), |_| {
-                if io.cancel.is_cancelled() {
-                    reported_late += 1;
-                }
-            });
+            let cancel = io.cancel.clone();
+            let out = reclaim_with_clock(
+                &io,
+                &job(128 * MIB, 466 * MIB),
+                &io.inner.clock,
+                &cancel,
+                |_| {
+                    if io.cancel.is_cancelled() {
+                        reported_late += 1;
+                    }
+                },
+            );
             let fired = io.cancel.is_cancelled();
             assert!(
                 io.late_writes.lock().unwrap().is_empty(),
