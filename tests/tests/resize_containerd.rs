@@ -894,10 +894,10 @@ async fn a_cli_killed_mid_resize_leaves_the_resize_running_and_the_next_one_runs
     check_steps(&next, "next resize");
     assert_cgroups(&ctrd, &pod, &ids, &second, "next resize").await;
     let metrics = nri_resize_tests::scrape_metrics(&api).await;
-    assert_eq!(
-        sample(&metrics, "nri_resize_memory_decrease_reclaims_in_progress"),
-        0.0,
-        "no reclaim left in progress"
+    let in_progress = sample(&metrics, "nri_resize_memory_decrease_reclaims_in_progress");
+    assert!(
+        in_progress < 0.5,
+        "no reclaim left in progress: {in_progress}"
     );
 
     // SIGTERM mid-resize: the daemon stops (exit 0, the helper's bound), the CLI is told, the

@@ -488,7 +488,7 @@ mod tests {
             .expect("state dir")
             .filter_map(Result::ok)
             .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| n.ends_with(".json"))
+            .filter(|n| std::path::Path::new(n).extension() == Some("json".as_ref()))
             .collect();
         v.sort();
         v
