@@ -698,4 +698,64 @@ mod tests {
         assert!(matches!(late, Err(ResizeError::Stopping)), "{late:?}");
         connected.close().await;
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shutdown_during_a_steps_reclaim_leaves_no_reclaim_and_no_gauge_behind() {
+        // `app` uses 200Mi of page cache that the fixture's cgroup never gives back: lowering
+        // it to 100Mi reclaims (until the minute's timeout) before the container step.
+        let (root, engine, _) = engine_with(&(256 * MI).to_string(), Config::default(), false);
+        let app = root.path().join("kubepods/podA/app");
+        std::fs::write(app.join("memory.current"), format!("{}\n", 200 * MI)).expect("write");
+        std::fs::write(
+            app.join("memory.stat"),
+            format!("anon 0\nfile {}\nshmem 0\n", 200 * MI),
+        )
+        .expect("write");
+        let connected = Connected::start(&engine.link).await;
+        let in_progress = |engine: &Engine| {
+            engine
+                .state
+                .metrics
+                .encode()
+                .expect("metrics")
+                .lines()
+                .find(|l| l.starts_with("nri_resize_memory_decrease_reclaims_in_progress "))
+                .map(ToString::to_string)
+        };
+        let caller = tokio::spawn({
+            let engine = Arc::clone(&engine);
+            let shrink = PodResizeRequest {
+                containers: BTreeMap::from([(
+                    "app".to_string(),
+                    ContainerTarget {
+                        cpu_millis: None,
+                        memory_bytes: Some(100 * MI),
+                    },
+                )]),
+            };
+            async move { engine.resize_pod("ns", "web", &shrink).await }
+        });
+        while engine.reclaims.locked().is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(
+            in_progress(&engine).as_deref(),
+            Some("nri_resize_memory_decrease_reclaims_in_progress 1")
+        );
+        // SIGTERM mid-reclaim: the resize ends (it does not re-plan into a new reclaim that the
+        // cancelled token ends at once, for ever), leaving no handle and no gauge behind.
+        engine.shutdown().await;
+        let result = caller.await.expect("the caller");
+        assert!(matches!(result, Err(ResizeError::Stopping)), "{result:?}");
+        assert!(
+            engine.reclaims.locked().is_empty(),
+            "a reclaim handle leaked"
+        );
+        assert_eq!(
+            in_progress(&engine).as_deref(),
+            Some("nri_resize_memory_decrease_reclaims_in_progress 0")
+        );
+        assert_eq!(checkpoints(&root), vec!["pod-pA.json".to_string()]);
+        connected.close().await;
+    }
 }
