@@ -745,7 +745,11 @@ mod tests {
         // SIGTERM mid-reclaim: the resize ends (it does not re-plan into a new reclaim that the
         // cancelled token ends at once, for ever), leaving no handle and no gauge behind.
         engine.shutdown().await;
-        let result = caller.await.expect("the caller");
+        // (The bound only turns a hang into a failure.)
+        let result = tokio::time::timeout(Duration::from_secs(60), caller)
+            .await
+            .expect("the resize ends at shutdown")
+            .expect("the caller");
         assert!(matches!(result, Err(ResizeError::Stopping)), "{result:?}");
         assert!(
             engine.reclaims.locked().is_empty(),
