@@ -1,8 +1,9 @@
 //! The resize engine against real containerd and real cgroups: resize policy and actions,
 //! eviction for `RestartContainer`, admission (enforce and observe), the cgroup v1 ordering that
 //! kubelet's one-container updates need (kubernetes/kubernetes#127356), whole-pod resizes of a
-//! three-container Guaranteed pod through the API in every direction, and a plugin killed in the
-//! middle of a resize that resumes from its checkpoint.
+//! three-container Guaranteed pod through the API in every direction, a plugin killed in the
+//! middle of a resize that resumes from its checkpoint, and a CLI killed in the middle of one
+//! (the resize is the daemon's, not the request's).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -12,8 +13,8 @@ use nri_resize::policy::ResizeState;
 use nri_resize::resize::{ContainerTarget, PodResize, PodResizeRequest};
 use nri_resize_tests::cri::ContainerState;
 use nri_resize_tests::{
-    resize_record, CgroupMode, ContainerSpec, Containerd, ContainerdOptions, ContainerdVersion,
-    PluginProcess, Pod, PodSpec, Resources,
+    plugin_binary, resize_record, CgroupMode, ContainerSpec, Containerd, ContainerdOptions,
+    ContainerdVersion, PluginProcess, Pod, PodSpec, Resources,
 };
 
 const MIB: i64 = 1 << 20;
@@ -798,4 +799,137 @@ async fn a_newer_request_mid_resize_wins() {
         .expect_err("the older request is superseded");
     assert!(err.to_string().contains("superseded"), "{err}");
     assert_cgroups(&ctrd, &pod, &ids, &newest, "latest wins").await;
+}
+
+/// `nri-resize resize` of `pod` to `want`, as a child process (stdout and stderr piped).
+fn cli_resize(plugin: &PluginProcess, pod: &Pod, want: &[(&str, u64, i64)]) -> std::process::Child {
+    std::process::Command::new(plugin_binary())
+        .arg("resize")
+        .arg("--api-socket")
+        .arg(&plugin.api_socket)
+        .arg(format!("{}/{}", pod.namespace, pod.name))
+        .args(
+            want.iter()
+                .map(|(n, cpu, mem)| format!("{n}=cpu={cpu}m,memory={mem}")),
+        )
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn nri-resize resize")
+}
+
+/// Waits (up to 30 s) for the pod's whole-pod record to satisfy `done`.
+async fn pod_record(
+    plugin: &PluginProcess,
+    pod: &Pod,
+    what: &str,
+    done: impl Fn(&PodResize) -> bool,
+) -> PodResize {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = plugin.api().resizes().await.expect("resizes");
+        if let Some(p) = r.pods.iter().find(|p| p.pod_id == pod.id && done(p)) {
+            return p.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not seen; records {:?}; log:\n{}",
+            r.pods,
+            plugin.log_tail(30)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A whole-pod resize belongs to the daemon, not to the request: the CLI killed mid-resize
+/// leaves it running to its end, and the pod's next resize runs (before, the dropped request
+/// left the pod "running" for ever and every later resize of it waited without bound). A
+/// SIGTERM mid-resize then ends it at once, leaving its checkpoint, which the next start resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cli_killed_mid_resize_leaves_the_resize_running_and_the_next_one_runs() {
+    let ctrd = Containerd::start(ContainerdVersion::V1_7, ContainerdOptions::default()).await;
+    let mut plugin = PluginProcess::start_ready(
+        &ctrd,
+        "nri-resize",
+        Some("[resize]\nstep_pause_ms = 1500\n"),
+    )
+    .await;
+    let api = plugin.api();
+    let (pod, ids) = three_guaranteed_containers(&ctrd, "cli-killed").await;
+    let first = [
+        ("a", 600, 192 * MIB),
+        ("b", 600, 192 * MIB),
+        ("c", 600, 192 * MIB),
+    ];
+    let mut cli = cli_resize(&plugin, &pod, &first);
+    let started = pod_record(&plugin, &pod, "the first step", |p| !p.steps.is_empty()).await;
+    assert!(started.state.is_some(), "still under way: {started:?}");
+    cli.kill().expect("kill the CLI");
+    let _ = cli.wait();
+    // The resize goes on without its client and ends done.
+    let done = pod_record(&plugin, &pod, "the resize done without its CLI", |p| {
+        p.state.is_none()
+    })
+    .await;
+    check_steps(&done, "CLI killed");
+    assert!(
+        done.steps.len() > started.steps.len(),
+        "it went on after the CLI died: {done:?}"
+    );
+    assert_cgroups(&ctrd, &pod, &ids, &first, "CLI killed").await;
+    // The pod's next resize runs to its end (the test's own bound: it must not wait for ever).
+    let second = [
+        ("a", 400, 128 * MIB),
+        ("b", 400, 128 * MIB),
+        ("c", 400, 128 * MIB),
+    ];
+    let next = tokio::time::timeout(
+        Duration::from_secs(60),
+        api.resize_pod(&pod.namespace, &pod.name, &targets(&second)),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("the next resize never ended; log:\n{}", plugin.log_tail(30)))
+    .expect("the next resize");
+    check_steps(&next, "next resize");
+    assert_cgroups(&ctrd, &pod, &ids, &second, "next resize").await;
+    let metrics = nri_resize_tests::scrape_metrics(&api).await;
+    let in_progress = sample(&metrics, "nri_resize_memory_decrease_reclaims_in_progress");
+    assert!(
+        in_progress < 0.5,
+        "no reclaim left in progress: {in_progress}"
+    );
+
+    // SIGTERM mid-resize: the daemon stops (exit 0, the helper's bound), the CLI is told, the
+    // checkpoint stays, and the next start resumes it to its target.
+    let third = [
+        ("a", 500, 160 * MIB),
+        ("b", 500, 160 * MIB),
+        ("c", 500, 160 * MIB),
+    ];
+    let cli = cli_resize(&plugin, &pod, &third);
+    pod_record(&plugin, &pod, "the third resize's first step", |p| {
+        p.state.is_some() && !p.steps.is_empty()
+    })
+    .await;
+    plugin.stop();
+    let out = cli.wait_with_output().expect("the CLI ends");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the CLI was not told: {stderr}");
+    assert!(stderr.contains("stopping"), "the CLI says why: {stderr}");
+    assert!(
+        std::fs::read_dir(&plugin.state_dir)
+            .expect("state dir")
+            .filter_map(Result::ok)
+            .any(|e| e.file_name().to_string_lossy().starts_with("pod-")),
+        "the checkpoint stays for the next start"
+    );
+    plugin.restart();
+    plugin.wait_ready(READY).await;
+    let resumed = pod_record(&plugin, &pod, "the resumed resize done", |p| {
+        p.resumed && p.state.is_none()
+    })
+    .await;
+    check_steps(&resumed, "resumed after SIGTERM");
+    assert_cgroups(&ctrd, &pod, &ids, &third, "resumed after SIGTERM").await;
 }

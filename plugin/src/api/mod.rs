@@ -7,7 +7,7 @@
 //! | GET | `/v1/status` | [`Status`]: runtime connection, every pod with its containers (each with an optional `observed`: desired vs actual, throttling, reclaim, OOM kills), the observer, the metrics address and the `node` (capacity, allocatable, last capacity change) |
 //! | GET | `/v1/events?since=N` | [`EventRecord`]s with `seq > N`, oldest first |
 //! | POST | `/v1/containers/{id}/resources` | applies a [`LinuxResources`] through NRI `UpdateContainers` |
-//! | POST | `/v1/pods/{namespace}/{name}/resize` | a whole-pod resize ([`PodResizeRequest`]), planned in KEP order and executed step by step; answers the [`PodResize`] record |
+//! | POST | `/v1/pods/{namespace}/{name}/resize` | a whole-pod resize ([`PodResizeRequest`]), planned in KEP order and executed step by step; answers the [`PodResize`] record when it is done; the resize belongs to the daemon, not the request: a client that disconnects leaves it running to its end (`GET /v1/resizes` follows it) |
 //! | GET | `/v1/resizes` | the resize records: per container (kubelet-driven) and per pod (whole-pod), with state, reason and steps |
 //! | GET | `/healthz` | 200 while the process serves |
 //! | GET | `/readyz` | 200 once registered with the runtime, synchronized and the observer loaded (as the metrics listener's), else 503 with why |
@@ -41,6 +41,7 @@ use crate::cgroup::ActualResources;
 use crate::model::{Container, EventRecord, LinuxResources, Pod, PodView};
 use crate::nri::{ContainerUpdate, LinkError, LinkStatus, RuntimeLink};
 use crate::observer::Strategies;
+use crate::resize::off_worker::off_worker;
 use crate::resize::{ContainerResize, Engine, PodResize, PodResizeRequest, ResizeError};
 use crate::state::{
     Confirmation, ContainerObservation, NodeState, ObserverInfo, PodLevelStatus, ResizeVerdict,
@@ -465,12 +466,14 @@ async fn resize_pod(
         .engine
         .as_ref()
         .ok_or_else(|| api_err(StatusCode::SERVICE_UNAVAILABLE, "the resize engine is off"))?;
+    // The resize is the engine's task: a client that disconnects drops this wait, not the resize.
     engine
         .resize_pod(&namespace, &name, &req)
         .await
         .map(Json)
         .map_err(|e| {
             let code = match &e {
+                ResizeError::Stopping => StatusCode::SERVICE_UNAVAILABLE,
                 ResizeError::UnknownPod(_) | ResizeError::UnknownContainer { .. } => {
                     StatusCode::NOT_FOUND
                 }
@@ -531,13 +534,18 @@ async fn update_resources(
                     m.container(&id).and_then(|c| c.resources.clone())
                 });
                 info!(container = %id, "plugin-initiated update applied");
-                if let Some(engine) = &ctx.engine {
-                    // Records it and reads the cgroup back against it.
-                    engine.note_applied_update(&id, &resources);
-                } else {
-                    // Confirmation: the merged resources asked for vs the cgroup now.
-                    ctx.state.confirm(&id, desired.or(Some(resources)));
-                }
+                // The cgroup read back against it, on a blocking thread (cgroupfs).
+                let (state, engine) = (Arc::clone(&ctx.state), ctx.engine.clone());
+                off_worker(move || {
+                    if let Some(engine) = engine {
+                        // Records it and reads the cgroup back against it.
+                        engine.note_applied_update(&id, &resources);
+                    } else {
+                        // Confirmation: the merged resources asked for vs the cgroup now.
+                        state.confirm(&id, desired.or(Some(resources)));
+                    }
+                })
+                .await;
             } else {
                 warn!(container = %id, "runtime reported the update as failed");
             }
@@ -669,8 +677,97 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::PermissionsExt;
+    use std::sync::Arc;
 
-    use super::secure_dir;
+    use axum::extract::{Path as UrlPath, State};
+    use axum::Json;
+
+    use super::{secure_dir, update_resources, Ctx};
+    use crate::cgroup::worker_check::OffWorkerOnly;
+    use crate::cgroup::{Cgroups, V2};
+    use crate::config::Config;
+    use crate::model::{Container, ContainerState, LinuxResources, MemoryResources, Pod};
+    use crate::nri::RuntimeLink;
+    use crate::resize::fake_runtime::Connected;
+    use crate::resize::node::NodeReader;
+    use crate::resize::Engine;
+    use crate::state::NodeState;
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_update_through_the_api_is_confirmed_off_the_async_worker() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let dir = root.path().join("kubepods/pod1/c1");
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        std::fs::write(dir.join("memory.max"), "268435456\n").expect("write");
+        let (cgroups, on_worker) = OffWorkerOnly::wrap(Cgroups::V2(V2 {
+            root: root.path().to_owned(),
+        }));
+        let state = NodeState::with_cgroups(Config::default(), Some(cgroups.clone()));
+        let pod = Pod {
+            id: "p1".into(),
+            namespace: "ns".into(),
+            name: "web".into(),
+            cgroup_parent: "/kubepods/pod1".into(),
+            ..Pod::default()
+        };
+        let ctr = Container {
+            id: "c1".into(),
+            pod_id: "p1".into(),
+            name: "app".into(),
+            state: ContainerState::Running,
+            cgroups_path: "/kubepods/pod1/c1".into(),
+            ..Container::default()
+        };
+        state.write_model(|m| {
+            m.upsert_pod(pod.clone());
+            m.upsert_container(ctr.clone());
+        });
+        state.track(&pod, &ctr);
+        let link = RuntimeLink::default();
+        let connected = Connected::start(&link).await;
+        let engine = Arc::new(Engine::new(
+            state.clone(),
+            link.clone(),
+            Some(cgroups),
+            NodeReader::new(root.path().join("no-node")),
+            None,
+        ));
+        let resources = LinuxResources {
+            memory: Some(MemoryResources {
+                limit: Some(256 << 20),
+                ..MemoryResources::default()
+            }),
+            ..LinuxResources::default()
+        };
+        // With the engine (its record follows) and without (the state confirms alone).
+        for engine in [Some(engine), None] {
+            state.observed(|o| o.confirmations.clear());
+            let ctx = Ctx {
+                state: state.clone(),
+                link: link.clone(),
+                engine,
+            };
+            let answer = update_resources(
+                State(ctx),
+                UrlPath("c1".to_string()),
+                Json(resources.clone()),
+            )
+            .await;
+            assert!(answer.is_ok_and(|Json(r)| r.failed.is_empty()));
+            let confirmed = state.observed(|o| o.confirmations.get("c1").cloned());
+            assert_eq!(
+                confirmed.and_then(|c| c.matches),
+                Some(true),
+                "the cgroup was read back and holds the update"
+            );
+        }
+        assert_eq!(
+            on_worker.lock().expect("lock").clone(),
+            Vec::<String>::new(),
+            "cgroup I/O on the async worker"
+        );
+        connected.close().await;
+    }
 
     fn mode(p: &std::path::Path) -> u32 {
         std::fs::metadata(p).expect("stat").permissions().mode() & 0o7777

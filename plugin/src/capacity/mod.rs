@@ -53,7 +53,9 @@ use crate::sync::ReadWriteLocked as _;
 /// implements it; `cause` names the change, for its log and records.
 #[async_trait::async_trait]
 pub trait OnCapacityChange: Send + Sync {
-    async fn capacity_changed(&self, cause: &str) -> Vec<Reevaluation>;
+    /// Owned (`Arc`): the engine runs its cgroup I/O on blocking threads, which outlive a call
+    /// that the watcher's timeout gives up on.
+    async fn capacity_changed(self: Arc<Self>, cause: &str) -> Vec<Reevaluation>;
 }
 
 /// Why the watcher could not start.
@@ -600,7 +602,7 @@ pub async fn run(
                     .join(", ");
                 let reevaluation = tokio::time::timeout(
                     Duration::from_secs(10),
-                    reevaluate.capacity_changed(&cause),
+                    Arc::clone(reevaluate).capacity_changed(&cause),
                 );
                 if let Ok(outcomes) = reevaluation.await {
                     watcher.reevaluated(outcomes);

@@ -23,6 +23,8 @@ mod layout;
 mod parse;
 mod path;
 mod pressure;
+#[cfg(test)]
+pub mod worker_check;
 
 use std::fmt;
 use std::io::Read as _;
@@ -273,6 +275,9 @@ pub enum Cgroups {
     /// Test builds only: every call slowed down on purpose ([`fault`]).
     #[cfg(feature = "fault-injection")]
     Slow(fault::Slow),
+    /// Unit tests only: notes the calls made on the async worker ([`worker_check`]).
+    #[cfg(test)]
+    OffWorkerOnly(worker_check::OffWorkerOnly),
 }
 
 impl Cgroups {
@@ -579,6 +584,8 @@ impl Cgroups {
             Self::V2(v) => v,
             #[cfg(feature = "fault-injection")]
             Self::Slow(v) => v,
+            #[cfg(test)]
+            Self::OffWorkerOnly(v) => v,
         }
     }
 }

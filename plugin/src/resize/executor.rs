@@ -64,6 +64,30 @@ pub(super) enum StepError {
     Broken { violation: Violation },
 }
 
+/// What a whole-pod record says when the daemon stopped it.
+const STOPPED: &str =
+    "stopped: nri-resize is stopping; the resize resumes from its checkpoint at the next start";
+
+/// An executor in flight for a pod ([`Engine::run`]); dropped before its end (its task stopped
+/// at shutdown) it clears the pod's running mark, so no later request of the pod waits for it.
+struct Running<'a> {
+    engine: &'a Engine,
+    pod_id: &'a str,
+    ended: bool,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        self.engine.targets.locked().remove(self.pod_id);
+        if let Some(r) = self.engine.pods.locked().get_mut(self.pod_id) {
+            STOPPED.clone_into(&mut r.reason);
+        }
+    }
+}
+
 impl Engine {
     /// Drives `pod` to `target` (the latest target wins if another request arrives meanwhile).
     pub(super) async fn run(
@@ -83,7 +107,55 @@ impl Engine {
             self.supersede_pod_reclaims(&pod.id);
             return self.wait_for(&pod.id, &target).await;
         }
-        let result = self.execute(&pod, resumed).await.and_then(|r| {
+        // Dropped before its end (the daemon stops): the pod's later resizes and their waiters
+        // must not wait for an executor that is gone.
+        let mut guard = Running {
+            engine: self.as_ref(),
+            pod_id: &pod.id,
+            ended: false,
+        };
+        let mut resumed = resumed;
+        let result = loop {
+            let result = self.execute(&pod, resumed).await;
+            if self.shutdown.is_cancelled() {
+                // Stopped, not done: the checkpoint stays for the next start.
+                break Err(ResizeError::Stopping);
+            }
+            let done = self
+                .pods
+                .locked()
+                .get(&pod.id)
+                .map(|r| r.target.clone())
+                .unwrap_or_default();
+            if let Some(store) = self.checkpoints.clone() {
+                let key = checkpoint_key(&pod.id);
+                // A file removal and a directory fsync: blocking I/O.
+                if let Err(e) = super::off_worker::off_worker(move || store.remove(&key)).await {
+                    warn!(pod = %pod.full_name(), error = %e, "cannot remove the resize checkpoint");
+                }
+            }
+            let again = result.is_ok() && !self.pod_gone(&pod.id);
+            let newer = {
+                let mut targets = self.targets.locked();
+                match targets.get(&pod.id) {
+                    // A newer request came after the last plan (it waits for this executor).
+                    Some((t, _)) if again && *t != done => Some(t.clone()),
+                    _ => {
+                        targets.remove(&pod.id);
+                        None
+                    }
+                }
+            };
+            let Some(newer) = newer else {
+                break result;
+            };
+            info!(pod = %pod.full_name(), "a newer resize request arrived as the last one finished: resizing again");
+            let p = pod.clone();
+            self.off_worker(move |e| e.checkpoint(&p, &newer)).await;
+            resumed = false;
+        };
+        guard.ended = true;
+        let result = result.and_then(|r| {
             if r.target == target {
                 Ok(r)
             } else {
@@ -94,16 +166,17 @@ impl Engine {
         });
         // The pod was removed meanwhile (`forget_pod` came before the record's last update):
         // its record goes with it.
-        if self.state.read_model(|m| m.pod(&pod.id).is_none()) {
+        if self.pod_gone(&pod.id) {
             self.pods.locked().remove(&pod.id);
         }
-        self.targets.locked().remove(&pod.id);
-        if let Some(store) = &self.checkpoints {
-            if let Err(e) = store.remove(&checkpoint_key(&pod.id)) {
-                warn!(pod = %pod.full_name(), error = %e, "cannot remove the resize checkpoint");
-            }
+        if matches!(result, Err(ResizeError::Stopping)) {
+            self.targets.locked().remove(&pod.id);
         }
         result
+    }
+
+    fn pod_gone(&self, pod_id: &str) -> bool {
+        self.state.read_model(|m| m.pod(pod_id).is_none())
     }
 
     /// Another executor runs for this pod and picked up `target`: wait until it is done.
@@ -113,7 +186,10 @@ impl Engine {
         target: &SnapshotLimits,
     ) -> Result<PodResize, ResizeError> {
         loop {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(20)) => {}
+                () = self.shutdown.cancelled() => return Err(ResizeError::Stopping),
+            }
             if !self.targets.locked().contains_key(pod_id) {
                 let r = self.pods.locked().get(pod_id).cloned().unwrap_or_default();
                 return if r.state.is_none() && &r.target == target {
@@ -146,6 +222,13 @@ impl Engine {
             ..PodResize::default()
         };
         'replan: loop {
+            if self.shutdown.is_cancelled() {
+                // Stopping: the checkpoint stays, the next start resumes from the actual state.
+                info!(pod = %full, "stopping: the whole-pod resize stays checkpointed");
+                record.reason = STOPPED.into();
+                self.pods.locked().insert(pod.id.clone(), record.clone());
+                return Err(ResizeError::Stopping);
+            }
             let target = self
                 .targets
                 .locked()
@@ -300,7 +383,10 @@ impl Engine {
                         name: name.clone(),
                         source,
                     })?;
-                self.note_applied_update(&ctr.id, &resources);
+                // Records it and reads the container's cgroup back (blocking).
+                let id = ctr.id.clone();
+                self.off_worker(move |e| e.note_applied_update(&id, &resources))
+                    .await;
                 Ok(())
             }
         }
@@ -312,10 +398,13 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+    use crate::cgroup::worker_check::{OffWorkerOnly, OnWorker};
     use crate::cgroup::{Cgroups, V2};
     use crate::config::Config;
     use crate::model::{Container, ContainerState, LinuxResources, MemoryResources};
     use crate::nri::RuntimeLink;
+    use crate::resize::checkpoint::CheckpointStore;
+    use crate::resize::fake_runtime::Connected;
     use crate::resize::node::NodeReader;
     use crate::resize::{ContainerTarget, PodResizeRequest};
     use crate::state::NodeState;
@@ -326,6 +415,18 @@ mod tests {
     /// the model; its cgroup's `memory.max` as given), and an engine without a runtime
     /// connection (container steps fail) that gives up after two attempts.
     fn engine(app_memory_max: &str) -> (tempfile::TempDir, Arc<Engine>) {
+        let (root, engine, _) = engine_with(app_memory_max, Config::default(), false);
+        (root, engine)
+    }
+
+    /// [`engine`] with this configuration (`max_attempts` 2 all the same), a checkpoint
+    /// directory (`<root>/state`), `app` tracked for confirmation, and with `watched` its cgroup
+    /// I/O watched for the async worker ([`OffWorkerOnly`]).
+    fn engine_with(
+        app_memory_max: &str,
+        mut cfg: Config,
+        watched: bool,
+    ) -> (tempfile::TempDir, Arc<Engine>, OnWorker) {
         let root = tempfile::tempdir().expect("tempdir");
         let write = |dir: &str, file: &str, value: &str| {
             let dir = root.path().join(dir);
@@ -334,11 +435,14 @@ mod tests {
         };
         write("kubepods/podA", "memory.max", &(512 * MI).to_string());
         write("kubepods/podA/app", "memory.max", app_memory_max);
-        let mut cfg = Config::default();
         cfg.resize.max_attempts = 2;
-        let cgroups = Cgroups::V2(V2 {
+        let mut cgroups = Cgroups::V2(V2 {
             root: root.path().to_owned(),
         });
+        let mut on_worker = OnWorker::default();
+        if watched {
+            (cgroups, on_worker) = OffWorkerOnly::wrap(cgroups);
+        }
         let state = NodeState::with_cgroups(cfg, Some(cgroups.clone()));
         state.write_model(|m| {
             m.upsert_pod(Pod {
@@ -364,14 +468,30 @@ mod tests {
                 ..Container::default()
             });
         });
+        state.read_model(|m| {
+            let (pod, ctr) = (m.pod("pA").expect("pod"), m.container("cA").expect("ctr"));
+            state.track(pod, ctr);
+        });
+        let store = CheckpointStore::open(root.path().join("state")).expect("checkpoints");
         let engine = Arc::new(Engine::new(
             state,
             RuntimeLink::default(),
             Some(cgroups),
             NodeReader::new(root.path().join("no-node")),
-            None,
+            Some(store),
         ));
-        (root, engine)
+        (root, engine, on_worker)
+    }
+
+    fn checkpoints(root: &tempfile::TempDir) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(root.path().join("state"))
+            .expect("state dir")
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| std::path::Path::new(n).extension() == Some("json".as_ref()))
+            .collect();
+        v.sort();
+        v
     }
 
     /// `app` to 300Mi.
@@ -451,5 +571,195 @@ mod tests {
         assert_eq!(record.steps.len(), 2, "{record:?}");
         assert_eq!(record.attempts, 2);
         assert_eq!(record.state, Some(ResizeState::Error));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_whole_pod_resize_does_its_cgroup_io_off_the_async_worker() {
+        let (root, engine, on_worker) =
+            engine_with(&(256 * MI).to_string(), Config::default(), true);
+        let connected = Connected::start(&engine.link).await;
+        let (result, record) = grow_app(&engine).await;
+        let done = result.expect("the resize is done");
+        assert_eq!(record.state, None, "{record:?}");
+        assert_eq!(done.steps.len(), 2, "pod, then app: {done:?}");
+        // The container's cgroup was read back for its confirmation.
+        let confirmed = engine
+            .state
+            .observed(|o| o.confirmations.get("cA").cloned());
+        assert!(
+            confirmed.is_some_and(|c| c.actual.is_some()),
+            "the container's cgroup was read back"
+        );
+        assert_eq!(
+            checkpoints(&root),
+            Vec::<String>::new(),
+            "checkpoint removed"
+        );
+        assert_eq!(
+            on_worker.lock().expect("lock").clone(),
+            Vec::<String>::new(),
+            "cgroup I/O on the async worker"
+        );
+        connected.close().await;
+    }
+
+    /// A config whose executor pauses a minute after every step (paused time: the test decides
+    /// when the pause ends).
+    fn pausing() -> Config {
+        let mut cfg = Config::default();
+        cfg.resize.step_pause_ms = 60_000;
+        cfg
+    }
+
+    /// Waits until the executor has done its first step (it then pauses).
+    async fn first_step(engine: &Arc<Engine>) {
+        while !engine.pod_resizes().iter().any(|r| !r.steps.is_empty()) {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_resize_whose_caller_went_away_runs_to_its_end_and_the_next_one_runs() {
+        let (root, engine, _) = engine_with(&(256 * MI).to_string(), pausing(), false);
+        let connected = Connected::start(&engine.link).await;
+        let caller = tokio::spawn({
+            let engine = Arc::clone(&engine);
+            async move { engine.resize_pod("ns", "web", &grow_app_request()).await }
+        });
+        first_step(&engine).await;
+        // The API client disconnects: its request (this task) is dropped mid-plan.
+        caller.abort();
+        assert!(caller.await.expect_err("aborted").is_cancelled());
+        // The resize goes on without it: the pause ends, the container step runs, the record
+        // ends done and the checkpoint goes.
+        tokio::time::timeout(Duration::from_secs(3600), async {
+            while engine.pod_resizes()[0].state.is_some() {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        })
+        .await
+        .expect("the resize ends without its caller");
+        let record = engine.pod_resizes().pop().expect("record");
+        assert_eq!(record.steps.len(), 2, "{record:?}");
+        assert!(record.steps.iter().all(|s| s.ok), "{record:?}");
+        assert_eq!(
+            checkpoints(&root),
+            Vec::<String>::new(),
+            "checkpoint removed"
+        );
+        // The pod's next resize is not left waiting on the request that went away.
+        let next = PodResizeRequest {
+            containers: BTreeMap::from([(
+                "app".to_string(),
+                ContainerTarget {
+                    cpu_millis: None,
+                    memory_bytes: Some(320 * MI),
+                },
+            )]),
+        };
+        let again = tokio::time::timeout(
+            Duration::from_secs(3600),
+            engine.resize_pod("ns", "web", &next),
+        )
+        .await
+        .expect("the next resize of the pod ends");
+        assert!(again.is_ok(), "{again:?}");
+        connected.close().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_ends_a_resize_under_way_and_keeps_its_checkpoint() {
+        let (root, engine, _) = engine_with(&(256 * MI).to_string(), pausing(), false);
+        let connected = Connected::start(&engine.link).await;
+        let caller = tokio::spawn({
+            let engine = Arc::clone(&engine);
+            async move { engine.resize_pod("ns", "web", &grow_app_request()).await }
+        });
+        first_step(&engine).await;
+        // SIGTERM: the engine's tasks end, the resize among them.
+        engine.shutdown().await;
+        let result = caller.await.expect("the caller");
+        assert!(matches!(result, Err(ResizeError::Stopping)), "{result:?}");
+        let record = engine.pod_resizes().pop().expect("record");
+        assert_eq!(
+            record.steps.len(),
+            1,
+            "stopped after its first step: {record:?}"
+        );
+        assert!(record.reason.contains("stopping"), "{record:?}");
+        assert_eq!(
+            checkpoints(&root),
+            vec!["pod-pA.json".to_string()],
+            "the checkpoint stays for the next start"
+        );
+        // Nothing waits on it, and a request after shutdown is refused at once.
+        assert!(!engine.targets.locked().contains_key("pA"));
+        let late = engine.resize_pod("ns", "web", &grow_app_request()).await;
+        assert!(matches!(late, Err(ResizeError::Stopping)), "{late:?}");
+        connected.close().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shutdown_during_a_steps_reclaim_leaves_no_reclaim_and_no_gauge_behind() {
+        // `app` uses 200Mi of page cache that the fixture's cgroup never gives back: lowering
+        // it to 100Mi reclaims (until the minute's timeout) before the container step.
+        let (root, engine, _) = engine_with(&(256 * MI).to_string(), Config::default(), false);
+        let app = root.path().join("kubepods/podA/app");
+        std::fs::write(app.join("memory.current"), format!("{}\n", 200 * MI)).expect("write");
+        std::fs::write(
+            app.join("memory.stat"),
+            format!("anon 0\nfile {}\nshmem 0\n", 200 * MI),
+        )
+        .expect("write");
+        let connected = Connected::start(&engine.link).await;
+        let in_progress = |engine: &Engine| {
+            engine
+                .state
+                .metrics
+                .encode()
+                .expect("metrics")
+                .lines()
+                .find(|l| l.starts_with("nri_resize_memory_decrease_reclaims_in_progress "))
+                .map(ToString::to_string)
+        };
+        let caller = tokio::spawn({
+            let engine = Arc::clone(&engine);
+            let shrink = PodResizeRequest {
+                containers: BTreeMap::from([(
+                    "app".to_string(),
+                    ContainerTarget {
+                        cpu_millis: None,
+                        memory_bytes: Some(100 * MI),
+                    },
+                )]),
+            };
+            async move { engine.resize_pod("ns", "web", &shrink).await }
+        });
+        while engine.reclaims.locked().is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(
+            in_progress(&engine).as_deref(),
+            Some("nri_resize_memory_decrease_reclaims_in_progress 1")
+        );
+        // SIGTERM mid-reclaim: the resize ends (it does not re-plan into a new reclaim that the
+        // cancelled token ends at once, for ever), leaving no handle and no gauge behind.
+        engine.shutdown().await;
+        // (The bound only turns a hang into a failure.)
+        let result = tokio::time::timeout(Duration::from_secs(60), caller)
+            .await
+            .expect("the resize ends at shutdown")
+            .expect("the caller");
+        assert!(matches!(result, Err(ResizeError::Stopping)), "{result:?}");
+        assert!(
+            engine.reclaims.locked().is_empty(),
+            "a reclaim handle leaked"
+        );
+        assert_eq!(
+            in_progress(&engine).as_deref(),
+            Some("nri_resize_memory_decrease_reclaims_in_progress 0")
+        );
+        assert_eq!(checkpoints(&root), vec!["pod-pA.json".to_string()]);
+        connected.close().await;
     }
 }

@@ -25,9 +25,11 @@ pub mod checkpoint;
 mod decrease;
 mod eviction;
 mod executor;
+#[cfg(test)]
+pub(crate) mod fake_runtime;
 mod late;
 pub mod node;
-mod off_worker;
+pub(crate) mod off_worker;
 mod pod_cgroup;
 mod pod_checkpoint;
 pub mod reclaim;

@@ -13,6 +13,7 @@
 //!   Infeasible, which may have swapped) and the reason as of the new capacity.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use tracing::{info, warn};
 
@@ -39,7 +40,7 @@ pub enum ApplyError {
 /// The capacity watcher's hook: a capacity change re-evaluates the waiting resizes.
 #[async_trait::async_trait]
 impl OnCapacityChange for Engine {
-    async fn capacity_changed(&self, cause: &str) -> Vec<Reevaluation> {
+    async fn capacity_changed(self: Arc<Self>, cause: &str) -> Vec<Reevaluation> {
         self.reevaluate_waiting(cause).await
     }
 }
@@ -76,7 +77,7 @@ impl Engine {
 
     /// Re-admits every waiting (Deferred / Infeasible) resize; applies those that fit now. See
     /// the module docs. `cause` names the capacity change, for the log and the record.
-    pub async fn reevaluate_waiting(&self, cause: &str) -> Vec<Reevaluation> {
+    pub async fn reevaluate_waiting(self: &Arc<Self>, cause: &str) -> Vec<Reevaluation> {
         let enforce = self.config().resize.mode == Mode::Enforce;
         let mut out = Vec::new();
         for (id, desired, before) in self.waiting() {
@@ -85,12 +86,18 @@ impl Engine {
                 Some((m.pod(&c.pod_id)?.clone(), c))
             });
             let Some((pod, ctr)) = found else {
-                // The container went away; its record goes with it.
-                self.forget_container(&id);
+                // The container went away; its record goes with it (and a reclaim checkpoint
+                // of its, a file removal with an fsync).
+                self.off_worker(move |e| e.forget_container(&id)).await;
                 continue;
             };
             let subject = format!("{}/{}", pod.full_name(), ctr.name);
-            let (outcome, reason) = match self.readmit(&pod, &ctr, &desired) {
+            // Without the capacity watcher's snapshot, admission reads the node's files.
+            let verdict = {
+                let (p, c, d) = (pod.clone(), ctr.clone(), desired.clone());
+                self.off_worker(move |e| e.readmit(&p, &c, &d)).await
+            };
+            let (outcome, reason) = match verdict {
                 Admission::Fits if !enforce => (
                     ReevaluationOutcome::WouldApply,
                     format!(
@@ -156,28 +163,34 @@ impl Engine {
     /// Applies a waiting resize as the runtime would have for kubelet: the pod cgroup raised
     /// first where KEP ordering needs it, then the container through `UpdateContainers`.
     async fn apply_waiting(
-        &self,
+        self: &Arc<Self>,
         pod: &Pod,
         ctr: &Container,
         desired: &LinuxResources,
     ) -> Result<(), ApplyError> {
         if self.cgroups.is_some() {
-            let current = self.current_pod(pod).map_err(ApplyError::ReadPod)?;
-            if let Ok(Some(Step::SetPod(raise))) = plan_single(
-                &current,
-                &ctr.name,
-                &Limits::from_linux(desired),
-                &self.plan_options(),
-            ) {
-                self.write_pod(pod, &raise).map_err(ApplyError::RaisePod)?;
-            }
+            // cgroupfs reads and writes on a blocking thread: the capacity watcher's timeout
+            // around the re-evaluation can fire while they are stuck.
+            let (p, name, limits) = (pod.clone(), ctr.name.clone(), Limits::from_linux(desired));
+            self.off_worker(move |e| {
+                let current = e.current_pod(&p).map_err(ApplyError::ReadPod)?;
+                if let Ok(Some(Step::SetPod(raise))) =
+                    plan_single(&current, &name, &limits, &e.plan_options())
+                {
+                    e.write_pod(&p, &raise).map_err(ApplyError::RaisePod)?;
+                }
+                Ok::<(), ApplyError>(())
+            })
+            .await?;
         }
         // Only what changes: the fields the container already has belong to the request or to
         // other plugins (NRI gives each field one owner).
         let allocated = ctr.resources.clone().unwrap_or_default();
         self.update_through_runtime(&ctr.id, &fields_changed(&allocated, desired))
             .await?;
-        self.note_applied_update(&ctr.id, desired);
+        let (id, d) = (ctr.id.clone(), desired.clone());
+        self.off_worker(move |e| e.note_applied_update(&id, &d))
+            .await;
         self.state.metrics.resize_outcome("in_place");
         Ok(())
     }
@@ -189,9 +202,11 @@ mod tests {
 
     use super::*;
     use crate::capacity::snapshot::fixture::meminfo;
+    use crate::cgroup::worker_check::{OffWorkerOnly, OnWorker};
     use crate::config::Config;
     use crate::model::{ContainerState, CpuResources, MemoryResources};
     use crate::nri::{Rejection, RuntimeLink};
+    use crate::resize::fake_runtime::Connected;
     use crate::resize::node::NodeReader;
     use crate::state::NodeState;
 
@@ -348,45 +363,8 @@ mod tests {
         assert!(out[0].reason.contains("memory"), "{out:?}");
     }
 
-    /// The runtime end of an in-memory NRI trunk (the same mux and ttrpc parts containerd
-    /// uses): records every `UpdateContainers`.
-    #[derive(Debug, Default)]
-    struct FakeRuntime {
-        updates: std::sync::Mutex<Vec<nri_resize_proto::api::UpdateContainersRequest>>,
-    }
-
-    #[async_trait::async_trait]
-    impl nri_resize_proto::api_ttrpc::Runtime for FakeRuntime {
-        async fn register_plugin(
-            &self,
-            _ctx: &ttrpc::r#async::TtrpcContext,
-            _req: nri_resize_proto::api::RegisterPluginRequest,
-        ) -> ttrpc::Result<nri_resize_proto::api::Empty> {
-            Ok(nri_resize_proto::api::Empty::new())
-        }
-        async fn update_containers(
-            &self,
-            _ctx: &ttrpc::r#async::TtrpcContext,
-            req: nri_resize_proto::api::UpdateContainersRequest,
-        ) -> ttrpc::Result<nri_resize_proto::api::UpdateContainersResponse> {
-            self.updates.lock().expect("lock").push(req);
-            Ok(nri_resize_proto::api::UpdateContainersResponse::default())
-        }
-    }
-
-    /// The plugin side of the session: it only registers (the test drives the engine).
-    struct Registers;
-
-    impl crate::nri::Handler for Registers {
-        fn events(&self) -> crate::nri::EventSet {
-            crate::nri::EventSet::empty()
-        }
-    }
-
     #[tokio::test]
     async fn a_deferred_resize_that_fits_now_is_applied_through_the_runtime() {
-        use crate::nri::{Mux, PluginIdentity, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
-
         let node = Node::new("0-3", 16);
         let (state, _) = engine(&node, Mode::Enforce);
         let link = RuntimeLink::default();
@@ -397,37 +375,8 @@ mod tests {
             NodeReader::new(node.dir.path()),
             None,
         ));
-        // Plugin side: the real session over an in-memory trunk; runtime side: mux + ttrpc.
-        let (plugin_end, runtime_end) = tokio::io::duplex(1 << 20);
-        let cancel = tokio_util::sync::CancellationToken::new();
-        let session = {
-            let (l, c) = (link.clone(), cancel.clone());
-            let handler = Arc::new(Registers);
-            tokio::spawn(async move {
-                let id = PluginIdentity {
-                    socket: "/test".into(),
-                    name: "nri-resize".into(),
-                    idx: "42".into(),
-                };
-                crate::nri::serve_trunk(plugin_end, &id, handler, &l, None, &c).await
-            })
-        };
-        let mut mux = Mux::start(runtime_end, &[PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN]);
-        let _plugin_conn = mux.take(PLUGIN_SERVICE_CONN).expect("conn 1");
-        let runtime_conn = mux.take(RUNTIME_SERVICE_CONN).expect("conn 2");
-        let runtime = Arc::new(FakeRuntime::default());
-        let mut server = ttrpc::r#async::Server::new()
-            .add_listener(crate::nri::one_shot_listener(runtime_conn))
-            .register_service(nri_resize_proto::api_ttrpc::create_runtime(runtime.clone()));
-        server.start().await.expect("runtime server");
-        for _ in 0..400 {
-            if link.status().connected {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
-        assert!(link.status().connected, "the plugin registered");
-
+        let connected = Connected::start(&link).await;
+        let runtime = Arc::clone(&connected.runtime);
         ask(&state, &engine, &guaranteed(3000, GI)).expect_err("deferred on 4 CPUs");
         node.set("0-5", 16);
         let out = engine.reevaluate_waiting("OnlineCpus 4 → 6").await;
@@ -464,9 +413,84 @@ mod tests {
             Some(300_000)
         );
         assert!(engine.reevaluate_waiting("again").await.is_empty());
-        cancel.cancel();
-        let _ = session.await;
-        let _ = server.shutdown().await;
+        connected.close().await;
+    }
+
+    /// A cgroup v2 tree with pod `p1` (memory.max 1Gi) and its container `c1`, every call
+    /// watched for the async worker ([`OffWorkerOnly`]).
+    fn watched_cgroups() -> (tempfile::TempDir, crate::cgroup::Cgroups, OnWorker) {
+        let root = tempfile::tempdir().expect("tempdir");
+        for (dir, max) in [("kubepods/pod1", GI), ("kubepods/pod1/c1", GI)] {
+            let dir = root.path().join(dir);
+            std::fs::create_dir_all(&dir).expect("mkdir");
+            std::fs::write(dir.join("memory.max"), format!("{max}\n")).expect("write");
+            std::fs::write(dir.join("cpu.max"), "100000 100000\n").expect("write");
+        }
+        let (cgroups, on_worker) =
+            OffWorkerOnly::wrap(crate::cgroup::Cgroups::V2(crate::cgroup::V2 {
+                root: root.path().to_owned(),
+            }));
+        (root, cgroups, on_worker)
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn reevaluation_does_its_cgroup_io_off_the_async_worker() {
+        let node = Node::new("0-3", 16);
+        let (_root, cgroups, on_worker) = watched_cgroups();
+        let (model, _) = engine(&node, Mode::Enforce);
+        let state = NodeState::with_cgroups(Config::default(), Some(cgroups.clone()));
+        let (pod, ctr) = model.read_model(|m| {
+            let mut pod = m.pod("p1").cloned().expect("pod");
+            pod.cgroup_parent = "/kubepods/pod1".into();
+            let mut ctr = m.container("c1").cloned().expect("ctr");
+            ctr.cgroups_path = "/kubepods/pod1/c1".into();
+            (pod, ctr)
+        });
+        let other = model.read_model(|m| {
+            (
+                m.pod("p2").cloned().expect("pod"),
+                m.container("c2").cloned().expect("ctr"),
+            )
+        });
+        state.write_model(|m| {
+            m.upsert_pod(pod.clone());
+            m.upsert_container(ctr.clone());
+            m.upsert_pod(other.0);
+            m.upsert_container(other.1);
+        });
+        state.track(&pod, &ctr);
+        let link = RuntimeLink::default();
+        let engine = Arc::new(Engine::new(
+            state.clone(),
+            link.clone(),
+            Some(cgroups),
+            NodeReader::new(node.dir.path()),
+            None,
+        ));
+        let connected = Connected::start(&link).await;
+        // kubelet's update, as the NRI handler runs it: on a blocking thread.
+        let asked = {
+            let (state, engine) = (state.clone(), Arc::clone(&engine));
+            tokio::task::spawn_blocking(move || ask(&state, &engine, &guaranteed(3000, GI)))
+                .await
+                .expect("update")
+        };
+        asked.expect_err("deferred on 4 CPUs");
+        node.set("0-5", 16);
+        let out = engine.reevaluate_waiting("OnlineCpus 4 → 6").await;
+        assert_eq!(out[0].outcome, ReevaluationOutcome::Applied, "{out:?}");
+        // The pod cgroup was read (and raised), and the container's read back to confirm.
+        let confirmed = state.observed(|o| o.confirmations.get("c1").cloned());
+        assert!(
+            confirmed.is_some_and(|c| c.actual.is_some()),
+            "the container's cgroup was read back"
+        );
+        assert_eq!(
+            on_worker.lock().expect("lock").clone(),
+            Vec::<String>::new(),
+            "cgroup I/O on the async worker"
+        );
+        connected.close().await;
     }
 
     #[tokio::test]

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+use tracing::info;
 
 use super::pod_cgroup::PodCgroupError;
 use super::records::{from_snapshot, snapshot};
@@ -51,6 +52,10 @@ pub enum ResizeError {
     },
     #[error("{0}")]
     Failed(String),
+    /// The daemon is stopping: a resize that had started stays checkpointed and resumes at the
+    /// next start.
+    #[error("nri-resize is stopping; a resize already under way resumes from its checkpoint at the next start")]
+    Stopping,
 }
 
 impl Engine {
@@ -77,7 +82,43 @@ impl Engine {
     }
 
     /// A whole-pod resize through the planner and executor; returns when it finished (or failed).
+    ///
+    /// The resize is a task of the engine's own ([`Engine::shutdown`] ends it and waits for it),
+    /// not of the caller: a caller that goes away (an API client that disconnects) leaves it
+    /// running to its end, so its record, its reclaims and the pod's next resize are never left
+    /// waiting on a request that no longer exists. At shutdown it stops at its next await,
+    /// leaving its checkpoint for the next start.
     pub async fn resize_pod(
+        self: &Arc<Self>,
+        namespace: &str,
+        name: &str,
+        req: &PodResizeRequest,
+    ) -> Result<PodResize, ResizeError> {
+        if self.shutdown.is_cancelled() {
+            return Err(ResizeError::Stopping);
+        }
+        let engine = Arc::clone(self);
+        let (namespace, name, req) = (namespace.to_owned(), name.to_owned(), req.clone());
+        let task = self.tasks.spawn(async move {
+            let stop = engine.shutdown.clone();
+            tokio::select! {
+                r = engine.resize_pod_owned(&namespace, &name, &req) => r,
+                () = stop.cancelled() => {
+                    info!(pod = %format!("{namespace}/{name}"), "stopping: the resize stays checkpointed");
+                    Err(ResizeError::Stopping)
+                }
+            }
+        });
+        match task.await {
+            Ok(r) => r,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // The runtime is shutting down under the task.
+            Err(_) => Err(ResizeError::Stopping),
+        }
+    }
+
+    /// [`Engine::resize_pod`]'s work, inside the engine's task.
+    async fn resize_pod_owned(
         self: &Arc<Self>,
         namespace: &str,
         name: &str,
@@ -142,7 +183,12 @@ impl Engine {
         changed.sort_unstable_by_key(|(r, d)| (r.as_str(), d.as_str()));
         changed.dedup();
         let timer = self.state.metrics.resize_timer(&changed);
-        let verdict = self.admission_with(&pod, Some(&this_pod), &desired);
+        // Without the capacity watcher's snapshot, admission reads the node's files.
+        let verdict = {
+            let (p, d) = (pod.clone(), desired.clone());
+            self.off_worker(move |e| e.admission_with(&p, Some(&this_pod), &d))
+                .await
+        };
         let enforce = self.config().resize.mode == Mode::Enforce;
         if let Admission::Deferred { reason } | Admission::Infeasible { reason } = &verdict {
             let state = verdict.resize_status().state;

@@ -113,7 +113,7 @@ impl Engine {
                             kept = interim;
                         }
                     }
-                    let swap = node_has_swap();
+                    let swap = node_has_swap().await;
                     let reason =
                         not_reclaimable_reason(&end, target, kept, md.timeout_ms / 1000, swap)
                             + &stall_note;

@@ -83,6 +83,15 @@ impl Engine {
             ),
         );
         self.state.metrics.decrease.started();
+        // Dropped before the outcome is counted (the resize's task stopped at shutdown): the
+        // handle and the in-progress gauge must not outlive it.
+        let mut in_flight = InFlight {
+            engine: self,
+            id: &ctr.id,
+            generation,
+            cancel: cancel.clone(),
+            counted: false,
+        };
         let started = Instant::now();
         let job = ReclaimJob {
             cgroup,
@@ -98,12 +107,8 @@ impl Engine {
         let outcome = tokio::task::spawn_blocking(move || reclaim_to(&cg, &job, &cancel2, |_| {}))
             .await
             .unwrap_or_else(|e| ReclaimOutcome::Failed(format!("reclaim thread: {e}")));
-        {
-            let mut all = self.reclaims.locked();
-            if all.get(&ctr.id).is_some_and(|h| h.generation == generation) {
-                all.remove(&ctr.id);
-            }
-        }
+        in_flight.forget_handle();
+        in_flight.counted = true;
         let secs = started.elapsed().as_secs_f64();
         self.reclaim_step_result(ctr, target, interim, md.timeout_ms / 1000, outcome, secs)
             .await
@@ -137,7 +142,7 @@ impl Engine {
                 stall_note,
                 ..
             } => {
-                let swap = node_has_swap();
+                let swap = node_has_swap().await;
                 let o = deferred_outcome(&end, target, swap);
                 dec.finished(o, secs, start.usage.saturating_sub(end.usage));
                 if kept < interim {
@@ -155,6 +160,43 @@ impl Engine {
                 dec.finished(DecreaseOutcome::Error, secs, 0);
                 Err(StepError::Reclaim(e).into())
             }
+        }
+    }
+}
+
+/// A whole-pod step's reclaim in flight: its handle in [`Engine::reclaims`] and its share of the
+/// in-progress gauge, given back when it is dropped before its outcome was counted (its
+/// reclaim thread is then told to stop).
+struct InFlight<'a> {
+    engine: &'a Engine,
+    id: &'a str,
+    generation: u64,
+    cancel: tokio_util::sync::CancellationToken,
+    counted: bool,
+}
+
+impl InFlight<'_> {
+    fn forget_handle(&self) {
+        let mut all = self.engine.reclaims.locked();
+        if all
+            .get(self.id)
+            .is_some_and(|h| h.generation == self.generation)
+        {
+            all.remove(self.id);
+        }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if !self.counted {
+            self.cancel.cancel();
+            self.forget_handle();
+            self.engine
+                .state
+                .metrics
+                .decrease
+                .finished(DecreaseOutcome::Superseded, 0.0, 0);
         }
     }
 }
