@@ -156,10 +156,7 @@ pub fn reclaim_with_clock(
     let mut paced = Paced::start(io, job, clock);
     loop {
         if cancel.is_cancelled() {
-            return match restore_high(high_set) {
-                Ok(()) => ReclaimOutcome::Cancelled,
-                Err(e) => restore_failed(&e),
-            };
+            return cancelled(restore_high(high_set));
         }
         passes += 1;
         let step = paced.as_ref().map(|p| p.pacer.step(u64::MAX));
@@ -177,10 +174,7 @@ pub fn reclaim_with_clock(
         };
         // Superseded during the pass: nothing more is reported or written.
         if cancel.is_cancelled() {
-            return match restore_high(high_set) {
-                Ok(()) => ReclaimOutcome::Cancelled,
-                Err(e) => restore_failed(&e),
-            };
+            return cancelled(restore_high(high_set));
         }
         on_pass(&Pass {
             usage: now,
@@ -237,6 +231,14 @@ pub fn reclaim_with_clock(
         let left = job.timeout.saturating_sub(elapsed());
         // A cancel during the pause is handled at the top of the loop.
         clock.sleep(wait.min(left), cancel);
+    }
+}
+
+/// The outcome of a cancelled loop, once `memory.high` was put back (`restored`).
+fn cancelled(restored: Result<(), CgroupError>) -> ReclaimOutcome {
+    match restored {
+        Ok(()) => ReclaimOutcome::Cancelled,
+        Err(e) => restore_failed(&e),
     }
 }
 
