@@ -129,6 +129,7 @@ const TWINS_1_7: &[&str] = &[
     "restart_happens_and_is_confirmed_containerd_1_7",
     "kubelet_sees_progress_and_reason_containerd_1_7",
     "pod_level_resize_containerd_1_7",
+    "nri_resize_coexists_with_another_nri_plugin_containerd_1_7",
 ];
 /// Twins named for 2, left out where every containerd is 1.7.24 (their `_1_7` twin runs).
 const TWINS_2: &[&str] = &[
@@ -142,6 +143,7 @@ const TWINS_2: &[&str] = &[
     "restart_happens_and_is_confirmed_containerd_2",
     "kubelet_sees_progress_and_reason_containerd_2",
     "pod_level_resize_containerd_2",
+    "nri_resize_coexists_with_another_nri_plugin_containerd_2",
 ];
 
 /// Test binaries whose VM-only tests are `#[ignore]`d (they change the machine's CPUs and
@@ -179,6 +181,7 @@ pub const SUITES: &[Suite] = &[
     Suite { name: "observer_containerd@2.1", package: "nri-resize-tests", test: "observer_containerd", filter: "", skip: TWINS_1_7, env: ON_2, kernels: NEWEST, timeout_s: 900 },
     Suite { name: "pod_level_containerd@2.1", package: "nri-resize-tests", test: "pod_level_containerd", filter: "", skip: TWINS_1_7, env: ON_2, kernels: NEWEST, timeout_s: 300 },
     Suite { name: "image_containerd@2.1",   package: "nri-resize-tests", test: "image_containerd",   filter: "", skip: TWINS_1_7, env: ON_2,   kernels: NEWEST, timeout_s: 600 },
+    Suite { name: "coexist_containerd@2.1", package: "nri-resize-tests", test: "coexist_containerd", filter: "", skip: TWINS_1_7, env: ON_2,   kernels: NEWEST, timeout_s: 600 },
     Suite { name: "nri_containerd@1.7",     package: "nri-resize-tests", test: "nri_containerd",     filter: "", skip: TWINS_2,   env: ON_1_7, kernels: NEWEST, timeout_s: 600 },
     Suite { name: "resize_containerd@1.7",  package: "nri-resize-tests", test: "resize_containerd",  filter: "", skip: TWINS_2,   env: ON_1_7, kernels: NEWEST, timeout_s: 900 },
     Suite { name: "memory_decrease@1.7",    package: "nri-resize-tests", test: "memory_decrease",    filter: "", skip: TWINS_2,   env: ON_1_7, kernels: NEWEST, timeout_s: 900 },
@@ -193,6 +196,7 @@ pub const SUITES: &[Suite] = &[
     Suite { name: "observer_containerd@1.7", package: "nri-resize-tests", test: "observer_containerd", filter: "", skip: TWINS_2, env: ON_1_7, kernels: OLDEST, timeout_s: 900 },
     Suite { name: "pod_level_containerd@1.7", package: "nri-resize-tests", test: "pod_level_containerd", filter: "", skip: TWINS_2, env: ON_1_7, kernels: OLDEST, timeout_s: 300 },
     Suite { name: "image_containerd@1.7",   package: "nri-resize-tests", test: "image_containerd",   filter: "", skip: TWINS_2,   env: ON_1_7, kernels: OLDEST, timeout_s: 600 },
+    Suite { name: "coexist_containerd@1.7", package: "nri-resize-tests", test: "coexist_containerd", filter: "", skip: TWINS_2,   env: ON_1_7, kernels: OLDEST, timeout_s: 600 },
     Suite { name: "reclaim_pacing@1.7",     package: "nri-resize-tests", test: "reclaim_pacing",     filter: "", skip: &[],       env: ON_1_7, kernels: OLDEST, timeout_s: 600 },
 ];
 
@@ -350,6 +354,13 @@ pub fn vm_test(root: &Path, opts: &Options, summary: &mut Vec<String>) -> anyhow
         .copied()
         .collect();
     let binaries = build_suites(root, &suites)?;
+    if suites.iter().any(|s| s.test == "coexist_containerd") {
+        // The guests see the host's cache read-only: the tests' Go NRI plugin is built here.
+        crate::run(
+            "the tests' independent Go NRI plugin (for coexist_containerd in the guests)",
+            crate::cargo().args(["run", "-q", "-p", "nri-resize-tests", "--bin", "go_plugin"]),
+        )?;
+    }
     let mut failures = Vec::new();
     let tier_deadline = Instant::now() + opts.budget;
     // The kernels boot side by side, one QEMU each: a guest is one host thread
