@@ -124,7 +124,7 @@ const TWINS_1_7: &[&str] = &[
     "whole_pod_resize_of_three_guaranteed_containers_containerd_1_7",
     "memory_decrease_side_by_side_containerd_1_7",
     "observer_through_containerd_1_7",
-    "daemon_image_in_containerd_1_7",
+    "daemon_image_as_deployed_in_containerd_1_7",
     "every_event_of_a_pods_life_containerd_1_7",
     "restart_happens_and_is_confirmed_containerd_1_7",
     "kubelet_sees_progress_and_reason_containerd_1_7",
@@ -140,7 +140,7 @@ const TWINS_2: &[&str] = &[
     "whole_pod_resize_of_three_guaranteed_containers_containerd_2",
     "memory_decrease_side_by_side_containerd_2",
     "observer_through_containerd_2",
-    "daemon_image_in_containerd_2",
+    "daemon_image_as_deployed_in_containerd_2",
     "every_event_of_a_pods_life_containerd_2",
     "restart_happens_and_is_confirmed_containerd_2",
     "kubelet_sees_progress_and_reason_containerd_2",
@@ -1643,9 +1643,20 @@ mod tests {
                 );
             }
         }
+        // Every twin names a test that exists (a renamed test would otherwise run twice).
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/tests");
+        let sources: String = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
+            .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+            .collect();
+        for twin in TWINS_1_7.iter().chain(TWINS_2) {
+            assert!(
+                sources.contains(&format!("fn {twin}(")),
+                "twin {twin} names no test in tests/tests"
+            );
+        }
         // Every real-runtime suite (each integration test target of `tests/`) but the soak and
         // the offline manifest checks runs in full against containerd 2.1.9 on 6.12.
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/tests");
         let mut targets: Vec<String> = std::fs::read_dir(&dir)
             .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
             .filter_map(|e| {
