@@ -494,11 +494,15 @@ async fn observe_mode_does_not_resume_checkpoints() {
     }
 }
 
-/// One update whose pod-cgroup read is stuck for 4 s (the test-only fault of
-/// `plugin/src/cgroup/fault.rs`, on this pod's cgroup only) against a runtime whose NRI request
-/// timeout is 2 s.
-async fn slow_cgroup_fails_open(version: ContainerdVersion) {
-    const STUCK_MS: u64 = 4000;
+/// How long the slow-cgroup fault holds each cgroup read and write once armed.
+const STUCK_MS: u64 = 4000;
+
+/// A containerd and nri-resize with the test-only slow-cgroup fault (`plugin/src/cgroup/fault.rs`)
+/// ready to arm: writing a cgroup path (empty: every cgroup) into the returned flag file holds
+/// that cgroup's reads and writes for [`STUCK_MS`]; removing it disarms.
+async fn with_slow_cgroup_fault(
+    version: ContainerdVersion,
+) -> (Containerd, PluginProcess, std::path::PathBuf) {
     let ctrd = Containerd::start(version, ContainerdOptions::default()).await;
     let flag = ctrd.base_dir().join("slow-cgroup");
     let fault = format!("{STUCK_MS}:{}", flag.display());
@@ -508,11 +512,20 @@ async fn slow_cgroup_fails_open(version: ContainerdVersion) {
         &[("NRI_RESIZE_FAULT_SLOW_CGROUP", &fault)],
     )
     .await;
-    let log = || std::fs::read_to_string(&plugin.log_path).expect("plugin log");
+    let log = std::fs::read_to_string(&plugin.log_path).expect("plugin log");
     assert!(
-        log().contains("fault injection active"),
+        log.contains("fault injection active"),
         "the plugin binary was built without `--features fault-injection` (see tests/src/plugin.rs)"
     );
+    (ctrd, plugin, flag)
+}
+
+/// One update whose pod-cgroup read is stuck for 4 s (the test-only fault of
+/// `plugin/src/cgroup/fault.rs`, on this pod's cgroup only) against a runtime whose NRI request
+/// timeout is 2 s.
+async fn slow_cgroup_fails_open(version: ContainerdVersion) {
+    let (ctrd, plugin, flag) = with_slow_cgroup_fault(version).await;
+    let log = || std::fs::read_to_string(&plugin.log_path).expect("plugin log");
     let api = plugin.api();
     let (pod, id) = ctrd.loaded_pod("slow-cgroup", &[], "sleep 3600", 0).await;
     let connects = api.status().await.expect("status").runtime.connects;
@@ -647,21 +660,8 @@ async fn slow_cgroup_fails_open_containerd_2() {
 /// says `Deferred` and why; the plugin stays registered and the next update is handled. (A CPU
 /// change under the same fault still fails open: `slow_cgroup_fails_open_*`.)
 async fn slow_usage_read_refuses_a_memory_decrease(version: ContainerdVersion) {
-    const STUCK_MS: u64 = 4000;
-    let ctrd = Containerd::start(version, ContainerdOptions::default()).await;
-    let flag = ctrd.base_dir().join("slow-cgroup");
-    let fault = format!("{STUCK_MS}:{}", flag.display());
-    let plugin = PluginProcess::start_ready_env(
-        &ctrd,
-        "nri-resize",
-        &[("NRI_RESIZE_FAULT_SLOW_CGROUP", &fault)],
-    )
-    .await;
+    let (ctrd, plugin, flag) = with_slow_cgroup_fault(version).await;
     let log = || std::fs::read_to_string(&plugin.log_path).expect("plugin log");
-    assert!(
-        log().contains("fault injection active"),
-        "the plugin binary was built without `--features fault-injection` (see tests/src/plugin.rs)"
-    );
     let api = plugin.api();
     let id = container(&ctrd, "slow-decrease", ANON_300, 300 * MIB).await;
     let connects = api.status().await.expect("status").runtime.connects;
