@@ -303,19 +303,24 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
+    /// An engine with no cgroups, runtime or checkpoints: records and handles only.
+    fn engine() -> Engine {
+        Engine::new(
+            NodeState::new(Config::default()),
+            RuntimeLink::default(),
+            None,
+            NodeReader::new("/nonexistent/nri-resize-test-node"),
+            None,
+        )
+    }
+
     /// The failure seen in the VM tier: a newer update superseded a staged decrease while a
     /// pass was running; the pass's progress then wrote "reclaiming: limit 100Mi requested"
     /// into the newer update's record, which therefore never completed (`InProgress` for ever
     /// while desired and allocated said 400Mi). A superseded decrease writes nothing now.
     #[test]
     fn a_superseded_decrease_never_writes_the_newer_updates_record() {
-        let engine = Engine::new(
-            NodeState::new(Config::default()),
-            RuntimeLink::default(),
-            None,
-            NodeReader::new("/nonexistent/nri-resize-test-node"),
-            None,
-        );
+        let engine = engine();
         let pod = Pod {
             id: "p".into(),
             namespace: "ns".into(),
@@ -386,13 +391,7 @@ mod tests {
     /// once the apply is over it supersedes the decrease, which then applies nothing more.
     #[test]
     fn a_newer_update_never_races_the_decrease_s_own_apply() {
-        let engine = Engine::new(
-            NodeState::new(Config::default()),
-            RuntimeLink::default(),
-            None,
-            NodeReader::new("/nonexistent/nri-resize-test-node"),
-            None,
-        );
+        let engine = engine();
         let generation = 3;
         engine.reclaims.locked().insert(
             "c".into(),
