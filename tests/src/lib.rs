@@ -61,7 +61,7 @@ pub use image::{
 pub use images::{image_archives, ImageArchives, BUSYBOX_IMAGE, PAUSE_IMAGE};
 /// The CRI v1 API (types and clients) from crate `k8s-cri`.
 pub use k8s_cri::v1 as cri;
-pub use plugin::{plugin_binary, resize_record, PluginProcess};
+pub use plugin::{plugin_binary, resize_record, settled, PluginProcess};
 pub use pod::{ContainerSpec, Pod, PodSpec, Resources};
 pub use util::{percentile, scrape_metrics, tail_lines};
 pub use version::ContainerdVersion;

@@ -288,3 +288,21 @@ pub async fn resize_record(api: &ApiClient, id: &str) -> nri_resize::resize::Con
         .cloned()
         .expect("a resize record for the container")
 }
+
+/// Waits until the resize record of `id` leaves `InProgress`; returns it. Panics with the record
+/// after `within` (a bound on the wait, not a speed check).
+pub async fn settled(
+    api: &ApiClient,
+    id: &str,
+    within: Duration,
+) -> nri_resize::resize::ContainerResize {
+    let deadline = Instant::now() + within;
+    loop {
+        let r = resize_record(api, id).await;
+        if r.state != Some(nri_resize::policy::ResizeState::InProgress) {
+            return r;
+        }
+        assert!(Instant::now() < deadline, "still in progress: {r:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

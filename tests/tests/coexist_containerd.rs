@@ -12,12 +12,11 @@
 
 use std::time::{Duration, Instant};
 
-use nri_resize::api::ApiClient;
 use nri_resize::policy::ResizeState;
 use nri_resize_tests::cri::ContainerState;
 use nri_resize_tests::{
-    go_plugin_binary, resize_record, scrape_metrics, CgroupMode, Containerd, ContainerdOptions,
-    ContainerdVersion, GoPlugin, GoPluginMode, PluginProcess, Resources,
+    go_plugin_binary, resize_record, scrape_metrics, settled, CgroupMode, Containerd,
+    ContainerdOptions, ContainerdVersion, GoPlugin, GoPluginMode, PluginProcess, Resources,
 };
 
 const MIB: i64 = 1 << 20;
@@ -57,23 +56,6 @@ fn oom_kills(ctrd: &Containerd, id: &str) -> u64 {
         "memory.oom_control"
     };
     nri_resize::observer::parse::oom_kill_count(&ctrd.read_container_cgroup(id, file)).unwrap_or(0)
-}
-
-/// Waits until the record of `id` leaves `InProgress`; returns it.
-async fn settled(
-    api: &ApiClient,
-    id: &str,
-    within: Duration,
-) -> nri_resize::resize::ContainerResize {
-    let deadline = Instant::now() + within;
-    loop {
-        let r = resize_record(api, id).await;
-        if r.state != Some(ResizeState::InProgress) {
-            return r;
-        }
-        assert!(Instant::now() < deadline, "still in progress: {r:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 async fn coexist(version: ContainerdVersion) {

@@ -20,8 +20,8 @@ use nri_resize::api::ApiClient;
 use nri_resize::policy::ResizeState;
 use nri_resize_tests::cri::ContainerState;
 use nri_resize_tests::{
-    resize_record, scrape_metrics, CgroupMode, Containerd, ContainerdOptions, ContainerdVersion,
-    PluginProcess, Pod, Resources,
+    resize_record, scrape_metrics, settled, CgroupMode, Containerd, ContainerdOptions,
+    ContainerdVersion, PluginProcess, Pod, Resources,
 };
 
 const MIB: i64 = 1 << 20;
@@ -77,23 +77,6 @@ async fn status_limit(ctrd: &Containerd, id: &str) -> i64 {
         .await
         .expect("ContainerStatus")
         .map_or(-1, |r| r.memory_limit_in_bytes)
-}
-
-/// Waits until the record of `id` leaves `InProgress`; returns it.
-async fn settled(
-    api: &ApiClient,
-    id: &str,
-    within: Duration,
-) -> nri_resize::resize::ContainerResize {
-    let deadline = Instant::now() + within;
-    loop {
-        let r = resize_record(api, id).await;
-        if r.state != Some(ResizeState::InProgress) {
-            return r;
-        }
-        assert!(Instant::now() < deadline, "still in progress: {r:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// `nri_resize_memory_decrease_outcomes_total{outcome=...}` from `/metrics`.
