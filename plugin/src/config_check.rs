@@ -3,6 +3,7 @@
 //! fault. The verdict is the daemon's parser's alone; locating the fault is a second reading of
 //! the same text that only adds where (TOML spans from the `toml` crate).
 
+use std::fmt::Write as _;
 use std::ops::Range;
 use std::path::Path;
 
@@ -32,20 +33,19 @@ impl CheckError {
         };
         let mut out = self.path.clone();
         if let Some((line, column)) = self.at {
-            out.push_str(&format!(":{line}:{column}"));
+            let _ = write!(out, ":{line}:{column}");
         }
         if let Some(key) = &self.key {
-            out.push_str(&format!(": key `{key}`"));
+            let _ = write!(out, ": key `{key}`");
         }
-        out.push_str(": ");
-        out.push_str(&message);
+        let _ = write!(out, ": {message}");
         out
     }
 }
 
 /// Checks `path` as `nri-resize run --config <path>` reads it: the configuration the daemon
 /// would run with, or why it would refuse to start.
-pub fn check_file(path: &Path) -> Result<Config, CheckError> {
+pub fn check_file(path: &Path) -> Result<Config, Box<CheckError>> {
     Config::load(path).map_err(|cause| {
         let (key, at) = match &cause {
             ConfigError::Read { .. } => (None, None),
@@ -53,12 +53,12 @@ pub fn check_file(path: &Path) -> Result<Config, CheckError> {
                 std::fs::read_to_string(path).map_or((None, None), |text| locate(&text, &cause))
             }
         };
-        CheckError {
+        Box::new(CheckError {
             path: path.display().to_string(),
             key,
             at,
             cause,
-        }
+        })
     })
 }
 
@@ -102,22 +102,22 @@ fn locate(text: &str, cause: &ConfigError) -> (Option<String>, Option<(usize, us
 }
 
 /// A key of the document: its dotted path and the byte ranges of the key and of its value.
-struct Key {
+struct Entry {
     path: String,
     key: Range<usize>,
     value: Range<usize>,
 }
 
 /// Every key of `text` (tables and leaves, inline tables included); none when it does not parse.
-fn keys(text: &str) -> Vec<Key> {
-    fn walk(table: &toml::de::DeTable<'_>, prefix: &str, out: &mut Vec<Key>) {
+fn keys(text: &str) -> Vec<Entry> {
+    fn walk(table: &toml::de::DeTable<'_>, prefix: &str, out: &mut Vec<Entry>) {
         for (k, v) in table {
             let path = if prefix.is_empty() {
                 k.get_ref().to_string()
             } else {
                 format!("{prefix}.{}", k.get_ref())
             };
-            out.push(Key {
+            out.push(Entry {
                 path: path.clone(),
                 key: k.span(),
                 value: v.span(),
@@ -146,7 +146,7 @@ fn line_column(text: &str, offset: usize) -> (usize, usize) {
 mod tests {
     use super::*;
 
-    fn check(text: &str) -> Result<Config, CheckError> {
+    fn check(text: &str) -> Result<Config, Box<CheckError>> {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("config.toml");
         std::fs::write(&path, text).expect("write");

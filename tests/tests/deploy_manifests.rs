@@ -6,7 +6,7 @@
 //! structurally here), the `ConfigMap` through the daemon's own config parser, the containerd
 //! configurations, and the Grafana dashboard's queries against the metrics catalog. The Helm chart
 //! (`deploy/helm/nri-resize`), rendered with Helm's own engine (`xtask/scripts/helm-chart.py`:
-//! Helm v4's Go library through PyPI's `helm-python-sdk`), against the kustomize install object
+//! Helm v4's Go library through `PyPI`'s `helm-python-sdk`), against the kustomize install object
 //! for object; every shipped configuration through `nri-resize config check`.
 //! Schema validation itself is `cargo xtask manifests` (kubernetes-validate, 1.33-1.37; helm lint).
 
@@ -573,7 +573,7 @@ const CHART_VALUES: &[&str] = &[
 ];
 
 /// Every configuration the project ships passes `nri-resize config check` (the daemon's own
-/// reading): the kustomize ConfigMaps, the chart's (default and with values), and every
+/// reading): the kustomize `ConfigMap`s, the chart's (default and with values), and every
 /// nri-resize `toml` example in README.md and docs/.
 #[test]
 fn every_shipped_configuration_passes_config_check() {
@@ -639,7 +639,10 @@ fn remove_keys(v: &mut Value, keys: &[&str]) {
     }
 }
 
-fn by_object(docs: Vec<Value>) -> std::collections::BTreeMap<(String, String), Value> {
+/// Rendered objects by kind and name.
+type Objects = std::collections::BTreeMap<(String, String), Value>;
+
+fn by_object(docs: Vec<Value>) -> Objects {
     docs.into_iter()
         .map(|d| {
             (
@@ -656,9 +659,9 @@ fn by_object(docs: Vec<Value>) -> std::collections::BTreeMap<(String, String), V
 /// Brings the two renderings to what must be equal, checking each difference it removes:
 /// - Helm's release labels ([`HELM_LABELS`]): on every object and in every selector of the
 ///   chart (two releases must not select each other's pods); kustomize has no release.
-/// - The ConfigMap's name: kustomize's generator appends a hash of its content
-///   (`nri-resize-config-<10 characters>`) and rewrites the DaemonSet's reference to it, so a
-///   changed configuration is a new ConfigMap and rolls the DaemonSet; the chart keeps the
+/// - The `ConfigMap`'s name: kustomize's generator appends a hash of its content
+///   (`nri-resize-config-<10 characters>`) and rewrites the `DaemonSet`'s reference to it, so a
+///   changed configuration is a new `ConfigMap` and rolls the `DaemonSet`; the chart keeps the
 ///   name and rolls it through the pod template's `checksum/config` annotation (a SHA-256)
 ///   instead. The suffix and the annotation are checked, then removed.
 /// - `config.toml`: the chart writes it from values (keys sorted, no comments), kustomize ships
@@ -666,13 +669,7 @@ fn by_object(docs: Vec<Value>) -> std::collections::BTreeMap<(String, String), V
 /// - Until `deploy/monitoring/` sets them (the monitors are reconciled there separately): the
 ///   chart's monitors' `honorLabels: true` and their `app.kubernetes.io/part-of` label, removed
 ///   only where kustomize's monitor lacks them.
-fn normalise(
-    kustomize: Vec<Value>,
-    chart: Vec<Value>,
-) -> (
-    std::collections::BTreeMap<(String, String), Value>,
-    std::collections::BTreeMap<(String, String), Value>,
-) {
+fn normalise(kustomize: Vec<Value>, chart: Vec<Value>) -> (Objects, Objects) {
     let mut k = by_object(kustomize);
     let mut h = by_object(chart);
     // The hash-suffixed ConfigMap.
@@ -736,7 +733,9 @@ fn normalise(
     assert_eq!(kt, ht, "config.toml: kustomize's and the chart's, as TOML");
     for docs in [&mut k, &mut h] {
         docs.get_mut(&cm_name).expect("ConfigMap")["data"]["config.toml"] = Value::Null;
-        docs.values_mut().for_each(|d| remove_keys(d, HELM_LABELS));
+        for d in docs.values_mut() {
+            remove_keys(d, HELM_LABELS);
+        }
     }
     // The monitors, until deploy/monitoring/ sets what the chart's set.
     for (key, kd) in &k {
@@ -809,7 +808,7 @@ fn first_difference(a: &Value, b: &Value, path: &str) -> Option<String> {
 
 /// `helm install nri-resize deploy/helm/nri-resize -n kube-system` with the default values is
 /// `kubectl apply -k deploy/`, object for object (but for what [`normalise`] names); without
-/// the PodMonitor it is `deploy/base`; privileged, it is `deploy/overlays/privileged`.
+/// the `PodMonitor` it is `deploy/base`; privileged, it is `deploy/overlays/privileged`.
 #[test]
 fn the_charts_default_rendering_is_the_kustomize_install() {
     assert_same_objects("deploy/", render("deploy"), helm("{}"));
@@ -825,8 +824,8 @@ fn the_charts_default_rendering_is_the_kustomize_install() {
     );
 }
 
-/// A changed configuration rolls the DaemonSet: kustomize names the ConfigMap after its content
-/// (the DaemonSet refers to that name), the chart's pod template carries its checksum.
+/// A changed configuration rolls the `DaemonSet`: kustomize names the `ConfigMap` after its content
+/// (the `DaemonSet` refers to that name), the chart's pod template carries its checksum.
 #[test]
 fn a_configuration_change_rolls_the_daemonset() {
     let checksum = |values: &str| {
@@ -859,7 +858,7 @@ fn a_configuration_change_rolls_the_daemonset() {
 }
 
 /// The chart's values reach the objects: mode into config.toml, the monitors' extra labels and
-/// `honorLabels`, the NetworkPolicy's namespace selector, image, node selection.
+/// `honorLabels`, the `NetworkPolicy`'s namespace selector, image, node selection.
 #[test]
 fn the_charts_values_reach_the_objects() {
     let docs = helm(
