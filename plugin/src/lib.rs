@@ -15,6 +15,7 @@ pub mod capacity;
 pub mod cgroup;
 pub mod clock;
 pub mod config;
+pub mod config_check;
 pub mod daemon;
 pub mod metrics;
 pub mod model;

@@ -86,6 +86,19 @@ enum Command {
         #[arg(long)]
         memory_limit: Option<i64>,
     },
+    /// Configuration files.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigCommand {
+    /// Read a configuration file as `run --config` does: exit 0 if the daemon would start with
+    /// it, non-zero with the key and line at fault if not.
+    Check {
+        /// The configuration file (TOML).
+        file: PathBuf,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -393,6 +406,10 @@ async fn resize_command(api: &ApiArgs, pod: &str, containers: &[String]) -> anyh
 async fn client_command(cmd: Command) -> anyhow::Result<ExitCode> {
     match cmd {
         Command::Run(_) => unreachable!("handled by main"),
+        Command::Config(ConfigCommand::Check { file }) => {
+            nri_resize::config_check::check_file(&file)?;
+            println!("{}: ok", file.display());
+        }
         Command::Status { api, json, watch } => match watch {
             None => print!("{}", status_once(&api, json, false).await?),
             Some(every) => watch_status(&api, json, every).await?,

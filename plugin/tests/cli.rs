@@ -77,6 +77,49 @@ fn update_without_anything_to_change_is_refused() {
     assert!(text.contains("nothing to update"), "{text}");
 }
 
+/// `nri-resize config check <file>` on `text`: exit code and output.
+fn config_check(text: &str) -> (i32, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("config.toml");
+    std::fs::write(&cfg, text).expect("write config");
+    nri_resize(&["config", "check", cfg.to_str().expect("utf8")])
+}
+
+#[test]
+fn config_check_accepts_what_the_daemon_accepts() {
+    let (code, text) = config_check("journal_size = 64\n[resize]\nmode = \"observe\"\n");
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("config.toml: ok"), "{text}");
+}
+
+#[test]
+fn config_check_names_an_unknown_key_and_its_line() {
+    let (code, text) = config_check("journal_size = 64\n\n[resize]\nmod = \"observe\"\n");
+    assert_ne!(code, 0, "{text}");
+    assert!(
+        text.contains("config.toml:4:1: key `resize.mod`") && text.contains("unknown field"),
+        "{text}"
+    );
+    // Printed once.
+    assert_eq!(text.matches("resize.mod").count(), 1, "{text}");
+}
+
+#[test]
+fn config_check_names_a_bad_value_and_its_line() {
+    let (code, text) = config_check("[resize]\nmode = \"maybe\"\n");
+    assert_ne!(code, 0, "{text}");
+    assert!(
+        text.contains("config.toml:2:1: key `resize.mode`") && text.contains("maybe"),
+        "{text}"
+    );
+    let (code, text) = config_check("journal_size = 0\n");
+    assert_ne!(code, 0, "{text}");
+    assert!(
+        text.contains("config.toml:1:1: key `journal_size`") && text.contains("1..=1000000"),
+        "{text}"
+    );
+}
+
 /// `nri-resize run` with everything under `dir` (its NRI socket named `nri_socket`, an empty
 /// cgroup root, metrics on an ephemeral port, no eBPF).
 fn daemon_command(dir: &std::path::Path, nri_socket: &str) -> Command {

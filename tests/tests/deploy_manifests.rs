@@ -4,8 +4,11 @@
 //! privileged overlay, the `NetworkPolicy` in front of `/metrics`, the
 //! `PodMonitor`/`ServiceMonitor` custom resources (no schema in kubernetes-validate: checked
 //! structurally here), the `ConfigMap` through the daemon's own config parser, the containerd
-//! configurations, and the Grafana dashboard's queries against the metrics catalog.
-//! Schema validation itself is `cargo xtask manifests` (kubernetes-validate, 1.33-1.37).
+//! configurations, and the Grafana dashboard's queries against the metrics catalog. The Helm chart
+//! (`deploy/helm/nri-resize`), rendered with Helm's own engine (`xtask/scripts/helm-chart.py`:
+//! Helm v4's Go library through `PyPI`'s `helm-python-sdk`), against the kustomize install object
+//! for object; every shipped configuration through `nri-resize config check`.
+//! Schema validation itself is `cargo xtask manifests` (kubernetes-validate, 1.33-1.37; helm lint).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -167,7 +170,7 @@ fn the_daemonset_gives_the_daemon_what_it_needs() {
         .and_then(|f| f.to_str())
         .expect("file");
     let text = s(&cm["data"][key]);
-    nri_resize::config::Config::parse(text, "deploy/base/configmap.yaml")
+    nri_resize::config::Config::parse(text, "deploy/base/config.toml")
         .unwrap_or_else(|e| panic!("the ConfigMap's {key} does not parse: {e}"));
 }
 
@@ -378,13 +381,20 @@ fn every_manifest_is_part_of_a_kustomization() {
         "deploy/overlays/privileged",
     ] {
         let k = file(&format!("{dir}/kustomization.yaml"));
-        for key in ["resources", "patches"] {
-            for r in k[key].as_sequence().into_iter().flatten() {
-                let rel = r.as_str().or_else(|| r["path"].as_str()).expect("entry");
-                let p = root().join(dir).join(rel);
-                assert!(p.exists(), "{dir}/kustomization.yaml lists missing {rel}");
-                listed.insert(p.canonicalize().expect("canonical"));
-            }
+        let generated = k["configMapGenerator"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .flat_map(|g| g["files"].as_sequence().into_iter().flatten());
+        for r in ["resources", "patches"]
+            .iter()
+            .flat_map(|key| k[*key].as_sequence().into_iter().flatten())
+            .chain(generated)
+        {
+            let rel = r.as_str().or_else(|| r["path"].as_str()).expect("entry");
+            let p = root().join(dir).join(rel);
+            assert!(p.exists(), "{dir}/kustomization.yaml lists missing {rel}");
+            listed.insert(p.canonicalize().expect("canonical"));
         }
     }
     for dir in [
@@ -492,5 +502,435 @@ fn the_dashboard_queries_only_cataloged_metrics() {
     assert!(
         unused.is_empty(),
         "cataloged but not on the dashboard: {unused:?}"
+    );
+}
+
+/// The chart rendered by Helm's own engine with `values` (JSON over values.yaml), release
+/// `nri-resize` in `kube-system`, as `helm install nri-resize deploy/helm/nri-resize -n
+/// kube-system` would.
+fn helm(values: &str) -> Vec<Value> {
+    let cache = std::env::var_os("NRI_RESIZE_CACHE")
+        .map_or_else(|| PathBuf::from("/var/cache/nri-resize"), PathBuf::from);
+    let out = Command::new(cache.join("venv/bin/python"))
+        .arg(root().join("xtask/scripts/helm-chart.py"))
+        .arg("render")
+        .arg(root().join("deploy/helm/nri-resize"))
+        .args(["--values", values])
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("run helm-chart.py ({e}); `cargo xtask setup` installs helm-python-sdk")
+        });
+    assert!(
+        out.status.success(),
+        "render the chart with {values}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).expect("rendered YAML parses"))
+        .filter(|v: &Value| !v.is_null())
+        .collect()
+}
+
+/// Runs `nri-resize config check` on `text` (written to a file named after `origin`); panics
+/// with its output unless it passes.
+fn config_check(text: &str, origin: &str) {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = std::env::temp_dir().join(format!(
+        "nri-resize-config-check-{}-{n}.toml",
+        std::process::id()
+    ));
+    std::fs::write(&path, text).expect("write config");
+    let out = Command::new(plugin_binary())
+        .args(["config", "check"])
+        .arg(&path)
+        .output()
+        .expect("nri-resize config check");
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        out.status.success(),
+        "{origin} fails `nri-resize config check`:\n{}{}\n--- {origin}:\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The `config.toml` of every `ConfigMap` in `docs`.
+fn configs(docs: &[Value]) -> Vec<String> {
+    docs.iter()
+        .filter(|d| d["kind"].as_str() == Some("ConfigMap"))
+        .map(|d| s(&d["data"]["config.toml"]).to_string())
+        .collect()
+}
+
+/// The chart's values the tests render with, beside the default.
+const CHART_VALUES: &[&str] = &[
+    "{}",
+    r#"{"privileged": true}"#,
+    r#"{"mode": "observe"}"#,
+    r#"{"config": {"memory_decrease": {"strategy": "reject", "max_stall": 0.1, "timeout_ms": 5000}, "capacity": {"resync_interval": "5m"}, "policy": {"memory": {"decrease": "NotRequired"}}}}"#,
+];
+
+/// Every configuration the project ships passes `nri-resize config check` (the daemon's own
+/// reading): the kustomize `ConfigMap`s, the chart's (default and with values), and every
+/// nri-resize `toml` example in README.md and docs/.
+#[test]
+fn every_shipped_configuration_passes_config_check() {
+    let mut checked = 0;
+    for dir in ["deploy", "deploy/base", "deploy/overlays/privileged"] {
+        let found = configs(&render(dir));
+        assert_eq!(found.len(), 1, "{dir}: one ConfigMap");
+        for text in found {
+            config_check(&text, &format!("kustomize build {dir}"));
+            checked += 1;
+        }
+    }
+    for values in CHART_VALUES {
+        let found = configs(&helm(values));
+        assert_eq!(found.len(), 1, "chart with {values}: one ConfigMap");
+        for text in found {
+            config_check(&text, &format!("the chart with {values}"));
+            checked += 1;
+        }
+    }
+    let mut docs = vec![root().join("README.md")];
+    for e in std::fs::read_dir(root().join("docs")).expect("docs/") {
+        let p = e.expect("entry").path();
+        if p.extension().is_some_and(|x| x == "md") {
+            docs.push(p);
+        }
+    }
+    for doc in docs {
+        let text = std::fs::read_to_string(&doc).expect("read doc");
+        for (i, block) in text.split("```toml\n").skip(1).enumerate() {
+            let block = block.split("```").next().unwrap_or_default();
+            // containerd's configuration (NRI on) is TOML too: not ours.
+            if block.contains("version =") || block.contains("io.containerd") {
+                continue;
+            }
+            config_check(block, &format!("{} toml block {}", doc.display(), i + 1));
+            checked += 1;
+        }
+    }
+    eprintln!("{checked} shipped configurations pass `nri-resize config check`");
+}
+
+/// Labels Helm charts put on every object and into selectors (the release); kustomize has no
+/// release.
+const HELM_LABELS: &[&str] = &[
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+    "app.kubernetes.io/managed-by",
+    "helm.sh/chart",
+];
+
+/// Removes every key named in `keys`, at any depth.
+fn remove_keys(v: &mut Value, keys: &[&str]) {
+    match v {
+        Value::Mapping(m) => {
+            for k in keys {
+                m.remove(*k);
+            }
+            m.values_mut().for_each(|v| remove_keys(v, keys));
+        }
+        Value::Sequence(seq) => seq.iter_mut().for_each(|v| remove_keys(v, keys)),
+        _ => {}
+    }
+}
+
+/// Rendered objects by kind and name.
+type Objects = std::collections::BTreeMap<(String, String), Value>;
+
+fn by_object(docs: Vec<Value>) -> Objects {
+    docs.into_iter()
+        .map(|d| {
+            (
+                (
+                    s(&d["kind"]).to_string(),
+                    s(&d["metadata"]["name"]).to_string(),
+                ),
+                d,
+            )
+        })
+        .collect()
+}
+
+/// Brings the two renderings to what must be equal, checking each difference it removes:
+/// - Helm's release labels ([`HELM_LABELS`]): on every object and in every selector of the
+///   chart (two releases must not select each other's pods); kustomize has no release.
+/// - The `ConfigMap`'s name: kustomize's generator appends a hash of its content
+///   (`nri-resize-config-<10 characters>`) and rewrites the `DaemonSet`'s reference to it, so a
+///   changed configuration is a new `ConfigMap` and rolls the `DaemonSet`; the chart keeps the
+///   name and rolls it through the pod template's `checksum/config` annotation (a SHA-256)
+///   instead. The suffix and the annotation are checked, then removed.
+/// - `config.toml`: the chart writes it from values (keys sorted, no comments), kustomize ships
+///   the file as written: compared as TOML tables, then removed.
+/// - Until `deploy/monitoring/` sets them (the monitors are reconciled there separately): the
+///   chart's monitors' `honorLabels: true` and their `app.kubernetes.io/part-of` label, removed
+///   only where kustomize's monitor lacks them.
+fn normalise(kustomize: Vec<Value>, chart: Vec<Value>) -> (Objects, Objects) {
+    let mut k = by_object(kustomize);
+    let mut h = by_object(chart);
+    // The hash-suffixed ConfigMap.
+    let cm_key = k
+        .keys()
+        .find(|(kind, _)| kind == "ConfigMap")
+        .cloned()
+        .expect("kustomize renders a ConfigMap");
+    let (base, hash) = cm_key.1.rsplit_once('-').expect("name-hash");
+    assert_eq!(base, "nri-resize-config", "{}", cm_key.1);
+    assert!(
+        hash.len() == 10 && hash.chars().all(|c| c.is_ascii_alphanumeric()),
+        "kustomize's content hash suffix: {}",
+        cm_key.1
+    );
+    let mut cm = k.remove(&cm_key).expect("ConfigMap");
+    cm["metadata"]["name"] = Value::from(base);
+    k.insert(("ConfigMap".into(), base.into()), cm);
+    let ds_key = ("DaemonSet".to_string(), "nri-resize".to_string());
+    let ds = k.get_mut(&ds_key).expect("kustomize DaemonSet");
+    let volume = ds["spec"]["template"]["spec"]["volumes"]
+        .as_sequence_mut()
+        .expect("volumes")
+        .iter_mut()
+        .find(|v| v["name"].as_str() == Some("config"))
+        .expect("the config volume");
+    assert_eq!(
+        s(&volume["configMap"]["name"]),
+        cm_key.1,
+        "the DaemonSet mounts the hashed name"
+    );
+    volume["configMap"]["name"] = Value::from(base);
+    // The chart's checksum annotation.
+    let ds = h.get_mut(&ds_key).expect("chart DaemonSet");
+    let template = ds["spec"]["template"]["metadata"]
+        .as_mapping_mut()
+        .expect("template metadata");
+    let annotations = template
+        .remove("annotations")
+        .expect("the chart's pod template has annotations");
+    let checksum = s(&annotations["checksum/config"]);
+    assert!(
+        checksum.len() == 64 && checksum.chars().all(|c| c.is_ascii_hexdigit()),
+        "checksum/config is a SHA-256: {checksum}"
+    );
+    assert_eq!(
+        annotations.as_mapping().map(serde_yaml::Mapping::len),
+        Some(1)
+    );
+    // config.toml as TOML.
+    let cm_name = ("ConfigMap".to_string(), base.to_string());
+    let table = |v: &Value| -> toml::Table {
+        s(&v["data"]["config.toml"])
+            .parse()
+            .expect("config.toml is TOML")
+    };
+    let (kt, ht) = (
+        table(&k[&cm_name]),
+        table(h.get(&cm_name).expect("chart ConfigMap")),
+    );
+    assert_eq!(kt, ht, "config.toml: kustomize's and the chart's, as TOML");
+    for docs in [&mut k, &mut h] {
+        docs.get_mut(&cm_name).expect("ConfigMap")["data"]["config.toml"] = Value::Null;
+        for d in docs.values_mut() {
+            remove_keys(d, HELM_LABELS);
+        }
+    }
+    // The monitors, until deploy/monitoring/ sets what the chart's set.
+    for (key, kd) in &k {
+        let endpoints = match key.0.as_str() {
+            "PodMonitor" => "podMetricsEndpoints",
+            "ServiceMonitor" => "endpoints",
+            _ => continue,
+        };
+        let Some(hd) = h.get_mut(key) else { continue };
+        if kd["spec"][endpoints][0]["honorLabels"].is_null() {
+            eprintln!(
+                "note: deploy/monitoring's {} lacks honorLabels: true (the chart's has it)",
+                key.0
+            );
+            for e in hd["spec"][endpoints].as_sequence_mut().expect("endpoints") {
+                assert_eq!(e["honorLabels"], Value::Bool(true), "{}", key.0);
+                e.as_mapping_mut().expect("endpoint").remove("honorLabels");
+            }
+        }
+        if kd["metadata"]["labels"]["app.kubernetes.io/part-of"].is_null() {
+            hd["metadata"]["labels"]
+                .as_mapping_mut()
+                .expect("labels")
+                .remove("app.kubernetes.io/part-of");
+        }
+    }
+    (k, h)
+}
+
+/// Compares two normalised renderings object for object.
+fn assert_same_objects(what: &str, kustomize: Vec<Value>, chart: Vec<Value>) {
+    let (k, h) = normalise(kustomize, chart);
+    assert_eq!(
+        k.keys().collect::<Vec<_>>(),
+        h.keys().collect::<Vec<_>>(),
+        "{what}: the same objects"
+    );
+    for (key, kd) in &k {
+        if let Some(diff) = first_difference(kd, &h[key], "") {
+            panic!("{what}: {key:?} differs at {diff}");
+        }
+    }
+}
+
+/// Where `a` and `b` first differ: the path and the two values.
+fn first_difference(a: &Value, b: &Value, path: &str) -> Option<String> {
+    let show = |v: &Value| {
+        serde_yaml::to_string(v)
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+    match (a, b) {
+        (Value::Mapping(x), Value::Mapping(y)) => {
+            let keys: BTreeSet<String> = x.keys().chain(y.keys()).map(show).collect();
+            keys.iter().find_map(|k| {
+                let (va, vb) = (&a[k.as_str()], &b[k.as_str()]);
+                first_difference(va, vb, &format!("{path}.{k}"))
+            })
+        }
+        (Value::Sequence(x), Value::Sequence(y)) if x.len() == y.len() => x
+            .iter()
+            .zip(y)
+            .enumerate()
+            .find_map(|(i, (va, vb))| first_difference(va, vb, &format!("{path}[{i}]"))),
+        _ if a == b => None,
+        _ => Some(format!("{path}: kustomize {} / chart {}", show(a), show(b))),
+    }
+}
+
+/// `helm install nri-resize deploy/helm/nri-resize -n kube-system` with the default values is
+/// `kubectl apply -k deploy/`, object for object (but for what [`normalise`] names); without
+/// the `PodMonitor` it is `deploy/base`; privileged, it is `deploy/overlays/privileged`.
+#[test]
+fn the_charts_default_rendering_is_the_kustomize_install() {
+    assert_same_objects("deploy/", render("deploy"), helm("{}"));
+    assert_same_objects(
+        "deploy/base",
+        render("deploy/base"),
+        helm(r#"{"monitoring": {"podMonitor": {"enabled": false}}}"#),
+    );
+    assert_same_objects(
+        "deploy/overlays/privileged",
+        render("deploy/overlays/privileged"),
+        helm(r#"{"privileged": true, "monitoring": {"podMonitor": {"enabled": false}}}"#),
+    );
+}
+
+/// A changed configuration rolls the `DaemonSet`: kustomize names the `ConfigMap` after its content
+/// (the `DaemonSet` refers to that name), the chart's pod template carries its checksum.
+#[test]
+fn a_configuration_change_rolls_the_daemonset() {
+    let checksum = |values: &str| {
+        let docs = helm(values);
+        let ds = find(&docs, "DaemonSet");
+        s(&ds["spec"]["template"]["metadata"]["annotations"]["checksum/config"]).to_string()
+    };
+    let default = checksum("{}");
+    assert_eq!(
+        default,
+        checksum(r#"{"logLevel": "debug"}"#),
+        "only the configuration counts"
+    );
+    assert_ne!(default, checksum(r#"{"mode": "observe"}"#));
+    assert_ne!(default, checksum(r#"{"config": {"journal_size": 7}}"#));
+    let docs = render("deploy/base");
+    let cm = s(&find(&docs, "ConfigMap")["metadata"]["name"]).to_string();
+    assert!(
+        cm.starts_with("nri-resize-config-"),
+        "{cm}: hash-suffixed by configMapGenerator"
+    );
+    let mounted = find(&docs, "DaemonSet")["spec"]["template"]["spec"]["volumes"]
+        .as_sequence()
+        .expect("volumes")
+        .iter()
+        .find_map(|v| v["configMap"]["name"].as_str())
+        .expect("a ConfigMap volume")
+        .to_string();
+    assert_eq!(mounted, cm);
+}
+
+/// The chart's values reach the objects: mode into config.toml, the monitors' extra labels and
+/// `honorLabels`, the `NetworkPolicy`'s namespace selector, image, node selection.
+#[test]
+fn the_charts_values_reach_the_objects() {
+    let docs = helm(
+        r#"{"mode": "observe", "image": {"repository": "registry.example/nri-resize", "tag": "9.9.9", "pullPolicy": "Always"},
+            "monitoring": {"labels": {"release": "kube-prometheus-stack"}, "serviceMonitor": {"enabled": true}},
+            "networkPolicy": {"monitoringNamespaceSelector": {"matchLabels": {"team": "observability"}}},
+            "nodeSelector": {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64", "nri": "on"},
+            "tolerations": [], "priorityClassName": ""}"#,
+    );
+    let cfg = nri_resize::config::Config::parse(&configs(&docs)[0], "chart").expect("config");
+    assert_eq!(cfg.resize.mode, nri_resize::config::Mode::Observe);
+    for kind in ["PodMonitor", "ServiceMonitor"] {
+        let m = find(&docs, kind);
+        assert_eq!(
+            s(&m["metadata"]["labels"]["release"]),
+            "kube-prometheus-stack",
+            "{kind}"
+        );
+        let endpoints = if kind == "PodMonitor" {
+            "podMetricsEndpoints"
+        } else {
+            "endpoints"
+        };
+        assert_eq!(
+            m["spec"][endpoints][0]["honorLabels"],
+            Value::Bool(true),
+            "{kind}"
+        );
+    }
+    let np = find(&docs, "NetworkPolicy");
+    assert_eq!(
+        s(&np["spec"]["ingress"][0]["from"][0]["namespaceSelector"]["matchLabels"]["team"]),
+        "observability"
+    );
+    let ds = find(&docs, "DaemonSet");
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(s(&pod["nodeSelector"]["nri"]), "on");
+    assert!(pod["tolerations"].is_null() && pod["priorityClassName"].is_null());
+    let c = container(ds);
+    assert_eq!(s(&c["image"]), "registry.example/nri-resize:9.9.9");
+    assert_eq!(s(&c["imagePullPolicy"]), "Always");
+    // Off by default: ServiceMonitor; off on request: the PodMonitor and the NetworkPolicy.
+    let docs = helm(
+        r#"{"monitoring": {"podMonitor": {"enabled": false}}, "networkPolicy": {"enabled": false}}"#,
+    );
+    let kinds: BTreeSet<&str> = docs.iter().map(|d| s(&d["kind"])).collect();
+    assert_eq!(kinds, ["ConfigMap", "DaemonSet", "Service"].into());
+}
+
+/// Both installs run only on Linux nodes of the architectures the image is built for
+/// (`cargo xtask image`: linux/amd64).
+#[test]
+fn node_selection_matches_the_images_built() {
+    for (what, docs) in [("kustomize", render("deploy")), ("chart", helm("{}"))] {
+        let sel = &find(&docs, "DaemonSet")["spec"]["template"]["spec"]["nodeSelector"];
+        assert_eq!(s(&sel["kubernetes.io/os"]), "linux", "{what}");
+        assert_eq!(s(&sel["kubernetes.io/arch"]), "amd64", "{what}");
+    }
+    let image_rs = std::fs::read_to_string(root().join("xtask/src/image.rs")).expect("image.rs");
+    let arches: BTreeSet<&str> = image_rs
+        .split("Arch::")
+        .skip(1)
+        .map(|rest| {
+            let end = rest
+                .find(|c: char| !c.is_ascii_alphanumeric())
+                .unwrap_or(rest.len());
+            &rest[..end]
+        })
+        .collect();
+    assert_eq!(
+        arches,
+        ["Amd64"].into(),
+        "the image's architectures changed: update the nodeSelector in deploy/base/daemonset.yaml and the chart's values.yaml"
     );
 }

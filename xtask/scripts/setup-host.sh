@@ -161,9 +161,17 @@ if ! "$VENV/bin/kubernetes-validate" --version 2>/dev/null | grep -qF "$KV_VERSI
   /usr/bin/python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check "kubernetes-validate==$KV_VERSION"
 fi
+#    helm-python-sdk (PyPI, pinned): Helm v4's Go library (libhelm_c.so, in the wheel) to render
+#    and lint deploy/helm/nri-resize without a helm binary (xtask/scripts/helm-chart.py).
+HELM_SDK_VERSION=0.2.2
+if ! "$VENV/bin/python" -c "import sys, helm_python; sys.exit(helm_python.__version__ != '$HELM_SDK_VERSION')" 2>/dev/null; then
+  log "installing helm-python-sdk==$HELM_SDK_VERSION into $VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check "helm-python-sdk==$HELM_SDK_VERSION"
+fi
 
 log "containerd 1.7: $(containerd --version 2>/dev/null | awk '{print $3}')"
 log "containerd 2.x: $("$C2_DIR/usr/bin/containerd" --version 2>/dev/null | awk '{print $3}')"
 log "CRI api.proto: $(cat "$CRI_DIR/.deb" 2>/dev/null)"
 log "Go for the tests' NRI plugin: $("$GO_DIR/usr/lib/go-1.26/bin/go" version 2>/dev/null | awk '{print $3}'), $(grep -h nri-dev "$GO_DIR/.deb" 2>/dev/null)"
+log "helm-python-sdk: $("$VENV/bin/python" -c 'import helm_python as h; print(h.__version__, "(Helm", h.helm_sdk_version() + ")")' 2>/dev/null)"
 log "runc: $(runc --version 2>/dev/null | head -1 | awk '{print $3}')"

@@ -1,9 +1,12 @@
-//! The `manifests` tier: render every kustomization under `deploy/` with kustomize, validate the
-//! result offline against the Kubernetes versions in-place resize runs on with
-//! `kubernetes-validate` (both installed by `scripts/setup-host.sh`), and run the structural
+//! The `manifests` tier: render every kustomization under `deploy/` with kustomize and the Helm
+//! chart (`deploy/helm/nri-resize`) with Helm's own engine (Helm v4's Go library through PyPI's
+//! `helm-python-sdk`; `scripts/helm-chart.py`), lint the chart (`helm lint --strict`), validate
+//! every rendering offline against the Kubernetes versions in-place resize runs on with
+//! `kubernetes-validate` (all installed by `scripts/setup-host.sh`), and run the structural
 //! checks that schemas cannot do (`tests/tests/deploy_manifests.rs`: PodMonitor/ServiceMonitor
-//! CRDs, which have no schema there; probes against the metrics port; the ConfigMap parsed by
-//! the daemon's own config parser; the dashboard's queries against the metrics catalog).
+//! CRDs, which have no schema there; probes against the metrics port; every shipped
+//! configuration through `nri-resize config check`; the chart's default rendering against the
+//! kustomize install, object for object; the dashboard's queries against the metrics catalog).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -16,6 +19,25 @@ pub const KUSTOMIZATIONS: &[(&str, &str)] = &[
     ("base", "deploy/base"),
     ("monitoring", "deploy/monitoring"),
     ("privileged", "deploy/overlays/privileged"),
+];
+
+/// The Helm chart.
+pub const CHART: &str = "deploy/helm/nri-resize";
+
+/// The chart's renderings that are validated, by name in `target/manifests/<name>.yaml`, with
+/// their values (JSON over values.yaml): the default, the privileged one, and every toggle the
+/// default leaves off turned on.
+pub const CHART_RENDERINGS: &[(&str, &str)] = &[
+    ("helm-default", "{}"),
+    ("helm-privileged", r#"{"privileged": true}"#),
+    (
+        "helm-all-toggles",
+        r#"{"mode": "observe", "monitoring": {"labels": {"release": "kube-prometheus-stack"}, "serviceMonitor": {"enabled": true}}}"#,
+    ),
+    (
+        "helm-no-extras",
+        r#"{"monitoring": {"podMonitor": {"enabled": false}}, "networkPolicy": {"enabled": false}}"#,
+    ),
 ];
 
 /// In-place resize is beta from 1.33 and GA in 1.35; 1.37.0 is the newest schema set of the
@@ -47,6 +69,60 @@ pub fn render(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
         let file = out_dir.join(format!("{name}.yaml"));
         std::fs::write(&file, &out.stdout).with_context(|| format!("write {}", file.display()))?;
         eprintln!("    rendered {dir} -> {}", file.display());
+        files.push(file);
+    }
+    Ok(files)
+}
+
+fn helm_chart_py(root: &Path) -> Command {
+    let mut cmd = Command::new(cache().join("venv/bin/python"));
+    cmd.arg(root.join("xtask/scripts/helm-chart.py"));
+    cmd
+}
+
+/// `helm lint --strict` of the chart against every version, with Helm's own linter.
+pub fn lint_chart(root: &Path) -> anyhow::Result<()> {
+    let mut cmd = helm_chart_py(root);
+    cmd.arg("lint").arg(root.join(CHART));
+    for v in KUBERNETES_VERSIONS {
+        cmd.arg("--kube-version").arg(format!("v{v}"));
+    }
+    let out = cmd
+        .output()
+        .context("run xtask/scripts/helm-chart.py (helm-python-sdk, installed by setup)")?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if !out.status.success() {
+        bail!("helm lint --strict {CHART} failed:\n{text}");
+    }
+    eprintln!("    helm lint --strict {CHART}: clean against {KUBERNETES_VERSIONS:?}");
+    Ok(())
+}
+
+/// Renders the chart with each of [`CHART_RENDERINGS`] into `<root>/target/manifests/`.
+pub fn render_chart(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let out_dir = root.join("target/manifests");
+    std::fs::create_dir_all(&out_dir).with_context(|| format!("create {}", out_dir.display()))?;
+    let mut files = Vec::new();
+    for (name, values) in CHART_RENDERINGS {
+        let out = helm_chart_py(root)
+            .arg("render")
+            .arg(root.join(CHART))
+            .args(["--values", values])
+            .output()
+            .context("run xtask/scripts/helm-chart.py (helm-python-sdk, installed by setup)")?;
+        if !out.status.success() {
+            bail!(
+                "rendering {CHART} with {values} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let file = out_dir.join(format!("{name}.yaml"));
+        std::fs::write(&file, &out.stdout).with_context(|| format!("write {}", file.display()))?;
+        eprintln!("    rendered {CHART} ({values}) -> {}", file.display());
         files.push(file);
     }
     Ok(files)
