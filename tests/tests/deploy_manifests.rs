@@ -430,6 +430,27 @@ fn containerd_configs_enable_nri_on_the_socket_the_daemonset_mounts() {
     }
 }
 
+/// The metric names (`nri_resize_*`, `process_*`) a PromQL expression uses.
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for prefix in ["nri_resize_", "process_"] {
+        let mut rest = expr;
+        while let Some(i) = rest.find(prefix) {
+            let before = rest[..i].chars().next_back();
+            let name: String = rest[i..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            rest = &rest[i + name.len()..];
+            // `nri_resize_` inside a longer identifier is not a name of ours.
+            if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+                names.push(name);
+            }
+        }
+    }
+    names
+}
+
 /// Every `expr`/`query` string of a Grafana dashboard.
 fn walk<'a>(v: &'a serde_json::Value, out: &mut Vec<&'a str>) {
     match v {
@@ -459,13 +480,7 @@ fn the_dashboard_queries_only_cataloged_metrics() {
     walk(&d, &mut exprs);
     let mut used = BTreeSet::new();
     for e in &exprs {
-        let mut rest = *e;
-        while let Some(i) = rest.find("nri_resize_") {
-            let name: String = rest[i..]
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect();
-            rest = &rest[i + name.len()..];
+        for name in metric_names(e) {
             let entry = catalog::lookup(&name).unwrap_or_else(|| {
                 panic!("the dashboard queries {name}, which is not in the catalog")
             });
@@ -474,10 +489,11 @@ fn the_dashboard_queries_only_cataloged_metrics() {
     }
     for needed in [
         "nri_resize_resize_outcomes_total",
-        "nri_resize_container_throttled_seconds_total",
+        "nri_resize_container_cpu_cfs_throttled_seconds_total",
         "nri_resize_memory_decrease_reclaims_in_progress",
-        "nri_resize_node_capacity",
-        "nri_resize_node_allocatable",
+        "nri_resize_node_capacity_cpu_cores",
+        "nri_resize_node_allocatable_memory_bytes",
+        "nri_resize_resizes",
     ] {
         assert!(
             used.contains(needed),
