@@ -452,7 +452,7 @@ fn containerd_configs_enable_nri_on_the_socket_the_daemonset_mounts() {
     }
 }
 
-/// The metric names (`nri_resize_*`, `process_*`) a PromQL expression uses.
+/// The metric names (`nri_resize_*`, `process_*`) a Prometheus query uses.
 fn metric_names(expr: &str) -> Vec<String> {
     let mut names = Vec::new();
     for prefix in ["nri_resize_", "process_"] {

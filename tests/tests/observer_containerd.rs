@@ -518,6 +518,29 @@ async fn throttling(ctrd: &Containerd, plugins: &Plugins) {
         .expect("RemovePodSandbox");
 }
 
+/// What [`verdicts`] finds per container: container, verdict, count.
+const CONTAINER_VERDICTS: [(&str, &str, f64); 3] = [
+    ("busy", "harmful", 1.0),
+    ("idle", "healthy", 1.0),
+    ("idle", "harmful", 0.0),
+];
+
+/// `nri_resize_container_resize_verdicts_total` of one container and verdict in a scrape: the
+/// verdicts name the container (and so, through `kube_pod_owner`, the workload).
+fn container_verdicts(metrics: &str, pod: &str, container: &str, verdict: &str) -> Option<f64> {
+    let want = [
+        format!("container=\"{container}\""),
+        format!("pod=\"{pod}\""),
+        format!("verdict=\"{verdict}\""),
+    ];
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("nri_resize_container_resize_verdicts_total{"))
+        .find(|l| want.iter().all(|w| l.contains(w.as_str())))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
 /// The pressure series of one container for `resource` and PSI `kind` (`some`: the
 /// `…_waiting_seconds_total` family, `full`: `…_stalled_seconds_total`), if it exists.
 fn stalled_seconds(
@@ -965,23 +988,10 @@ async fn verdicts(ctrd: &Containerd, plugins: &Plugins) {
                 .unwrap_or(0.0);
             assert!(count >= 1.0, "{}: {series}is {count}", p.name);
         }
-        // The same verdicts name the container (and so, through kube_pod_owner, the workload).
-        let per_container = |container: &str, verdict: &str| {
-            let want = [
-                format!("container=\"{container}\""),
-                format!("pod=\"{}\"", pod.name),
-                format!("verdict=\"{verdict}\""),
-            ];
-            metrics
-                .lines()
-                .filter(|l| l.starts_with("nri_resize_container_resize_verdicts_total{"))
-                .find(|l| want.iter().all(|w| l.contains(w.as_str())))
-                .and_then(|l| l.rsplit(' ').next())
-                .and_then(|v| v.parse::<f64>().ok())
-        };
-        assert_eq!(per_container("busy", "harmful"), Some(1.0), "{}", p.name);
-        assert_eq!(per_container("idle", "healthy"), Some(1.0), "{}", p.name);
-        assert_eq!(per_container("idle", "harmful"), Some(0.0), "{}", p.name);
+        for (container, verdict, want) in CONTAINER_VERDICTS {
+            let got = container_verdicts(&metrics, &pod.name, container, verdict);
+            assert_eq!(got, Some(want), "{}: {container} {verdict}", p.name);
+        }
     }
     for id in &ids {
         ctrd.stop_container(id, 0).await.expect("StopContainer");

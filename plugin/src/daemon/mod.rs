@@ -136,12 +136,7 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
         NodeReader::new("/"),
         checkpoints,
     ));
-    let weak = Arc::downgrade(&engine);
-    state.metrics.set_resize_state_source(Box::new(move || {
-        weak.upgrade()
-            .map(|engine| engine.pending_resize_states())
-            .unwrap_or_default()
-    }));
+    engine.publish_resize_states();
     let api_server = match retry_while_in_use(
         "status API",
         BIND_RETRY_FOR,

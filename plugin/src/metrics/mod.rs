@@ -124,6 +124,59 @@ fn opts(name: &str, help: &str) -> Opts {
     Opts::new(name, help)
 }
 
+/// `nri_resize_build_info{version, ebpf_object} 1`.
+fn build_info(r: &Registry) -> Result<(), MetricsError> {
+    let info = register(
+        r,
+        IntGaugeVec::new(
+            opts(
+                "build_info",
+                "1, labelled with the daemon's version and whether its eBPF observer object is built in.",
+            ),
+            &["version", "ebpf_object"],
+        )
+        .map_err(MetricsError::Register)?,
+    )?;
+    let ebpf_object = if cfg!(nri_resize_ebpf_object) {
+        "true"
+    } else {
+        "false"
+    };
+    info.with_label_values(&[env!("CARGO_PKG_VERSION"), ebpf_object])
+        .set(1);
+    Ok(())
+}
+
+/// `nri_resize_resizes{state}`, every state present (at 0).
+fn resize_states(r: &Registry) -> Result<IntGaugeVec, MetricsError> {
+    let states = register(
+        r,
+        IntGaugeVec::new(
+            opts(
+                "resizes",
+                "Containers with a resize pending, by KEP-1287 state (Proposed, InProgress, Deferred, Infeasible, Error).",
+            ),
+            &["state"],
+        )
+        .map_err(MetricsError::Register)?,
+    )?;
+    for s in RESIZE_STATES {
+        states.with_label_values(&[s.as_str()]);
+    }
+    Ok(states)
+}
+
+/// The process collector's `process_*` families, in a registry of their own: unprefixed.
+fn process_registry() -> Result<Registry, MetricsError> {
+    let process = Registry::new();
+    process
+        .register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))
+        .map_err(MetricsError::Register)?;
+    Ok(process)
+}
+
 impl Metrics {
     pub fn new() -> Result<Self, MetricsError> {
         let registry =
@@ -139,38 +192,10 @@ impl Metrics {
                 .map_err(MetricsError::Register)
                 .and_then(|c| register(r, c))
         };
-        let build_info = gauge(
-            "build_info",
-            "1, labelled with the daemon's version and whether its eBPF observer object is built in.",
-            &["version", "ebpf_object"],
-        )?;
-        build_info
-            .with_label_values(&[
-                env!("CARGO_PKG_VERSION"),
-                if cfg!(nri_resize_ebpf_object) {
-                    "true"
-                } else {
-                    "false"
-                },
-            ])
-            .set(1);
-        let resize_states = gauge(
-            "resizes",
-            "Containers with a resize pending, by KEP-1287 state (Proposed, InProgress, Deferred, Infeasible, Error).",
-            &["state"],
-        )?;
-        for s in RESIZE_STATES {
-            resize_states.with_label_values(&[s.as_str()]);
-        }
-        let process = Registry::new();
-        process
-            .register(Box::new(
-                prometheus::process_collector::ProcessCollector::for_self(),
-            ))
-            .map_err(MetricsError::Register)?;
+        build_info(r)?;
         Ok(Metrics {
-            process,
-            resize_states,
+            process: process_registry()?,
+            resize_states: resize_states(r)?,
             resize_state_source: RwLock::new(None),
             containers: register(r, ContainerFamilies::new()?)?,
             resize_requests: int_counter(

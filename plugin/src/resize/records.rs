@@ -3,6 +3,7 @@
 //! cgroups' actual values after it).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -173,6 +174,19 @@ impl Engine {
                 })
                 .collect()
         })
+    }
+
+    /// Has the metrics ask [`Engine::pending_resize_states`] at every scrape (through a weak
+    /// reference: the metrics outlive nothing of the engine's).
+    pub fn publish_resize_states(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        self.state
+            .metrics
+            .set_resize_state_source(Box::new(move || {
+                weak.upgrade()
+                    .map(|engine| engine.pending_resize_states())
+                    .unwrap_or_default()
+            }));
     }
 
     /// Whole-pod resizes, newest state of each.
