@@ -59,6 +59,9 @@ pub enum ConfigError {
 /// memory_stall_increase = 0.05  # ... the memory `some` stall share
 /// throttle_increase = 0.25      # ... throttled seconds per second
 /// oom_kills = 1                 # ... OOM kills (0: never)
+///
+/// [metrics]                     # docs/metrics.md
+/// cadvisor_duplicates = true    # false: leave out the per-container series cAdvisor exports too
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -75,6 +78,25 @@ pub struct Config {
     pub capacity: CapacityConfig,
     /// Verdicts on applied resizes.
     pub verdict: VerdictConfig,
+    /// What `/metrics` exports.
+    pub metrics: MetricsConfig,
+}
+
+/// `[metrics]`: what `/metrics` exports (docs/metrics.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Export the per-container series that cAdvisor (the kubelet's `/metrics/cadvisor`) also
+    /// exports: CFS throttling, OOM kills, pressure stall totals. `false` leaves them out.
+    pub cadvisor_duplicates: bool,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            cadvisor_duplicates: true,
+        }
+    }
 }
 
 /// `[verdict]`: the window after a resize compared with the one before, and the thresholds.
@@ -161,6 +183,7 @@ impl Default for Config {
             memory_decrease: MemoryDecreaseConfig::default(),
             capacity: CapacityConfig::default(),
             verdict: VerdictConfig::default(),
+            metrics: MetricsConfig::default(),
         }
     }
 }
@@ -409,6 +432,7 @@ mod tests {
             memory_decrease: _,
             capacity: _,
             verdict: _,
+            metrics: _,
         } = Config::default();
         let mut fields = [
             "journal_size",
@@ -417,6 +441,7 @@ mod tests {
             "memory_decrease",
             "capacity",
             "verdict",
+            "metrics",
         ];
         fields.sort_unstable();
         let mut keys = Config::top_level_keys();

@@ -241,11 +241,11 @@ async fn the_watcher_reads_the_real_node_with_cpuhp_and_uevents() {
     }
     assert!(s.read_error.is_none(), "{s:?}");
     assert_eq!(
-        r.metric(r#"nri_resize_node_capacity{resource="cpu"}"#),
+        r.metric("nri_resize_node_capacity_cpu_cores"),
         u64::from(online.count())
     );
     assert_eq!(
-        r.metric(r#"nri_resize_node_capacity{resource="memory"}"#),
+        r.metric("nri_resize_node_capacity_memory_bytes"),
         mem_total_bytes()
     );
     eprintln!("{}", capacity::node_line(&s, nri_resize::clock::now_ms()));

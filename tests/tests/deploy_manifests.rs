@@ -361,7 +361,20 @@ fn pod_and_service_monitors_select_the_daemon_and_its_metrics_port() {
         let e = &m["spec"][endpoints][0];
         assert_eq!(s(&e["port"]), "metrics", "{kind}");
         assert_eq!(s(&e["path"]), "/metrics", "{kind}");
-        let known: BTreeSet<&str> = ["port", "path", "interval", "relabelings", "scheme"].into();
+        assert_eq!(
+            e["honorLabels"],
+            Value::Bool(true),
+            "{kind}: the daemon's namespace/pod/container labels must not become exported_*"
+        );
+        let known: BTreeSet<&str> = [
+            "port",
+            "path",
+            "interval",
+            "relabelings",
+            "scheme",
+            "honorLabels",
+        ]
+        .into();
         for k in e.as_mapping().expect("endpoint").keys() {
             assert!(
                 known.contains(s(k)),
@@ -405,8 +418,17 @@ fn every_manifest_is_part_of_a_kustomization() {
         for e in std::fs::read_dir(root().join(dir)).expect("read dir") {
             let p = e.expect("entry").path();
             let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-            if name == "kustomization.yaml" || name == "servicemonitor.yaml" {
-                continue; // servicemonitor.yaml: the documented alternative to the PodMonitor
+            if [
+                "kustomization.yaml",
+                // The documented alternative to the PodMonitor.
+                "servicemonitor.yaml",
+                // The alerts as a plain rules file, and their promtool tests: not manifests.
+                "nri-resize-rules.yaml",
+                "nri-resize-rules.test.yaml",
+            ]
+            .contains(&name)
+            {
+                continue;
             }
             assert!(
                 listed.contains(&p.canonicalize().expect("canonical")),
@@ -440,6 +462,27 @@ fn containerd_configs_enable_nri_on_the_socket_the_daemonset_mounts() {
     }
 }
 
+/// The metric names (`nri_resize_*`, `process_*`) a Prometheus query uses.
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for prefix in ["nri_resize_", "process_"] {
+        let mut rest = expr;
+        while let Some(i) = rest.find(prefix) {
+            let before = rest[..i].chars().next_back();
+            let name: String = rest[i..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            rest = &rest[i + name.len()..];
+            // `nri_resize_` inside a longer identifier is not a name of ours.
+            if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+                names.push(name);
+            }
+        }
+    }
+    names
+}
+
 /// Every `expr`/`query` string of a Grafana dashboard.
 fn walk<'a>(v: &'a serde_json::Value, out: &mut Vec<&'a str>) {
     match v {
@@ -469,13 +512,7 @@ fn the_dashboard_queries_only_cataloged_metrics() {
     walk(&d, &mut exprs);
     let mut used = BTreeSet::new();
     for e in &exprs {
-        let mut rest = *e;
-        while let Some(i) = rest.find("nri_resize_") {
-            let name: String = rest[i..]
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect();
-            rest = &rest[i + name.len()..];
+        for name in metric_names(e) {
             let entry = catalog::lookup(&name).unwrap_or_else(|| {
                 panic!("the dashboard queries {name}, which is not in the catalog")
             });
@@ -484,10 +521,11 @@ fn the_dashboard_queries_only_cataloged_metrics() {
     }
     for needed in [
         "nri_resize_resize_outcomes_total",
-        "nri_resize_container_throttled_seconds_total",
+        "nri_resize_container_cpu_cfs_throttled_seconds_total",
         "nri_resize_memory_decrease_reclaims_in_progress",
-        "nri_resize_node_capacity",
-        "nri_resize_node_allocatable",
+        "nri_resize_node_capacity_cpu_cores",
+        "nri_resize_node_allocatable_memory_bytes",
+        "nri_resize_resizes",
     ] {
         assert!(
             used.contains(needed),
@@ -780,6 +818,89 @@ fn assert_same_objects(what: &str, kustomize: Vec<Value>, chart: Vec<Value>) {
     }
 }
 
+/// The alerts: the `PrometheusRule` kustomize renders carries exactly the groups of the plain
+/// rules file (one source of truth).
+#[test]
+fn the_prometheus_rule_and_the_plain_rules_file_are_the_same_rules() {
+    let docs = render("deploy");
+    let rule = find(&docs, "PrometheusRule");
+    assert_eq!(s(&rule["apiVersion"]), "monitoring.coreos.com/v1");
+    assert_eq!(s(&rule["metadata"]["namespace"]), "kube-system");
+    let plain = file("deploy/monitoring/nri-resize-rules.yaml");
+    assert_eq!(
+        rule["spec"]["groups"], plain["groups"],
+        "deploy/monitoring/prometheusrule.yaml's groups differ from nri-resize-rules.yaml: copy them over"
+    );
+}
+
+/// The `[workspace.package] repository` of Cargo.toml (the runbook links point into it).
+fn repository() -> String {
+    let text = std::fs::read_to_string(root().join("Cargo.toml")).expect("read Cargo.toml");
+    let t: toml::Table = text.parse().expect("Cargo.toml");
+    t["workspace"]["package"]["repository"]
+        .as_str()
+        .expect("[workspace.package] repository: the runbook links need it")
+        .trim_end_matches('/')
+        .to_string()
+}
+
+/// Every alert: a severity Alertmanager routes on, a summary, a description with the numbers
+/// (`$value`) or the object (`$labels`), a runbook link to its own entry in docs/runbook.md, and
+/// only metrics of the catalog or of kube-state-metrics, cAdvisor and Prometheus itself.
+#[test]
+fn every_alert_is_complete_and_has_its_runbook_entry() {
+    let rules = file("deploy/monitoring/nri-resize-rules.yaml");
+    let runbook =
+        std::fs::read_to_string(root().join("docs/runbook.md")).expect("read docs/runbook.md");
+    let base = format!("{}/blob/main/docs/runbook.md#", repository());
+    let mut alerts = Vec::new();
+    for group in rules["groups"].as_sequence().expect("groups") {
+        for rule in group["rules"].as_sequence().expect("rules") {
+            let name = s(&rule["alert"]);
+            alerts.push(name.to_string());
+            let severity = s(&rule["labels"]["severity"]);
+            assert!(
+                ["critical", "warning", "info"].contains(&severity),
+                "{name}: severity {severity}"
+            );
+            let a = &rule["annotations"];
+            assert!(!s(&a["summary"]).is_empty(), "{name}: summary");
+            let description = s(&a["description"]);
+            assert!(
+                description.contains("$value") || description.contains("$labels"),
+                "{name}: the description says which object and how much"
+            );
+            let url = s(&a["runbook_url"]);
+            let anchor = url
+                .strip_prefix(&base)
+                .unwrap_or_else(|| panic!("{name}: runbook_url {url} is not under {base}"));
+            assert_eq!(anchor, name.to_lowercase(), "{name}: its own entry");
+            assert!(
+                runbook.contains(&format!("\n## {name}\n")),
+                "{name}: no `## {name}` entry in docs/runbook.md"
+            );
+            for metric in metric_names(s(&rule["expr"])) {
+                assert!(
+                    catalog::lookup(&metric).is_some(),
+                    "{name} uses {metric}, which is not in the catalog"
+                );
+            }
+        }
+    }
+    assert!(alerts.len() >= 8, "{alerts:?}");
+    // Every runbook entry is an alert's.
+    for line in runbook.lines() {
+        if let Some(entry) = line.strip_prefix("## ") {
+            if entry.starts_with("NriResize") {
+                assert!(
+                    alerts.iter().any(|a| a == entry),
+                    "runbook entry {entry} has no alert"
+                );
+            }
+        }
+    }
+}
+
 /// Where `a` and `b` first differ: the path and the two values.
 fn first_difference(a: &Value, b: &Value, path: &str) -> Option<String> {
     let show = |v: &Value| {
@@ -933,4 +1054,45 @@ fn node_selection_matches_the_images_built() {
         ["Amd64"].into(),
         "the image's architectures changed: update the nodeSelector in deploy/base/daemonset.yaml and the chart's values.yaml"
     );
+}
+
+/// Every alert has a promtool test case where it fires and one where it stays silent (promtool
+/// itself runs them in `cargo xtask manifests`).
+#[test]
+fn every_alert_fires_in_one_promtool_case_and_stays_silent_in_another() {
+    let rules = file("deploy/monitoring/nri-resize-rules.yaml");
+    let tests = file("deploy/monitoring/nri-resize-rules.test.yaml");
+    assert_eq!(
+        tests["rule_files"][0].as_str(),
+        Some("nri-resize-rules.yaml")
+    );
+    let mut fires = BTreeSet::new();
+    let mut silent = BTreeSet::new();
+    for case in tests["tests"].as_sequence().expect("tests") {
+        for t in case["alert_rule_test"]
+            .as_sequence()
+            .expect("alert_rule_test")
+        {
+            let name = s(&t["alertname"]).to_string();
+            let expected = t["exp_alerts"].as_sequence().map_or(0, Vec::len);
+            if expected == 0 {
+                silent.insert(name);
+            } else {
+                fires.insert(name);
+            }
+        }
+    }
+    for group in rules["groups"].as_sequence().expect("groups") {
+        for rule in group["rules"].as_sequence().expect("rules") {
+            let name = s(&rule["alert"]);
+            assert!(
+                fires.contains(name),
+                "{name}: no promtool case where it fires"
+            );
+            assert!(
+                silent.contains(name),
+                "{name}: no promtool case where it is silent"
+            );
+        }
+    }
 }

@@ -348,7 +348,7 @@ async fn resize_is_counted_and_confirmed(ctrd: &Containerd, daemon: &DaemonConta
             r#"nri_resize_resize_requests_total{direction="increase",outcome="in_place",resource="cpu"} 1"#,
             r#"nri_resize_resize_duration_seconds_count{direction="increase",resource="cpu"} 1"#,
             r#"nri_resize_resize_outcomes_total{outcome="in_place"} 1"#,
-            r#"nri_resize_container_actual_cpu_millicores{container="app",namespace="default",pod="imaged"} 800"#,
+            r#"nri_resize_container_actual_cpu_cores{container="app",namespace="default",pod="imaged"} 0.8"#,
         ];
         if want.iter().all(|w| body.contains(w)) {
             break;
@@ -382,8 +382,8 @@ async fn daemon_from_image_sees_a_real_pod(version: ContainerdVersion, deploy: &
 
     // Desired vs actual is read back once the container started; the observer's counters come on
     // its interval (1 s): wait for both.
-    let want = r#"nri_resize_container_actual_cpu_millicores{container="app",namespace="default",pod="imaged"} 500"#;
-    let counters = r#"nri_resize_container_throttled_periods_total{container="app",namespace="default",pod="imaged"}"#;
+    let want = r#"nri_resize_container_actual_cpu_cores{container="app",namespace="default",pod="imaged"} 0.5"#;
+    let counters = r#"nri_resize_container_cpu_cfs_throttled_periods_total{container="app",namespace="default",pod="imaged"}"#;
     let deadline = Instant::now() + Duration::from_secs(30);
     let body = loop {
         let (code, headers, body) =
@@ -404,7 +404,7 @@ async fn daemon_from_image_sees_a_real_pod(version: ContainerdVersion, deploy: &
         "nri_resize_nri_connected 1",
         r#"nri_resize_container_desired_memory_bytes{container="app",namespace="default",pod="imaged"} 67108864"#,
         r#"nri_resize_container_allocated_memory_bytes{container="app",namespace="default",pod="imaged"} 67108864"#,
-        r#"nri_resize_container_throttled_periods_total{container="app",namespace="default",pod="imaged"}"#,
+        r#"nri_resize_container_cpu_cfs_throttled_periods_total{container="app",namespace="default",pod="imaged"}"#,
         // The eBPF programs load with either privilege: no measurement fell back to polling
         // (reclaim: see below).
         r#"nri_resize_observer_strategy{program="throttle",strategy="cpu_stat_polling"} 0"#,

@@ -13,13 +13,14 @@
 //!   with the kernel's own counters within 5 %;
 //! - (d) the fallbacks give the same answers within tolerance;
 //! - (e) pressure: on cgroup v2 (VM tier) every instance reads PSI, and the starved busy loop's
-//!   `nri_resize_container_pressure_stalled_seconds_total{resource="cpu",kind="some"}` appears
+//!   `nri_resize_container_pressure_cpu_waiting_seconds_total` (PSI `some`) appears
 //!   and grows, with a cpu stall share in `/v1/status`; on cgroup v1 the series is absent and the
 //!   strategy metric and `/readyz` say why;
 //! - (f) verdicts (`[verdict] window = "4s"` in every instance's config): a CPU decrease
 //!   1000m → 100m of a busy loop is `harmful` (the reason names the cpu stall share on v2 and
 //!   the throttling on both, with the change), a decrease 1000m → 500m of an idle container is
-//!   `healthy`; both in `/v1/resizes` and in `nri_resize_resize_verdicts_total`.
+//!   `healthy`; both in `/v1/resizes`, in `nri_resize_resize_verdicts_total` and per container
+//!   in `nri_resize_container_resize_verdicts_total`.
 //!
 //! Needs root, the containerd binaries (`cargo xtask test` installs them), kernel BTF and the eBPF
 //! object built into the plugin (`cargo xtask build-ebpf`). Missing pieces fail loudly.
@@ -377,7 +378,11 @@ async fn throttling(ctrd: &Containerd, plugins: &Plugins) {
             .and_then(|o| o.throttling)
             .map_or(0, |t| t.count);
         let metric = ebpf
-            .metric("container_throttled_periods_total", &pod.name, "busy")
+            .metric(
+                "container_cpu_cfs_throttled_periods_total",
+                &pod.name,
+                "busy",
+            )
             .unwrap_or(0.0);
         if status > 0 && metric > 0.0 {
             break;
@@ -421,7 +426,11 @@ async fn throttling(ctrd: &Containerd, plugins: &Plugins) {
     let counts = fresh_throttle_counts(plugins, &id, nri_resize::clock::now_ms()).await;
     let later = fresh_throttle_counts(plugins, &id, nri_resize::clock::now_ms()).await;
     let metric = ebpf
-        .metric("container_throttled_periods_total", &pod.name, "busy")
+        .metric(
+            "container_cpu_cfs_throttled_periods_total",
+            &pod.name,
+            "busy",
+        )
         .expect("throttle metric");
     eprintln!(
         "cpu.stat nr_throttled {kernel}; ebpf/forced/noebpf {counts:?} then {later:?} 2 s later; metric {metric}"
@@ -477,12 +486,12 @@ async fn throttling(ctrd: &Containerd, plugins: &Plugins) {
         assert_eq!(o.matches, Some(true), "{}: desired == actual", p.name);
     }
     assert_eq!(
-        ebpf.metric("container_desired_cpu_millicores", &pod.name, "busy"),
-        Some(2000.0)
+        ebpf.metric("container_desired_cpu_cores", &pod.name, "busy"),
+        Some(2.0)
     );
     assert_eq!(
-        ebpf.metric("container_actual_cpu_millicores", &pod.name, "busy"),
-        Some(2000.0)
+        ebpf.metric("container_actual_cpu_cores", &pod.name, "busy"),
+        Some(2.0)
     );
 
     // The container goes: its series go.
@@ -493,9 +502,13 @@ async fn throttling(ctrd: &Containerd, plugins: &Plugins) {
         bound(Duration::from_secs(5)),
         "series removal",
         async |p| {
-            p.metric("container_throttled_periods_total", &pod.name, "busy")
-                .is_none()
-                .then_some(())
+            p.metric(
+                "container_cpu_cfs_throttled_periods_total",
+                &pod.name,
+                "busy",
+            )
+            .is_none()
+            .then_some(())
         },
     )
     .await;
@@ -505,7 +518,31 @@ async fn throttling(ctrd: &Containerd, plugins: &Plugins) {
         .expect("RemovePodSandbox");
 }
 
-/// The `resource`/`kind` pressure series of one container, if it exists.
+/// What [`verdicts`] finds per container: container, verdict, count.
+const CONTAINER_VERDICTS: [(&str, &str, f64); 3] = [
+    ("busy", "harmful", 1.0),
+    ("idle", "healthy", 1.0),
+    ("idle", "harmful", 0.0),
+];
+
+/// `nri_resize_container_resize_verdicts_total` of one container and verdict in a scrape: the
+/// verdicts name the container (and so, through `kube_pod_owner`, the workload).
+fn container_verdicts(metrics: &str, pod: &str, container: &str, verdict: &str) -> Option<f64> {
+    let want = [
+        format!("container=\"{container}\""),
+        format!("pod=\"{pod}\""),
+        format!("verdict=\"{verdict}\""),
+    ];
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("nri_resize_container_resize_verdicts_total{"))
+        .find(|l| want.iter().all(|w| l.contains(w.as_str())))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// The pressure series of one container for `resource` and PSI `kind` (`some`: the
+/// `…_waiting_seconds_total` family, `full`: `…_stalled_seconds_total`), if it exists.
 fn stalled_seconds(
     p: &Instance,
     pod: &str,
@@ -513,19 +550,12 @@ fn stalled_seconds(
     resource: &str,
     kind: &str,
 ) -> Option<f64> {
-    let (code, body) = p.http("/metrics");
-    assert_eq!(code, 200, "{}: /metrics answered {code}", p.name);
-    let labels = [
-        format!("pod=\"{pod}\""),
-        format!("container=\"{container}\""),
-        format!("resource=\"{resource}\""),
-        format!("kind=\"{kind}\""),
-    ];
-    body.lines()
-        .filter(|l| l.starts_with("nri_resize_container_pressure_stalled_seconds_total{"))
-        .find(|l| labels.iter().all(|want| l.contains(want.as_str())))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
+    let family = if kind == "some" { "waiting" } else { "stalled" };
+    p.metric(
+        &format!("container_pressure_{resource}_{family}_seconds_total"),
+        pod,
+        container,
+    )
 }
 
 /// (e) While the busy loop runs at 0.1 CPU. On cgroup v2 every instance reads its pressure
@@ -546,7 +576,7 @@ async fn pressure(ctrd: &Containerd, plugins: &Plugins, pod: &str, id: &str) {
                 p.name
             );
             assert!(
-                !metrics.contains("nri_resize_container_pressure_stalled_seconds_total{"),
+                !metrics.contains("nri_resize_container_pressure_"),
                 "{}: pressure series on cgroup v1",
                 p.name
             );
@@ -825,7 +855,11 @@ async fn reclaim(ctrd: &Containerd, plugins: &Plugins) {
     }
     let bytes = plugins
         .ebpf()
-        .metric("container_reclaimed_bytes_total", &pod.name, "writer")
+        .metric(
+            "container_memory_reclaimed_bytes_total",
+            &pod.name,
+            "writer",
+        )
         .expect("reclaimed bytes metric");
     #[expect(
         clippy::cast_possible_truncation,
@@ -953,6 +987,10 @@ async fn verdicts(ctrd: &Containerd, plugins: &Plugins) {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0.0);
             assert!(count >= 1.0, "{}: {series}is {count}", p.name);
+        }
+        for (container, verdict, want) in CONTAINER_VERDICTS {
+            let got = container_verdicts(&metrics, &pod.name, container, verdict);
+            assert_eq!(got, Some(want), "{}: {container} {verdict}", p.name);
         }
     }
     for id in &ids {

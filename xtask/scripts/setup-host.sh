@@ -169,9 +169,29 @@ if ! "$VENV/bin/python" -c "import sys, helm_python; sys.exit(helm_python.__vers
   "$VENV/bin/pip" install -q --disable-pip-version-check "helm-python-sdk==$HELM_SDK_VERSION"
 fi
 
+# 5. promtool, for `promtool test rules` on deploy/monitoring's alerts (manifests tier): Debian's
+#    prometheus package, downloaded and unpacked into the cache, never installed (installing it
+#    would also install and start a Prometheus server).
+PROM_DIR="$CACHE/prometheus"
+if [[ ! -x "$PROM_DIR/usr/bin/promtool" ]]; then
+  apt_update
+  log "fetching promtool from Debian's prometheus package (unpacked into $PROM_DIR, not installed)"
+  tmp=$(mktemp -d)
+  chmod 755 "$tmp"
+  (cd "$tmp" && apt-get download -qq -o Acquire::Retries=3 prometheus/bookworm >/dev/null 2>&1) \
+    || die "could not download Debian's prometheus package"
+  rm -rf "$PROM_DIR.tmp" && mkdir -p "$PROM_DIR.tmp"
+  dpkg-deb -x "$tmp"/prometheus_*.deb "$PROM_DIR.tmp"
+  basename "$tmp"/prometheus_*.deb >"$PROM_DIR.tmp/.deb"
+  rm -rf "$PROM_DIR" && mv "$PROM_DIR.tmp" "$PROM_DIR"
+  rm -rf "$tmp"
+  "$PROM_DIR/usr/bin/promtool" --version >/dev/null 2>&1 || die "promtool from $(cat "$PROM_DIR/.deb") does not run"
+fi
+
 log "containerd 1.7: $(containerd --version 2>/dev/null | awk '{print $3}')"
 log "containerd 2.x: $("$C2_DIR/usr/bin/containerd" --version 2>/dev/null | awk '{print $3}')"
 log "CRI api.proto: $(cat "$CRI_DIR/.deb" 2>/dev/null)"
 log "Go for the tests' NRI plugin: $("$GO_DIR/usr/lib/go-1.26/bin/go" version 2>/dev/null | awk '{print $3}'), $(grep -h nri-dev "$GO_DIR/.deb" 2>/dev/null)"
 log "helm-python-sdk: $("$VENV/bin/python" -c 'import helm_python as h; print(h.__version__, "(Helm", h.helm_sdk_version() + ")")' 2>/dev/null)"
 log "runc: $(runc --version 2>/dev/null | head -1 | awk '{print $3}')"
+log "promtool: $("$PROM_DIR/usr/bin/promtool" --version 2>/dev/null | head -1 | awk '{print $3}') ($(cat "$PROM_DIR/.deb" 2>/dev/null))"

@@ -6,7 +6,7 @@
 //! - `demo`       a private containerd + the plugin + a pod created and resized, narrated
 //! - `bench`      every benchmark, side by side with its baseline (`reclaim_pacing` in a 6.12 guest)
 //! - `fuzz`       run one fuzz target (default: all, 60 s each; `--runs N` for N executions each)
-//! - `manifests`  render deploy/ with kustomize and the Helm chart, lint, validate offline (also a tier of `test`)
+//! - `manifests`  render deploy/ with kustomize and the Helm chart, lint, validate offline, test the alerts with promtool (also a tier of `test`)
 //! - `image`      the daemon as an OCI image archive (`ctr images import`-able), no Docker engine
 //! - `soak`       the full soak: 200 pods x 3 containers, 10 resizes/s, 10 minutes (`--pods`, `--seconds`)
 //! - `vm-test`    the VM tier alone: cgroup v2 on Debian's 6.1 and 6.12 kernels under QEMU
@@ -632,8 +632,10 @@ fn manifests_tier() -> anyhow::Result<()> {
     manifests::lint_chart(&root())?;
     files.extend(manifests::render_chart(&root())?);
     manifests::validate(&files)?;
+    eprintln!("\n==> alerts: promtool check rules, promtool test rules");
+    manifests::alerts(&root())?;
     run(
-        "manifests: CRDs, probes, config check, chart = kustomize, dashboard against the catalog",
+        "manifests: CRDs, probes, config check, chart = kustomize, dashboard and alerts against the catalog",
         cargo().args([
             "test",
             "-p",

@@ -6,7 +6,9 @@
 //! checks that schemas cannot do (`tests/tests/deploy_manifests.rs`: PodMonitor/ServiceMonitor
 //! CRDs, which have no schema there; probes against the metrics port; every shipped
 //! configuration through `nri-resize config check`; the chart's default rendering against the
-//! kustomize install, object for object; the dashboard's queries against the metrics catalog).
+//! kustomize install, object for object; the dashboard's queries against the metrics catalog),
+//! and the alerts' own tests with `promtool test rules` (Debian's prometheus package, unpacked by
+//! setup).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -153,6 +155,47 @@ pub fn validate(files: &[PathBuf]) -> anyhow::Result<()> {
             bail!("manifests do not validate against Kubernetes {version}:\n{text}");
         }
         eprintln!("    valid against Kubernetes {version} (strict); PodMonitor/ServiceMonitor: no schema, checked structurally");
+    }
+    Ok(())
+}
+
+/// `promtool` as setup unpacks it from Debian's prometheus package (never installed).
+fn promtool() -> PathBuf {
+    cache().join("prometheus/usr/bin/promtool")
+}
+
+/// The alerts: `promtool check rules` on the rules file, then `promtool test rules` on its tests
+/// (every alert fires in one case and stays silent in another). A failure carries promtool's
+/// own output.
+pub fn alerts(root: &Path) -> anyhow::Result<()> {
+    let dir = root.join("deploy/monitoring");
+    let promtool = promtool();
+    for args in [
+        ["check", "rules", "nri-resize-rules.yaml"],
+        ["test", "rules", "nri-resize-rules.test.yaml"],
+    ] {
+        let out = Command::new(&promtool)
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .with_context(|| format!("run {} (unpacked by setup)", promtool.display()))?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if !out.status.success() {
+            bail!(
+                "promtool {} failed ({}):\n{text}",
+                args.join(" "),
+                out.status
+            );
+        }
+        eprintln!(
+            "    promtool {}: {}",
+            args.join(" "),
+            text.trim().replace('\n', " ")
+        );
     }
     Ok(())
 }

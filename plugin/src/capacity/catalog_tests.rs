@@ -21,12 +21,7 @@ fn all_metrics() -> Metrics {
 #[test]
 fn every_registered_family_is_in_the_catalog_and_every_own_entry_is_registered() {
     let m = all_metrics();
-    let registered: BTreeSet<String> = m
-        .registry()
-        .gather()
-        .iter()
-        .map(|f| f.name().to_string())
-        .collect();
+    let registered: BTreeSet<String> = m.gather().iter().map(|f| f.name().to_string()).collect();
     for name in &registered {
         assert!(
             lookup(name).is_some(),
@@ -45,7 +40,7 @@ fn every_registered_family_is_in_the_catalog_and_every_own_entry_is_registered()
 #[test]
 fn kinds_and_labels_match_the_registry() {
     let m = all_metrics();
-    for f in m.registry().gather() {
+    for f in m.gather() {
         let e = lookup(f.name()).expect("in catalog");
         let kind = match f.get_field_type() {
             prometheus::proto::MetricType::COUNTER => Kind::Counter,
@@ -71,4 +66,31 @@ fn kinds_and_labels_match_the_registry() {
             assert_eq!(got, want, "labels of {}", f.name());
         }
     }
+}
+
+/// `[metrics] cadvisor_duplicates = false` leaves out exactly the families the catalog marks as
+/// cAdvisor's, and only those.
+#[test]
+fn the_cadvisor_switch_leaves_out_exactly_the_marked_families() {
+    let m = all_metrics();
+    let names = |m: &Metrics| -> BTreeSet<String> {
+        m.gather().iter().map(|f| f.name().to_string()).collect()
+    };
+    let all = names(&m);
+    m.set_cadvisor_duplicates(false);
+    let without = names(&m);
+    let left_out: BTreeSet<&str> = all
+        .iter()
+        .filter(|n| !without.contains(*n))
+        .map(String::as_str)
+        .collect();
+    let marked: BTreeSet<&str> = CATALOG
+        .iter()
+        .filter(|e| e.cadvisor_duplicate)
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(left_out, marked);
+    assert!(!marked.is_empty());
+    m.set_cadvisor_duplicates(true);
+    assert_eq!(names(&m), all, "switched back on, they return");
 }

@@ -2,15 +2,17 @@
 //!
 //! | metric | labels | what |
 //! |---|---|---|
-//! | `nri_resize_node_capacity` | `resource` | online CPUs (cores) and `MemTotal` (bytes) |
-//! | `nri_resize_node_allocatable` | `resource` | capacity minus the configured reserve (cores, bytes) |
+//! | `nri_resize_node_capacity_cpu_cores` | | online CPUs |
+//! | `nri_resize_node_capacity_memory_bytes` | | `MemTotal` |
+//! | `nri_resize_node_allocatable_cpu_cores` | | online CPUs minus the configured reserve |
+//! | `nri_resize_node_allocatable_memory_bytes` | | `MemTotal` minus the configured reserve |
 //! | `nri_resize_node_capacity_changes_total` | `resource`, `direction` | capacity changes seen (`up`, `down`, `same`) |
 //! | `nri_resize_node_capacity_detection_seconds` | `source` | kernel event (cpuhp timestamp / uevent arrival) to metric update |
 //! | `nri_resize_node_capacity_events_total` | `source` | events that made the watcher re-read (`cpuhp`, `uevent`, `resync`) |
 //! | `nri_resize_node_offline_pinned_containers` | | containers whose cpuset names an offline CPU |
 //! | `nri_resize_capacity_reevaluations_total` | `outcome` | waiting resizes re-evaluated after a change |
 
-use prometheus::{GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{Gauge, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry};
 
 use super::snapshot::NodeSnapshot;
 use crate::metrics::MetricsError;
@@ -25,8 +27,10 @@ const LATENCY_BUCKETS: [f64; 14] = [
 /// See the module docs.
 #[derive(Debug, Clone)]
 pub struct CapacityMetrics {
-    capacity: GaugeVec,
-    allocatable: GaugeVec,
+    capacity_cpu: Gauge,
+    capacity_memory: Gauge,
+    allocatable_cpu: Gauge,
+    allocatable_memory: Gauge,
     changes: IntCounterVec,
     detection: HistogramVec,
     events: IntCounterVec,
@@ -48,25 +52,33 @@ impl CapacityMetrics {
     /// Registers the metrics in `registry` (once per registry).
     pub fn register(registry: &Registry) -> Result<Self, MetricsError> {
         Ok(CapacityMetrics {
-            capacity: reg(
+            capacity_cpu: reg(
                 registry,
-                GaugeVec::new(
-                    Opts::new(
-                        "node_capacity",
-                        "Node capacity: online CPUs in cores (resource=cpu), MemTotal in bytes (resource=memory).",
-                    ),
-                    &["resource"],
-                ),
+                Gauge::with_opts(Opts::new(
+                    "node_capacity_cpu_cores",
+                    "Online CPUs of the node, in cores.",
+                )),
             )?,
-            allocatable: reg(
+            capacity_memory: reg(
                 registry,
-                GaugeVec::new(
-                    Opts::new(
-                        "node_allocatable",
-                        "Node capacity minus the configured system reserve: cores (resource=cpu), bytes (resource=memory).",
-                    ),
-                    &["resource"],
-                ),
+                Gauge::with_opts(Opts::new(
+                    "node_capacity_memory_bytes",
+                    "Memory of the node (MemTotal), in bytes.",
+                )),
+            )?,
+            allocatable_cpu: reg(
+                registry,
+                Gauge::with_opts(Opts::new(
+                    "node_allocatable_cpu_cores",
+                    "Online CPUs minus the configured reserve ([resize] reserved_cpu_millicores), in cores.",
+                )),
+            )?,
+            allocatable_memory: reg(
+                registry,
+                Gauge::with_opts(Opts::new(
+                    "node_allocatable_memory_bytes",
+                    "MemTotal minus the configured reserve ([resize] reserved_memory), in bytes.",
+                )),
             )?,
             changes: reg(
                 registry,
@@ -126,17 +138,11 @@ impl CapacityMetrics {
     )]
     pub fn set_capacity(&self, s: &NodeSnapshot, reserved_cpu_millis: u64, reserved_memory: u64) {
         let cpu_millis = u64::from(s.online_cpus.count()) * 1000;
-        self.capacity
-            .with_label_values(&["cpu"])
-            .set(f64::from(s.online_cpus.count()));
-        self.capacity
-            .with_label_values(&["memory"])
-            .set(s.memory_bytes as f64);
-        self.allocatable
-            .with_label_values(&["cpu"])
+        self.capacity_cpu.set(f64::from(s.online_cpus.count()));
+        self.capacity_memory.set(s.memory_bytes as f64);
+        self.allocatable_cpu
             .set(cpu_millis.saturating_sub(reserved_cpu_millis) as f64 / 1000.0);
-        self.allocatable
-            .with_label_values(&["memory"])
+        self.allocatable_memory
             .set(s.memory_bytes.saturating_sub(reserved_memory) as f64);
     }
 
@@ -170,8 +176,6 @@ impl CapacityMetrics {
     /// the metrics catalog).
     #[doc(hidden)]
     pub fn touch_all_for_catalog(&self) {
-        self.capacity.with_label_values(&["cpu"]);
-        self.allocatable.with_label_values(&["cpu"]);
         self.changes.with_label_values(&["cpu", "up"]);
         self.detection.with_label_values(&["cpuhp"]);
         self.events.with_label_values(&["resync"]);

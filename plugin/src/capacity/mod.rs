@@ -11,7 +11,7 @@
 //!
 //! Each event re-reads only the part of the node it concerns ([`snapshot::SysReader`], under an
 //! injectable root), diffs it with the last reading, and on a difference: updates
-//! `nri_resize_node_capacity` / `_allocatable` / `_changes_total` and the detection-latency
+//! `nri_resize_node_capacity_{cpu_cores,memory_bytes}` / `_allocatable_*` / `_changes_total` and the detection-latency
 //! histogram, logs one structured event per change (old → new), publishes the `node` section of
 //! `/v1/status`, has every Deferred and Infeasible resize re-evaluated (through
 //! [`OnCapacityChange`], which the resize engine implements: the watcher does not know the

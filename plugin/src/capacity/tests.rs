@@ -33,10 +33,10 @@ fn first_reading_sets_capacity_allocatable_and_status() {
     let w = Watcher::new(state.clone(), SysReader::new(f.path())).expect("watcher");
     let text = state.metrics.encode().expect("encode");
     for want in [
-        r#"nri_resize_node_capacity{resource="cpu"} 4"#,
-        r#"nri_resize_node_capacity{resource="memory"} 1073741824"#,
-        r#"nri_resize_node_allocatable{resource="cpu"} 3.5"#,
-        r#"nri_resize_node_allocatable{resource="memory"} 805306368"#,
+        "nri_resize_node_capacity_cpu_cores 4",
+        "nri_resize_node_capacity_memory_bytes 1073741824",
+        "nri_resize_node_allocatable_cpu_cores 3.5",
+        "nri_resize_node_allocatable_memory_bytes 805306368",
         "nri_resize_node_offline_pinned_containers 0",
     ] {
         assert!(text.contains(want), "missing {want:?} in\n{text}");
@@ -86,7 +86,7 @@ fn cpu_offline_then_online_counts_changes_and_measures_latency() {
         r#"nri_resize_node_capacity_detection_seconds_count{source="cpuhp"} 1"#,
         r#"nri_resize_node_capacity_detection_seconds_count{source="uevent"} 1"#,
         r#"nri_resize_node_capacity_events_total{source="cpuhp"} 2"#,
-        r#"nri_resize_node_capacity{resource="cpu"} 4"#,
+        "nri_resize_node_capacity_cpu_cores 4",
     ] {
         assert!(text.contains(want), "missing {want:?} in\n{text}");
     }
@@ -145,7 +145,7 @@ fn memory_hotplug_add_then_online_and_resync_catches_missed_changes() {
     );
     assert!(
         text.contains(&format!(
-            r#"nri_resize_node_capacity{{resource="memory"}} {}"#,
+            "nri_resize_node_capacity_memory_bytes {}",
             5u64 * 128 * 1024 * 1024
         )),
         "{text}"

@@ -132,6 +132,9 @@ impl Handler for ModelHandler {
             mode = ?effective.resize.mode,
             "configuration in effect"
         );
+        self.state
+            .metrics
+            .set_cadvisor_duplicates(effective.metrics.cadvisor_duplicates);
         *self.state.config.write_locked() = effective;
         Ok(())
     }

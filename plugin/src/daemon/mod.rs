@@ -136,6 +136,7 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
         NodeReader::new("/"),
         checkpoints,
     ));
+    engine.publish_resize_states();
     let api_server = match retry_while_in_use(
         "status API",
         BIND_RETRY_FOR,

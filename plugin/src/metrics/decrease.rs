@@ -28,6 +28,18 @@ pub enum DecreaseOutcome {
 }
 
 impl DecreaseOutcome {
+    pub const ALL: [Self; 9] = [
+        Self::Direct,
+        Self::Inline,
+        Self::Converged,
+        Self::DeferredAnonymous,
+        Self::DeferredTimeout,
+        Self::Superseded,
+        Self::Rejected,
+        Self::Restarted,
+        Self::Error,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Direct => "direct",
@@ -60,7 +72,7 @@ impl std::fmt::Debug for DecreaseMetrics {
 
 impl DecreaseMetrics {
     pub(super) fn new(r: &Registry) -> Result<Self, MetricsError> {
-        Ok(DecreaseMetrics {
+        let metrics = DecreaseMetrics {
             outcomes: register(
                 r,
                 IntCounterVec::new(
@@ -99,7 +111,12 @@ impl DecreaseMetrics {
                 )
                 .map_err(MetricsError::Register)?,
             )?,
-        })
+        };
+        // Every outcome present from the start (at 0): the first refusal is an increase.
+        for o in DecreaseOutcome::ALL {
+            metrics.outcomes.with_label_values(&[o.as_str()]);
+        }
+        Ok(metrics)
     }
 
     pub fn outcome(&self, o: DecreaseOutcome) {

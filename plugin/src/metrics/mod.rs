@@ -1,9 +1,9 @@
 //! What Prometheus sees: an explicit [`Registry`] with the `nri_resize_` prefix (no global
 //! registry), per-container series labelled `namespace`, `pod`, `container` and removed when the
-//! container goes, the observer's strategies, and NRI handler counts and latency.
+//! container goes, the observer's strategies, and NRI handler counts and latency; the process collector's `process_*` series from a second, unprefixed registry.
 //!
 //! Served as Prometheus text on `--metrics-addr` by [`serve`], with `/healthz` and `/readyz`.
-//! The catalog is [`catalog::CATALOG`] (and the README's table); `OpenMetrics` text is served when
+//! The catalog is [`catalog::CATALOG`] (and docs/metrics.md's table); `OpenMetrics` text is served when
 //! the scraper asks for it ([`Metrics::encode_openmetrics`]).
 
 pub mod catalog;
@@ -17,10 +17,13 @@ mod series;
 mod server;
 mod verdict;
 
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::RwLock;
 use std::time::Instant;
 
 use prometheus::core::Collector;
+use prometheus::proto::MetricFamily;
 use prometheus::{
     HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
@@ -39,10 +42,10 @@ use crate::cgroup::ActualResources;
 use crate::model::LinuxResources;
 use crate::nri::HandlerObserver;
 use crate::observer::{
-    HotplugStrategy, OomStrategy, PressureResource, PressureStrategy, ReclaimStrategy, Strategies,
-    ThrottleStrategy,
+    HotplugStrategy, OomStrategy, PressureStrategy, ReclaimStrategy, Strategies, ThrottleStrategy,
 };
-use crate::policy::{Direction, Resource};
+use crate::policy::{Direction, ResizeState, Resource, Verdict};
+use crate::sync::ReadWriteLocked as _;
 
 const PREFIX: &str = "nri_resize";
 
@@ -61,9 +64,26 @@ pub enum MetricsError {
     },
 }
 
+/// The containers with a resize pending and its state, asked at every scrape (set by the daemon:
+/// the resize engine's records).
+pub type ResizeStateSource = Box<dyn Fn() -> Vec<(ContainerLabels, ResizeState)> + Send + Sync>;
+
+/// Every state `nri_resize_resizes` counts (always present, 0 when none).
+const RESIZE_STATES: [ResizeState; 5] = [
+    ResizeState::Proposed,
+    ResizeState::InProgress,
+    ResizeState::Deferred,
+    ResizeState::Infeasible,
+    ResizeState::Error,
+];
+
 /// All metrics of the daemon, in their own registry.
 pub struct Metrics {
     registry: Registry,
+    /// The process collector's `process_*` series: unprefixed, as every exporter names them.
+    process: Registry,
+    resize_states: IntGaugeVec,
+    resize_state_source: RwLock<Option<ResizeStateSource>>,
     /// Every `namespace, pod, container` series.
     containers: ContainerFamilies,
     resize_requests: IntCounterVec,
@@ -104,6 +124,59 @@ fn opts(name: &str, help: &str) -> Opts {
     Opts::new(name, help)
 }
 
+/// `nri_resize_build_info{version, ebpf_object} 1`.
+fn build_info(r: &Registry) -> Result<(), MetricsError> {
+    let info = register(
+        r,
+        IntGaugeVec::new(
+            opts(
+                "build_info",
+                "1, labelled with the daemon's version and whether its eBPF observer object is built in.",
+            ),
+            &["version", "ebpf_object"],
+        )
+        .map_err(MetricsError::Register)?,
+    )?;
+    let ebpf_object = if cfg!(nri_resize_ebpf_object) {
+        "true"
+    } else {
+        "false"
+    };
+    info.with_label_values(&[env!("CARGO_PKG_VERSION"), ebpf_object])
+        .set(1);
+    Ok(())
+}
+
+/// `nri_resize_resizes{state}`, every state present (at 0).
+fn resize_states(r: &Registry) -> Result<IntGaugeVec, MetricsError> {
+    let states = register(
+        r,
+        IntGaugeVec::new(
+            opts(
+                "resizes",
+                "Containers with a resize pending, by KEP-1287 state (Proposed, InProgress, Deferred, Infeasible, Error).",
+            ),
+            &["state"],
+        )
+        .map_err(MetricsError::Register)?,
+    )?;
+    for s in RESIZE_STATES {
+        states.with_label_values(&[s.as_str()]);
+    }
+    Ok(states)
+}
+
+/// The process collector's `process_*` families, in a registry of their own: unprefixed.
+fn process_registry() -> Result<Registry, MetricsError> {
+    let process = Registry::new();
+    process
+        .register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))
+        .map_err(MetricsError::Register)?;
+    Ok(process)
+}
+
 impl Metrics {
     pub fn new() -> Result<Self, MetricsError> {
         let registry =
@@ -119,7 +192,11 @@ impl Metrics {
                 .map_err(MetricsError::Register)
                 .and_then(|c| register(r, c))
         };
+        build_info(r)?;
         Ok(Metrics {
+            process: process_registry()?,
+            resize_states: resize_states(r)?,
+            resize_state_source: RwLock::new(None),
             containers: register(r, ContainerFamilies::new()?)?,
             resize_requests: int_counter(
                 "resize_requests_total",
@@ -223,20 +300,77 @@ impl Metrics {
         }
     }
 
+    /// The registry of the `nri_resize_` families (the capacity watcher registers its own in it).
     pub fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    /// Everything exported: the `nri_resize_` families, then the process collector's, with the
+    /// resize states refreshed from their source first.
+    pub fn gather(&self) -> Vec<MetricFamily> {
+        self.refresh_resize_states();
+        let mut families = self.registry.gather();
+        families.extend(self.process.gather());
+        families
     }
 
     /// Prometheus text exposition of everything registered.
     pub fn encode(&self) -> Result<String, MetricsError> {
         prometheus::TextEncoder::new()
-            .encode_to_string(&self.registry.gather())
+            .encode_to_string(&self.gather())
             .map_err(MetricsError::Encode)
     }
 
     /// `OpenMetrics` 1.0 text exposition (ends with `# EOF`).
     pub fn encode_openmetrics(&self) -> String {
-        openmetrics::encode(&self.registry.gather())
+        openmetrics::encode(&self.gather())
+    }
+
+    /// Where the resize states come from (the daemon's resize engine).
+    pub fn set_resize_state_source(&self, source: ResizeStateSource) {
+        *self.resize_state_source.write_locked() = Some(source);
+    }
+
+    /// `nri_resize_resizes` and `nri_resize_container_resize_state` from the source, now.
+    fn refresh_resize_states(&self) {
+        let states: HashMap<ContainerLabels, &'static str> = self
+            .resize_state_source
+            .read_locked()
+            .as_ref()
+            .map(|source| source().into_iter().map(|(l, s)| (l, s.as_str())).collect())
+            .unwrap_or_default();
+        for s in RESIZE_STATES {
+            let n = states.values().filter(|v| **v == s.as_str()).count();
+            self.resize_states
+                .with_label_values(&[s.as_str()])
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        self.containers.set_resize_states(&states);
+    }
+
+    /// Shows (`true`, the default) or leaves out the per-container families cAdvisor also
+    /// exports (`[metrics] cadvisor_duplicates`).
+    pub fn set_cadvisor_duplicates(&self, on: bool) {
+        self.containers.set_cadvisor_duplicates(on);
+    }
+
+    /// Creates the container's verdict counters at 0 (a resize awaits its verdict), if it has
+    /// series.
+    pub fn container_verdicts_start(&self, labels: &ContainerLabels) {
+        self.containers.update(labels, |v| {
+            v.verdicts.get_or_insert([0, 0]);
+        });
+    }
+
+    /// Counts one verdict on a resize of the container labelled `labels` (if it has series).
+    pub fn container_verdict(&self, labels: &ContainerLabels, verdict: Verdict) {
+        self.containers.update(labels, |v| {
+            let counts = v.verdicts.get_or_insert([0, 0]);
+            match verdict {
+                Verdict::Healthy => counts[0] += 1,
+                Verdict::Harmful => counts[1] += 1,
+            }
+        });
     }
 
     /// Creates one series of every labelled family so that `gather` lists them all (tests of the
@@ -244,13 +378,13 @@ impl Metrics {
     #[cfg(test)]
     pub(crate) fn touch_all_for_catalog(&self) {
         self.decrease.outcome(DecreaseOutcome::Direct);
-        self.verdict.verdict(
-            Resource::Cpu,
-            Direction::Decrease,
-            crate::policy::Verdict::Harmful,
-        );
+        self.verdict
+            .verdict(Resource::Cpu, Direction::Decrease, Verdict::Harmful);
         let l = ContainerLabels::default();
         let mut s = self.container(&l);
+        self.container_verdict(&l, Verdict::Healthy);
+        let states = vec![(l.clone(), ResizeState::Deferred)];
+        self.set_resize_state_source(Box::new(move || states.clone()));
         s.update(&crate::observer::Observation {
             reclaim: crate::observer::Reclaim {
                 pgsteal_direct: Some(1),
@@ -408,33 +542,24 @@ fn test_resources() -> LinuxResources {
     }
 }
 
-/// `resource`, `kind` of the pressure series: cpu, memory, io × some, full.
-fn pressure_label_pairs() -> [[&'static str; 2]; 6] {
-    let [cpu, memory, io] = PressureResource::ALL.map(PressureResource::as_str);
-    [
-        [cpu, "some"],
-        [cpu, "full"],
-        [memory, "some"],
-        [memory, "full"],
-        [io, "some"],
-        [io, "full"],
-    ]
-}
-
 impl HandlerObserver for Metrics {
     fn observe(&self, event: &'static str, seconds: f64, outcome: &'static str) {
         self.nri_events.with_label_values(&[event]).inc();
         self.nri_handler_duration
             .with_label_values(&[event])
             .observe(seconds);
+        // Present (at 0) from the event's first call, so that the first overrun is an increase.
+        let deadlines = self.nri_deadlines.with_label_values(&[event]);
         if outcome != "ok" {
-            self.nri_deadlines.with_label_values(&[event]).inc();
+            deadlines.inc();
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{Arc, Mutex};
+
     use super::*;
     use crate::model::{CpuResources, MemoryResources};
     use crate::observer::Observation;
@@ -496,14 +621,14 @@ mod tests {
         let text = m.encode().expect("encode");
         let series = |resource: &str, kind: &str| {
             format!(
-                r#"nri_resize_container_pressure_stalled_seconds_total{{container="app",kind="{kind}",namespace="ns",pod="web",resource="{resource}"}}"#
+                r#"nri_resize_container_pressure_{resource}_{kind}_seconds_total{{container="app",namespace="ns",pod="web"}}"#
             )
         };
         for (want, value) in [
-            (series("cpu", "some"), "2"),
-            (series("cpu", "full"), "0"),
-            (series("memory", "full"), "0.5"),
-            (series("io", "some"), "0"),
+            (series("cpu", "waiting"), "2"),
+            (series("cpu", "stalled"), "0"),
+            (series("memory", "stalled"), "0.5"),
+            (series("io", "waiting"), "0"),
         ] {
             let line = format!("{want} {value}\n");
             assert!(text.contains(&line), "missing {line:?} in\n{text}");
@@ -531,13 +656,13 @@ mod tests {
         let text = m.encode().expect("encode");
         let l = r#"{container="app",namespace="ns",pod="web"}"#;
         for want in [
-            format!("nri_resize_container_throttled_periods_total{l} 5"),
-            format!("nri_resize_container_throttled_seconds_total{l} 3"),
+            format!("nri_resize_container_cpu_cfs_throttled_periods_total{l} 5"),
+            format!("nri_resize_container_cpu_cfs_throttled_seconds_total{l} 3"),
             format!(
-                "nri_resize_container_reclaimed_bytes_total{l} {}",
+                "nri_resize_container_memory_reclaimed_bytes_total{l} {}",
                 10 * series::page_size()
             ),
-            format!("nri_resize_container_direct_reclaim_seconds_total{l} 0.5"),
+            format!("nri_resize_container_memory_direct_reclaim_seconds_total{l} 0.5"),
             format!("nri_resize_container_oom_kills_total{l} 1"),
         ] {
             assert!(text.contains(&want), "missing {want:?} in\n{text}");
@@ -566,7 +691,7 @@ mod tests {
         assert!(!m
             .encode()
             .expect("encode")
-            .contains("reclaimed_bytes_total{"));
+            .contains("memory_reclaimed_bytes_total{"));
     }
 
     #[test]
@@ -595,8 +720,8 @@ mod tests {
             },
         );
         let text = m.encode().expect("encode");
-        assert!(text.contains("nri_resize_container_desired_cpu_millicores{container=\"app\",namespace=\"ns\",pod=\"web\"} 2000"), "{text}");
-        assert!(text.contains("nri_resize_container_actual_cpu_millicores{container=\"app\",namespace=\"ns\",pod=\"web\"} 100"), "{text}");
+        assert!(text.contains("nri_resize_container_desired_cpu_cores{container=\"app\",namespace=\"ns\",pod=\"web\"} 2\n"), "{text}");
+        assert!(text.contains("nri_resize_container_actual_cpu_cores{container=\"app\",namespace=\"ns\",pod=\"web\"} 0.1\n"), "{text}");
         assert!(text.contains("nri_resize_container_desired_memory_bytes{container=\"app\",namespace=\"ns\",pod=\"web\"} 104857600"), "{text}");
         assert!(
             !text.contains("nri_resize_container_actual_memory_bytes{"),
@@ -624,5 +749,135 @@ mod tests {
         ] {
             assert!(text.contains(want), "missing {want:?} in\n{text}");
         }
+    }
+
+    #[test]
+    fn build_info_and_process_series_are_exported() {
+        let m = Metrics::new().expect("metrics");
+        let text = m.encode().expect("encode");
+        let version = env!("CARGO_PKG_VERSION");
+        assert!(
+            text.contains(&format!(
+                "nri_resize_build_info{{ebpf_object=\"{}\",version=\"{version}\"}} 1\n",
+                cfg!(nri_resize_ebpf_object)
+            )),
+            "{text}"
+        );
+        for family in [
+            "process_cpu_seconds_total ",
+            "process_resident_memory_bytes ",
+            "process_start_time_seconds ",
+            "process_open_fds ",
+        ] {
+            assert!(
+                text.contains(&format!("\n{family}")),
+                "missing {family:?} in\n{text}"
+            );
+        }
+        assert!(
+            !text.contains("nri_resize_process_"),
+            "the process series are unprefixed"
+        );
+    }
+
+    #[test]
+    fn resize_states_are_counted_per_state_and_named_per_container() {
+        let m = Metrics::new().expect("metrics");
+        let text = m.encode().expect("encode");
+        for s in RESIZE_STATES {
+            let line = format!("nri_resize_resizes{{state=\"{}\"}} 0\n", s.as_str());
+            assert!(
+                text.contains(&line),
+                "without a source every state is 0: {line:?} in\n{text}"
+            );
+        }
+        m.container(&labels());
+        let states = Arc::new(Mutex::new(vec![(labels(), ResizeState::Deferred)]));
+        let source = states.clone();
+        m.set_resize_state_source(Box::new(move || source.lock().expect("lock").clone()));
+        let text = m.encode().expect("encode");
+        assert!(
+            text.contains("nri_resize_resizes{state=\"Deferred\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("nri_resize_resizes{state=\"InProgress\"} 0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"nri_resize_container_resize_state{container="app",namespace="ns",pod="web",state="Deferred"} 1"#),
+            "{text}"
+        );
+        states.lock().expect("lock").clear();
+        let text = m.encode().expect("encode");
+        assert!(
+            text.contains("nri_resize_resizes{state=\"Deferred\"} 0\n"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("nri_resize_container_resize_state{"),
+            "gone once settled: {text}"
+        );
+    }
+
+    #[test]
+    fn verdicts_are_counted_per_container() {
+        let m = Metrics::new().expect("metrics");
+        m.container(&labels());
+        m.container_verdicts_start(&labels());
+        let text = m.encode().expect("encode");
+        assert!(
+            text.contains(r#"nri_resize_container_resize_verdicts_total{container="app",namespace="ns",pod="web",verdict="harmful"} 0"#),
+            "present at 0 before the first verdict: {text}"
+        );
+        m.container_verdict(&labels(), Verdict::Harmful);
+        m.container_verdict(&labels(), Verdict::Harmful);
+        let text = m.encode().expect("encode");
+        let l = r#"container="app",namespace="ns",pod="web""#;
+        assert!(
+            text.contains(&format!(
+                "nri_resize_container_resize_verdicts_total{{{l},verdict=\"harmful\"}} 2\n"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "nri_resize_container_resize_verdicts_total{{{l},verdict=\"healthy\"}} 0\n"
+            )),
+            "{text}"
+        );
+        m.remove_container(&labels());
+        m.container_verdict(&labels(), Verdict::Harmful);
+        assert!(
+            !m.encode()
+                .expect("encode")
+                .contains("resize_verdicts_total{container"),
+            "removed with the container"
+        );
+    }
+
+    #[test]
+    fn the_cadvisor_switch_hides_and_shows_the_duplicates() {
+        let m = Metrics::new().expect("metrics");
+        let mut s = m.container(&labels());
+        s.update(&observation(3, 2_000_000_000, Some(1), 1));
+        m.set_desired(&labels(), &test_resources());
+        m.set_cadvisor_duplicates(false);
+        let text = m.encode().expect("encode");
+        assert!(!text.contains("cfs_throttled"), "{text}");
+        assert!(!text.contains("oom_kills_total"), "{text}");
+        assert!(
+            text.contains("nri_resize_container_memory_reclaimed_bytes_total{"),
+            "{text}"
+        );
+        assert!(
+            text.contains("nri_resize_container_desired_cpu_cores{"),
+            "{text}"
+        );
+        m.set_cadvisor_duplicates(true);
+        assert!(m
+            .encode()
+            .expect("encode")
+            .contains("nri_resize_container_cpu_cfs_throttled_periods_total{"));
     }
 }

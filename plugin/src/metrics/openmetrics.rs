@@ -217,9 +217,9 @@ mod tests {
             .unwrap_or_else(|e| panic!("OpenMetrics output does not parse: {e:?}\n{text}"));
         let families: Vec<&String> = parsed.families.keys().collect();
         for want in [
-            "nri_resize_container_throttled_periods",
+            "nri_resize_container_cpu_cfs_throttled_periods",
             "nri_resize_nri_handler_duration_seconds",
-            "nri_resize_container_desired_cpu_millicores",
+            "nri_resize_container_desired_cpu_cores",
             "nri_resize_resize_requests",
         ] {
             assert!(
@@ -246,7 +246,7 @@ mod tests {
         assert!(
             parsed
                 .families
-                .contains_key("nri_resize_container_throttled_periods_total"),
+                .contains_key("nri_resize_container_cpu_cfs_throttled_periods_total"),
             "{:?}",
             parsed.families.keys().collect::<Vec<_>>()
         );

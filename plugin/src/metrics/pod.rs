@@ -2,20 +2,20 @@
 //! `UpdatePodSandbox` asked) and actual limits (read back from the pod cgroup), labelled
 //! `namespace` and `pod` only, removed when the pod goes.
 
-use prometheus::{IntGaugeVec, Opts, Registry};
+use prometheus::{GaugeVec, Opts, Registry};
 
 use super::{register, MetricsError};
 use crate::model::PodLimits;
 
 const POD_LABELS: [&str; 2] = ["namespace", "pod"];
 
-/// `nri_resize_pod_{desired,actual}_{cpu_millicores,memory_bytes}`.
+/// `nri_resize_pod_{desired,actual}_{cpu_cores,memory_bytes}`.
 #[derive(Clone)]
 pub struct PodMetrics {
-    desired_cpu: IntGaugeVec,
-    desired_memory: IntGaugeVec,
-    actual_cpu: IntGaugeVec,
-    actual_memory: IntGaugeVec,
+    desired_cpu: GaugeVec,
+    desired_memory: GaugeVec,
+    actual_cpu: GaugeVec,
+    actual_memory: GaugeVec,
 }
 
 impl std::fmt::Debug for PodMetrics {
@@ -24,18 +24,18 @@ impl std::fmt::Debug for PodMetrics {
     }
 }
 
-fn gauge(r: &Registry, name: &str, help: &str) -> Result<IntGaugeVec, MetricsError> {
+fn gauge(r: &Registry, name: &str, help: &str) -> Result<GaugeVec, MetricsError> {
     register(
         r,
-        IntGaugeVec::new(Opts::new(name, help), &POD_LABELS).map_err(MetricsError::Register)?,
+        GaugeVec::new(Opts::new(name, help), &POD_LABELS).map_err(MetricsError::Register)?,
     )
 }
 
-fn set(g: &IntGaugeVec, labels: [&str; 2], v: Option<u64>) {
+/// Sets `v` divided by `per_base_unit` (1000: millicores to cores) or removes the series (`None`).
+#[expect(clippy::cast_precision_loss, reason = "gauges are f64")]
+fn set(g: &GaugeVec, labels: [&str; 2], v: Option<u64>, per_base_unit: f64) {
     match v {
-        Some(v) => g
-            .with_label_values(&labels)
-            .set(i64::try_from(v).unwrap_or(i64::MAX)),
+        Some(v) => g.with_label_values(&labels).set(v as f64 / per_base_unit),
         None => {
             let _ = g.remove_label_values(&labels);
         }
@@ -47,8 +47,8 @@ impl PodMetrics {
         Ok(PodMetrics {
             desired_cpu: gauge(
                 r,
-                "pod_desired_cpu_millicores",
-                "Pod-level CPU limit last asked of the runtime (UpdatePodSandbox); absent when unlimited.",
+                "pod_desired_cpu_cores",
+                "Pod-level CPU limit last asked of the runtime (UpdatePodSandbox), in cores; absent when unlimited.",
             )?,
             desired_memory: gauge(
                 r,
@@ -57,8 +57,8 @@ impl PodMetrics {
             )?,
             actual_cpu: gauge(
                 r,
-                "pod_actual_cpu_millicores",
-                "CPU limit in the pod cgroup when last read; absent when unlimited.",
+                "pod_actual_cpu_cores",
+                "CPU limit in the pod cgroup when last read, in cores; absent when unlimited.",
             )?,
             actual_memory: gauge(
                 r,
@@ -70,14 +70,14 @@ impl PodMetrics {
 
     /// Sets the pod's desired limits (`None` = unlimited: the series is removed).
     pub fn set_desired(&self, namespace: &str, pod: &str, l: PodLimits) {
-        set(&self.desired_cpu, [namespace, pod], l.cpu_millis);
-        set(&self.desired_memory, [namespace, pod], l.memory_bytes);
+        set(&self.desired_cpu, [namespace, pod], l.cpu_millis, 1000.0);
+        set(&self.desired_memory, [namespace, pod], l.memory_bytes, 1.0);
     }
 
     /// Sets the pod's actual limits (read from its cgroup).
     pub fn set_actual(&self, namespace: &str, pod: &str, l: PodLimits) {
-        set(&self.actual_cpu, [namespace, pod], l.cpu_millis);
-        set(&self.actual_memory, [namespace, pod], l.memory_bytes);
+        set(&self.actual_cpu, [namespace, pod], l.cpu_millis, 1000.0);
+        set(&self.actual_memory, [namespace, pod], l.memory_bytes, 1.0);
     }
 
     /// Removes every series of a pod that went away.
@@ -109,7 +109,7 @@ mod tests {
         m.pod.set_actual("ns", "web", limits);
         let text = m.encode().expect("encode");
         assert!(
-            text.contains(r#"nri_resize_pod_desired_cpu_millicores{namespace="ns",pod="web"} 500"#),
+            text.contains(r#"nri_resize_pod_desired_cpu_cores{namespace="ns",pod="web"} 0.5"#),
             "{text}"
         );
         assert!(

@@ -378,7 +378,7 @@ impl Admission {
         }
     }
 
-    /// The outcome label (`nri_resize_resizes_total`, the resize timer) of a verdict that stops
+    /// The outcome label (`nri_resize_resize_outcomes_total`, the resize timer) of a verdict that stops
     /// the resize; `None` for `Fits`.
     pub fn outcome(&self) -> Option<&'static str> {
         match self {

@@ -3,11 +3,13 @@
 //! cgroups' actual values after it).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use super::{restart, Engine};
 use crate::clock::now_ms;
+use crate::metrics::ContainerLabels;
 use crate::model::{Container, LinuxResources, Pod};
 use crate::policy::{Limit, Limits, PodResources, ResizeState};
 use crate::sync::Locked as _;
@@ -147,6 +149,44 @@ impl Engine {
     /// The resize records of every container (by container id).
     pub fn container_resizes(&self) -> HashMap<String, ContainerResize> {
         self.containers.locked().clone()
+    }
+
+    /// The containers with a resize pending and its state, labelled as their series are (the
+    /// metrics ask at every scrape). Containers the model no longer knows are skipped.
+    pub fn pending_resize_states(&self) -> Vec<(ContainerLabels, ResizeState)> {
+        let pending: Vec<(String, String, ResizeState)> = self
+            .containers
+            .locked()
+            .values()
+            .filter_map(|r| Some((r.pod_id.clone(), r.container.clone(), r.state?)))
+            .collect();
+        self.state.read_model(|m| {
+            pending
+                .into_iter()
+                .filter_map(|(pod_id, container, state)| {
+                    let pod = m.pod(&pod_id)?;
+                    let labels = ContainerLabels {
+                        namespace: pod.namespace.clone(),
+                        pod: pod.name.clone(),
+                        container,
+                    };
+                    Some((labels, state))
+                })
+                .collect()
+        })
+    }
+
+    /// Has the metrics ask [`Engine::pending_resize_states`] at every scrape (through a weak
+    /// reference: the metrics outlive nothing of the engine's).
+    pub fn publish_resize_states(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        self.state
+            .metrics
+            .set_resize_state_source(Box::new(move || {
+                weak.upgrade()
+                    .map(|engine| engine.pending_resize_states())
+                    .unwrap_or_default()
+            }));
     }
 
     /// Whole-pod resizes, newest state of each.

@@ -331,7 +331,9 @@ mod tests {
         assert_eq!(c.matches, Some(false), "spec asks 10000/100000: {c:?}");
         let text = state.metrics.encode().expect("encode");
         assert!(
-            text.contains(r#"nri_resize_container_actual_cpu_millicores{container="app",namespace="ns",pod="pod-p1"} 2000"#),
+            text.contains(
+                "nri_resize_container_actual_cpu_cores{container=\"app\",namespace=\"ns\",pod=\"pod-p1\"} 2\n"
+            ),
             "{text}"
         );
     }

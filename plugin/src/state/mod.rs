@@ -77,6 +77,8 @@ impl NodeState {
 
     /// With cgroup reads for resize confirmation.
     pub fn with_cgroups(file_config: Config, cgroups: Option<Cgroups>) -> Arc<Self> {
+        let metrics = Metrics::new().expect("metric names are unique and valid");
+        metrics.set_cadvisor_duplicates(file_config.metrics.cadvisor_duplicates);
         Arc::new(NodeState {
             model: RwLock::new(Model::default()),
             journal: Mutex::new(Journal::new(file_config.journal_size)),
@@ -87,7 +89,7 @@ impl NodeState {
             observer_loaded: Arc::new(AtomicBool::new(false)),
             observer_fallbacks: Arc::new(RwLock::new(Vec::new())),
             observer_info: RwLock::new(None),
-            metrics: Arc::new(Metrics::new().expect("metric names are unique and valid")),
+            metrics: Arc::new(metrics),
             metrics_addr: RwLock::new(None),
             state_dir: Mutex::new(StateDirStatus::default()),
             capacity: RwLock::new(None),

@@ -119,7 +119,7 @@ impl NodeState {
     /// when it changed a CPU or memory limit (or folds into the one whose window runs).
     pub fn resize_applied(&self, id: &str, before: &LinuxResources, after: &LinuxResources) {
         let window_ms = self.window_ms();
-        self.verdicts(|v| {
+        let pending = self.verdicts(|v| {
             let at_ms = v.mono_ms();
             let folded = v.pending.remove(id);
             let folds = folded.is_some();
@@ -136,7 +136,7 @@ impl NodeState {
                 if folds {
                     v.records.remove(id);
                 }
-                return;
+                return false;
             }
             v.records.insert(
                 id.to_owned(),
@@ -164,7 +164,15 @@ impl NodeState {
                     changes,
                 },
             );
+            true
         });
+        // The container's verdict counters exist (at 0) from now, so that the first verdict is
+        // an increase a rule can see.
+        if pending {
+            if let Some(l) = self.observed(|o| o.targets.get(id).map(|t| t.labels.clone())) {
+                self.metrics.container_verdicts_start(&l);
+            }
+        }
     }
 
     fn window_ms(&self) -> u64 {
@@ -241,6 +249,7 @@ impl NodeState {
         }
         let labels = self.observed(|o| o.targets.get(id).map(|t| t.labels.clone()));
         if let Some(l) = &labels {
+            self.metrics.container_verdict(l, verdict);
             info!(
                 namespace = %l.namespace,
                 pod = %l.pod,

@@ -144,7 +144,7 @@ async fn an_admitted_resize_is_kept_in_the_model_and_confirmed_after_kubelet_wro
     );
     let text = state.metrics.encode().expect("encode");
     for series in [
-        r#"nri_resize_pod_desired_cpu_millicores{namespace="ns",pod="web"} 600"#,
+        r#"nri_resize_pod_desired_cpu_cores{namespace="ns",pod="web"} 0.6"#,
         r#"nri_resize_pod_actual_memory_bytes{namespace="ns",pod="web"} 150994944"#,
     ] {
         assert!(text.contains(series), "{series} missing:\n{text}");
