@@ -1,12 +1,12 @@
-//! One benchmark table for `cargo xtask bench`, and the one source of the README's table.
+//! One benchmark table for `cargo xtask bench`, and the one source of `docs/benchmarks.md`'s table.
 //!
 //! Each benchmark appends its rows here as JSON lines (to the file named by
 //! `NRI_RESIZE_BENCH_TABLE`, when set). `cargo xtask bench` names each row with the benchmark
 //! that wrote it (a benchmark that writes none fails the run), adds when, at which commit, on
 //! which kernel and runtimes it ran, and writes the whole as [`RESULTS_PATH`], committed. The
-//! README's benchmark table is [`render_results`] of that file, between [`BEGIN`] and [`END`];
+//! docs/benchmarks.md's benchmark table is [`render_results`] of that file, between [`BEGIN`] and [`END`];
 //! the unit test `the_readme_carries_the_bench_results` keeps the two in step, and rewrites the
-//! README's block itself when run with `NRI_RESIZE_BLESS=1` (which `cargo xtask bench` does).
+//! docs/benchmarks.md's block itself when run with `NRI_RESIZE_BLESS=1` (which `cargo xtask bench` does).
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -19,7 +19,7 @@ pub const ENV: &str = "NRI_RESIZE_BENCH_TABLE";
 /// The committed results file, relative to the workspace root.
 pub const RESULTS_PATH: &str = "docs/bench-results.json";
 
-/// The README's table is what lies between these two lines.
+/// docs/benchmarks.md's table is what lies between these two lines.
 pub const BEGIN: &str =
     "<!-- bench-results: rendered from docs/bench-results.json by `cargo xtask bench`; do not edit by hand -->";
 pub const END: &str = "<!-- /bench-results -->";
@@ -131,7 +131,7 @@ pub fn render(rows: &[BenchRow]) -> String {
     s
 }
 
-/// The README's block: the run's particulars, then the table, between [`BEGIN`] and [`END`].
+/// docs/benchmarks.md's block: the run's particulars, then the table, between [`BEGIN`] and [`END`].
 pub fn render_results(results: &BenchResults) -> String {
     format!(
         "{BEGIN}\n\nLast run: {}, commit `{}`, kernel {}, {}; {}.\n\n{}\n{END}\n",
@@ -222,28 +222,28 @@ mod tests {
         assert!(b.contains("Last run: d, commit `c`, kernel k, containerd 1.7.24; m."));
     }
 
-    /// The README's benchmark table is the rendering of the committed results file. With
-    /// `NRI_RESIZE_BLESS=1` (set by `cargo xtask bench` after writing the file) the README's
+    /// The docs/benchmarks.md's benchmark table is the rendering of the committed results file. With
+    /// `NRI_RESIZE_BLESS=1` (set by `cargo xtask bench` after writing the file) docs/benchmarks.md's
     /// block is rewritten from it instead.
     #[test]
-    fn the_readme_carries_the_bench_results() {
+    fn the_docs_carry_the_bench_results() {
         let results: BenchResults =
             serde_json::from_str(include_str!("../../docs/bench-results.json"))
                 .expect("docs/bench-results.json parses");
         let want = render_results(&results);
         if std::env::var_os("NRI_RESIZE_BLESS").is_some_and(|v| v == "1") {
-            let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md");
-            let readme = std::fs::read_to_string(path).expect("read README.md");
-            let have = block(&readme).expect("README.md has the bench-results markers");
+            let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/benchmarks.md");
+            let readme = std::fs::read_to_string(path).expect("read docs/benchmarks.md");
+            let have = block(&readme).expect("docs/benchmarks.md has the bench-results markers");
             let updated = readme.replacen(have, &want, 1);
-            std::fs::write(path, updated).expect("write README.md");
+            std::fs::write(path, updated).expect("write docs/benchmarks.md");
             return;
         }
-        let readme = include_str!("../../README.md");
-        let have = block(readme).expect("README.md has the bench-results markers");
+        let readme = include_str!("../../docs/benchmarks.md");
+        let have = block(readme).expect("docs/benchmarks.md has the bench-results markers");
         assert_eq!(
             have, want,
-            "README.md's benchmark table is not the rendering of docs/bench-results.json; \
+            "docs/benchmarks.md's benchmark table is not the rendering of docs/bench-results.json; \
              run `NRI_RESIZE_BLESS=1 cargo test -p nri-resize --lib bench_table` (or `cargo xtask bench`)"
         );
     }

@@ -206,7 +206,7 @@ fn test(fuzz_seconds: u64) -> anyhow::Result<()> {
                 cargo().args(["test", "--workspace", "--lib", "--bins"]),
             )?;
             run(
-                "the CLI on bad input; the module layering (no cycles, state below its users); a restart right after kill -9",
+                "the CLI on bad input; the module layering (no cycles, state below its users); a restart right after kill -9; the docs against the binary and their links",
                 cargo().args([
                     "test",
                     "-p",
@@ -217,6 +217,8 @@ fn test(fuzz_seconds: u64) -> anyhow::Result<()> {
                     "architecture",
                     "--test",
                     "restart",
+                    "--test",
+                    "docs",
                 ]),
             )
         });
@@ -401,7 +403,7 @@ fn demo() -> anyhow::Result<()> {
 /// rows to `target/bench-table.jsonl` (see `nri_resize::bench_table`); a benchmark that fails, or
 /// that writes no row, is named and fails the run, and the others still run. The rows, each named
 /// with its benchmark, go with the run's date, commit, kernel, runtime versions and load into the
-/// committed `docs/bench-results.json`, and the README's table is rewritten from it (by the unit
+/// committed `docs/bench-results.json`, and docs/benchmarks.md's table is rewritten from it (by the unit
 /// test that keeps the two in step, run with `NRI_RESIZE_BLESS=1`).
 fn bench() -> anyhow::Result<()> {
     // `deadlines` times the fail-open answer under the test-only slow-cgroup fault: a release
@@ -516,17 +518,17 @@ fn bench() -> anyhow::Result<()> {
         .with_context(|| format!("write {}", path.display()))?;
     eprintln!("\n==> results: {}", path.display());
     run(
-        "README's benchmark table from the results file",
+        "docs/benchmarks.md's benchmark table from the results file",
         cargo().env("NRI_RESIZE_BLESS", "1").args([
             "test",
             "-q",
             "-p",
             "nri-resize",
             "--lib",
-            "bench_table::tests::the_readme_carries_the_bench_results",
+            "bench_table::tests::the_docs_carry_the_bench_results",
         ]),
     )?;
-    let readme = std::fs::read_to_string(root().join("README.md"))?;
+    let readme = std::fs::read_to_string(root().join("docs/benchmarks.md"))?;
     let begin = readme.find("<!-- bench-results").unwrap_or(0);
     let end = readme
         .find("<!-- /bench-results -->")
