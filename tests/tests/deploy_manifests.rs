@@ -704,9 +704,8 @@ fn by_object(docs: Vec<Value>) -> Objects {
 ///   instead. The suffix and the annotation are checked, then removed.
 /// - `config.toml`: the chart writes it from values (keys sorted, no comments), kustomize ships
 ///   the file as written: compared as TOML tables, then removed.
-/// - Until `deploy/monitoring/` sets them (the monitors are reconciled there separately): the
-///   chart's monitors' `honorLabels: true` and their `app.kubernetes.io/part-of` label, removed
-///   only where kustomize's monitor lacks them.
+/// - The `PrometheusRule`'s groups: the chart builds them from its copy of the rules file
+///   (`toYaml` sorts keys; compared as values, so order does not matter).
 fn normalise(kustomize: Vec<Value>, chart: Vec<Value>) -> (Objects, Objects) {
     let mut k = by_object(kustomize);
     let mut h = by_object(chart);
@@ -775,31 +774,6 @@ fn normalise(kustomize: Vec<Value>, chart: Vec<Value>) -> (Objects, Objects) {
             remove_keys(d, HELM_LABELS);
         }
     }
-    // The monitors, until deploy/monitoring/ sets what the chart's set.
-    for (key, kd) in &k {
-        let endpoints = match key.0.as_str() {
-            "PodMonitor" => "podMetricsEndpoints",
-            "ServiceMonitor" => "endpoints",
-            _ => continue,
-        };
-        let Some(hd) = h.get_mut(key) else { continue };
-        if kd["spec"][endpoints][0]["honorLabels"].is_null() {
-            eprintln!(
-                "note: deploy/monitoring's {} lacks honorLabels: true (the chart's has it)",
-                key.0
-            );
-            for e in hd["spec"][endpoints].as_sequence_mut().expect("endpoints") {
-                assert_eq!(e["honorLabels"], Value::Bool(true), "{}", key.0);
-                e.as_mapping_mut().expect("endpoint").remove("honorLabels");
-            }
-        }
-        if kd["metadata"]["labels"]["app.kubernetes.io/part-of"].is_null() {
-            hd["metadata"]["labels"]
-                .as_mapping_mut()
-                .expect("labels")
-                .remove("app.kubernetes.io/part-of");
-        }
-    }
     (k, h)
 }
 
@@ -833,15 +807,19 @@ fn the_prometheus_rule_and_the_plain_rules_file_are_the_same_rules() {
     );
 }
 
-/// The `[workspace.package] repository` of Cargo.toml (the runbook links point into it).
-fn repository() -> String {
-    let text = std::fs::read_to_string(root().join("Cargo.toml")).expect("read Cargo.toml");
-    let t: toml::Table = text.parse().expect("Cargo.toml");
-    t["workspace"]["package"]["repository"]
-        .as_str()
-        .expect("[workspace.package] repository: the runbook links need it")
-        .trim_end_matches('/')
-        .to_string()
+/// The chart ships the same alerts: its `files/nri-resize-rules.yaml` is the rules file, byte for
+/// byte (a chart cannot read files outside its directory).
+#[test]
+fn the_charts_rules_are_the_rules_file() {
+    let ours = std::fs::read_to_string(root().join("deploy/monitoring/nri-resize-rules.yaml"))
+        .expect("read the rules file");
+    let chart =
+        std::fs::read_to_string(root().join("deploy/helm/nri-resize/files/nri-resize-rules.yaml"))
+            .expect("read the chart's copy");
+    assert!(
+        ours == chart,
+        "deploy/helm/nri-resize/files/nri-resize-rules.yaml differs from deploy/monitoring/nri-resize-rules.yaml: copy it over"
+    );
 }
 
 /// Every alert: a severity Alertmanager routes on, a summary, a description with the numbers
@@ -852,7 +830,8 @@ fn every_alert_is_complete_and_has_its_runbook_entry() {
     let rules = file("deploy/monitoring/nri-resize-rules.yaml");
     let runbook =
         std::fs::read_to_string(root().join("docs/runbook.md")).expect("read docs/runbook.md");
-    let base = format!("{}/blob/main/docs/runbook.md#", repository());
+    // Relative to the repository; the chart prefixes `monitoring.runbookBaseUrl`.
+    let base = "docs/runbook.md#";
     let mut alerts = Vec::new();
     for group in rules["groups"].as_sequence().expect("groups") {
         for rule in group["rules"].as_sequence().expect("rules") {
@@ -872,7 +851,7 @@ fn every_alert_is_complete_and_has_its_runbook_entry() {
             );
             let url = s(&a["runbook_url"]);
             let anchor = url
-                .strip_prefix(&base)
+                .strip_prefix(base)
                 .unwrap_or_else(|| panic!("{name}: runbook_url {url} is not under {base}"));
             assert_eq!(anchor, name.to_lowercase(), "{name}: its own entry");
             assert!(
@@ -936,12 +915,16 @@ fn the_charts_default_rendering_is_the_kustomize_install() {
     assert_same_objects(
         "deploy/base",
         render("deploy/base"),
-        helm(r#"{"monitoring": {"podMonitor": {"enabled": false}}}"#),
+        helm(
+            r#"{"monitoring": {"podMonitor": {"enabled": false}, "prometheusRule": {"enabled": false}}}"#,
+        ),
     );
     assert_same_objects(
         "deploy/overlays/privileged",
         render("deploy/overlays/privileged"),
-        helm(r#"{"privileged": true, "monitoring": {"podMonitor": {"enabled": false}}}"#),
+        helm(
+            r#"{"privileged": true, "monitoring": {"podMonitor": {"enabled": false}, "prometheusRule": {"enabled": false}}}"#,
+        ),
     );
 }
 
@@ -1021,12 +1004,28 @@ fn the_charts_values_reach_the_objects() {
     let c = container(ds);
     assert_eq!(s(&c["image"]), "registry.example/nri-resize:9.9.9");
     assert_eq!(s(&c["imagePullPolicy"]), "Always");
-    // Off by default: ServiceMonitor; off on request: the PodMonitor and the NetworkPolicy.
+    // Off by default: ServiceMonitor; off on request: the PodMonitor, the alerts and the
+    // NetworkPolicy.
     let docs = helm(
-        r#"{"monitoring": {"podMonitor": {"enabled": false}}, "networkPolicy": {"enabled": false}}"#,
+        r#"{"monitoring": {"podMonitor": {"enabled": false}, "prometheusRule": {"enabled": false}}, "networkPolicy": {"enabled": false}}"#,
     );
     let kinds: BTreeSet<&str> = docs.iter().map(|d| s(&d["kind"])).collect();
-    assert_eq!(kinds, ["ConfigMap", "DaemonSet", "Service"].into());
+    assert_eq!(kinds, ["ConfigMap", "DaemonSet", "Service"].into()); // The runbook links get the base URL of the operator's copy.
+    let docs =
+        helm(r#"{"monitoring": {"runbookBaseUrl": "https://git.example/nri-resize/blob/main/"}}"#);
+    let rule = find(&docs, "PrometheusRule");
+    let mut urls = 0;
+    for group in rule["spec"]["groups"].as_sequence().expect("groups") {
+        for r in group["rules"].as_sequence().expect("rules") {
+            let url = s(&r["annotations"]["runbook_url"]);
+            assert!(
+                url.starts_with("https://git.example/nri-resize/blob/main/docs/runbook.md#"),
+                "{url}"
+            );
+            urls += 1;
+        }
+    }
+    assert!(urls >= 8, "{urls} alerts in the chart's PrometheusRule");
 }
 
 /// Both installs run only on Linux nodes of the architectures the image is built for
