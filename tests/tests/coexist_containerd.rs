@@ -67,7 +67,7 @@ async fn coexist(version: ContainerdVersion) {
     let plugin = PluginProcess::start_ready(
         &ctrd,
         "nri-resize",
-        Some("[memory_decrease]\ntimeout_ms = 5000\ninline_max = 0\n"),
+        Some("[memory_decrease]\ntimeout = \"5s\"\ninline_max = 0\n"),
     )
     .await;
     // After nri-resize (index 50): the order in which a claimed field conflicts.

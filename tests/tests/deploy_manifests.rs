@@ -569,7 +569,7 @@ const CHART_VALUES: &[&str] = &[
     "{}",
     r#"{"privileged": true}"#,
     r#"{"mode": "observe"}"#,
-    r#"{"config": {"memory_decrease": {"strategy": "reject", "max_stall": 0.1, "timeout_ms": 5000}, "capacity": {"resync_interval": "5m"}, "policy": {"memory": {"decrease": "NotRequired"}}}}"#,
+    r#"{"config": {"memory_decrease": {"strategy": "reject", "max_stall": 0.1, "timeout": "5s", "headroom": "32Mi"}, "resize": {"reserved_memory": "1.5Gi", "reserved_cpu": "250m", "step_pause": "500ms"}, "capacity": {"resync_interval": "5m"}, "policy": {"memory": {"decrease": "NotRequired"}}}}"#,
 ];
 
 /// Every configuration the project ships passes `nri-resize config check` (the daemon's own

@@ -131,7 +131,7 @@ async fn plugin_killed_mid_memory_decrease_resumes_from_its_checkpoint() {
     let mut plugin = PluginProcess::start_ready(
         &ctrd,
         "nri-resize",
-        Some("[memory_decrease]\ntimeout_ms = 120000\n"),
+        Some("[memory_decrease]\ntimeout = \"120s\"\n"),
     )
     .await;
     let api = plugin.api();
@@ -205,7 +205,7 @@ async fn container_removed_during_a_reclaim_is_one_clear_line_not_a_retry_storm(
     let plugin = PluginProcess::start_ready(
         &ctrd,
         "nri-resize",
-        Some("[memory_decrease]\ntimeout_ms = 60000\n"),
+        Some("[memory_decrease]\ntimeout = \"60s\"\n"),
     )
     .await;
     let api = plugin.api();
@@ -360,7 +360,7 @@ async fn sigterm_during_a_staged_decrease_exits_at_once_and_resumes() {
     let mut plugin = PluginProcess::start_ready(
         &ctrd,
         "nri-resize",
-        Some("[memory_decrease]\ntimeout_ms = 120000\n"),
+        Some("[memory_decrease]\ntimeout = \"120s\"\n"),
     )
     .await;
     let api = plugin.api();
@@ -432,7 +432,7 @@ async fn sigterm_during_a_staged_decrease_exits_at_once_and_resumes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn observe_mode_does_not_resume_checkpoints() {
     let ctrd = Containerd::start(ContainerdVersion::V2, ContainerdOptions::default()).await;
-    let enforce = "[memory_decrease]\ntimeout_ms = 120000\n";
+    let enforce = "[memory_decrease]\ntimeout = \"120s\"\n";
     let mut plugin = PluginProcess::start_ready(&ctrd, "nri-resize", Some(enforce)).await;
     let config = ctrd.base_dir().join("nri-resize.toml");
     let api = plugin.api();

@@ -241,7 +241,9 @@ async fn main() {
             .map_or("-", nri_resize::policy::ResizeState::as_str),
         rec.reason
     );
-    println!("   (it stays there and turns Deferred, with the reason, after [memory_decrease] timeout_ms;");
+    println!(
+        "   (it stays there and turns Deferred, with the reason, after [memory_decrease] timeout;"
+    );
     println!("    kubelet re-sending the update is told the progress, then the reason)");
     let err = ctrd
         .update_container_resources(&worker, &Resources::limits(50_000, 40 * MIB))
