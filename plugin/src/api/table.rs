@@ -6,9 +6,10 @@ use std::fmt::Write as _;
 use super::row::Row;
 use super::{ContainerStatus, Resizes, Status};
 use crate::model::LinuxResources;
-use crate::policy::{bytes_text, Verdict, UNLIMITED_BYTES};
+use crate::policy::{bytes_quantity, Verdict, UNLIMITED_BYTES};
 
-/// `500m/128Mi`; `-` when unknown, `max` for unlimited.
+/// `500m/128Mi`; `-` when unknown, `max` for unlimited. Exact quantities (`68192Ki`, not a
+/// rounded `66.6Mi`): what the table shows, `nri-resize resize` and `update` accept as is.
 fn compact(cpu_millis: Option<u64>, cpu_limited: bool, memory: Option<i64>) -> String {
     let cpu = match (cpu_millis, cpu_limited) {
         (Some(m), true) => format!("{m}m"),
@@ -16,7 +17,7 @@ fn compact(cpu_millis: Option<u64>, cpu_limited: bool, memory: Option<i64>) -> S
         (None, true) => "-".to_string(),
     };
     let mem = match memory {
-        Some(m) if m > 0 && m.unsigned_abs() < UNLIMITED_BYTES => bytes_text(m.unsigned_abs()),
+        Some(m) if m > 0 && m.unsigned_abs() < UNLIMITED_BYTES => bytes_quantity(m.unsigned_abs()),
         Some(_) => "max".to_string(),
         None => "-".to_string(),
     };
