@@ -534,4 +534,46 @@ mod tests {
             "{text}"
         );
     }
+
+    /// What the table shows for a limit, `nri-resize resize` takes back as the same value: a
+    /// container at an odd limit (68192Ki, 1234m) resized "to what status says" is unchanged.
+    #[test]
+    fn a_limit_as_shown_is_what_resize_accepts() {
+        let mut resizes = Resizes::default();
+        for (quota, memory) in [(123_400, 69_828_608), (150_000, 3 << 29), (100, 4096 + 1)] {
+            resizes.containers.insert(
+                "c1".into(),
+                ContainerResize {
+                    pod_id: "p1".into(),
+                    container: "app".into(),
+                    desired: Some(res(quota, memory)),
+                    allocated: Some(res(quota, memory)),
+                    state: None,
+                    reason: String::new(),
+                    updated_ms: 0,
+                    deferred_target: None,
+                },
+            );
+            let text = render_status(&status(), &resizes, 4096, 0);
+            let cell = text
+                .lines()
+                .nth(2)
+                .expect("app row")
+                .split_whitespace()
+                .nth(2);
+            let (cpu, memory_text) = cell.and_then(|c| c.split_once('/')).expect("cpu/memory");
+            let target = crate::api::parse_target(&format!("cpu={cpu},memory={memory_text}"))
+                .unwrap_or_else(|e| panic!("{cpu}/{memory_text}: {e}"));
+            assert_eq!(
+                target.cpu_millis,
+                Some(u64::try_from(quota / 100).unwrap()),
+                "{text}"
+            );
+            assert_eq!(
+                target.memory_bytes,
+                Some(u64::try_from(memory).unwrap()),
+                "{text}"
+            );
+        }
+    }
 }
