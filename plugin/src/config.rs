@@ -38,14 +38,14 @@ pub enum ConfigError {
 /// journal_size = 1024
 ///
 /// [resize]
-/// mode = "enforce"              # or "observe": decide and report, change nothing
+/// mode = "Enforce"              # or "observe": decide and report, change nothing
 /// reserved_memory = "1Gi"       # node memory kept back from admission (a Kubernetes quantity)
 /// reserved_cpu = "500m"         # CPU kept back from admission (requests), a Kubernetes quantity
 /// step_pause = "0s"             # pause between the steps of a whole-pod resize
 /// max_attempts = 5              # attempts of a whole-pod resize before it is an Error
 ///
 /// [memory_decrease]             # a limit lowered below usage; see docs/annotations.md
-/// strategy = "reclaim"          # or "restart" (evict) / "reject" (fail the update)
+/// strategy = "Reclaim"          # or "restart" (evict) / "reject" (fail the update)
 /// timeout = "60s"               # reclaim gives up after this and keeps a safe limit
 /// headroom = "16Mi"             # memory above usage the interim limit keeps
 /// step_interval = "100ms"       # first pause between reclaim passes (doubles up to 1 s)
@@ -181,7 +181,7 @@ impl Default for Config {
 
 /// Whether the engine acts on its decisions.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "PascalCase")]
 pub enum Mode {
     /// Refuse updates the policy or admission refuses, evict for restart, order writes.
     #[default]
@@ -461,7 +461,7 @@ mod tests {
     fn written_back_it_parses_to_the_same_configuration() {
         for text in [
             "",
-            "journal_size = 7\n[resize]\nmode = \"observe\"\nreserved_memory = \"1.5Gi\"\nreserved_cpu = \"250m\"\nstep_pause = \"500ms\"\n[memory_decrease]\nstrategy = \"reject\"\ntimeout = \"5s\"\nheadroom = \"512Ki\"\nstep_interval = \"1s 500ms\"\ninline_max = \"0\"\n[capacity]\nresync_interval = \"5m\"\n",
+            "journal_size = 7\n[resize]\nmode = \"Observe\"\nreserved_memory = \"1.5Gi\"\nreserved_cpu = \"250m\"\nstep_pause = \"500ms\"\n[memory_decrease]\nstrategy = \"Reject\"\ntimeout = \"5s\"\nheadroom = \"512Ki\"\nstep_interval = \"1s 500ms\"\ninline_max = \"0\"\n[capacity]\nresync_interval = \"5m\"\n",
         ] {
             let cfg = Config::parse(text, "test").unwrap();
             let written = toml::to_string(&cfg).unwrap();
@@ -477,7 +477,7 @@ mod tests {
         )
         .unwrap();
         let (cfg, ignored) = file
-            .runtime_overlay("[resize]\nmode = \"observe\"\n", "runtime")
+            .runtime_overlay("[resize]\nmode = \"Observe\"\n", "runtime")
             .unwrap();
         assert_eq!(cfg.resize.mode, Mode::Observe);
         assert_eq!(
@@ -545,7 +545,7 @@ mod tests {
     #[test]
     fn resize_and_policy_tables_parse() {
         let cfg = Config::parse(
-            "[resize]\nmode = \"observe\"\nreserved_memory = \"1Ki\"\n[policy]\naction = \"LiveResize\"\nmemory = { decrease = \"RestartContainer\" }\n",
+            "[resize]\nmode = \"Observe\"\nreserved_memory = \"1Ki\"\n[policy]\naction = \"LiveResize\"\nmemory = { decrease = \"RestartContainer\" }\n",
             "t",
         )
         .unwrap();
@@ -569,7 +569,7 @@ mod tests {
     #[test]
     fn memory_decrease_table_parses_and_is_validated() {
         let cfg = Config::parse(
-            "[memory_decrease]\nstrategy = \"reject\"\ntimeout = \"5s\"\nheadroom = \"0\"\n",
+            "[memory_decrease]\nstrategy = \"Reject\"\ntimeout = \"5s\"\nheadroom = \"0\"\n",
             "t",
         )
         .unwrap();

@@ -155,10 +155,10 @@ mod tests {
 
     #[test]
     fn a_good_file_is_the_daemons_configuration() {
-        let cfg = check("journal_size = 7\n[resize]\nmode = \"observe\"\n").expect("valid");
+        let cfg = check("journal_size = 7\n[resize]\nmode = \"Observe\"\n").expect("valid");
         assert_eq!(
             cfg,
-            Config::parse("journal_size = 7\n[resize]\nmode = \"observe\"\n", "t").unwrap()
+            Config::parse("journal_size = 7\n[resize]\nmode = \"Observe\"\n", "t").unwrap()
         );
     }
 
@@ -177,7 +177,7 @@ mod tests {
     #[test]
     fn a_value_of_the_wrong_kind_is_named_with_its_line() {
         let err =
-            check("[memory_decrease]\nstrategy = \"reclaim\"\ntimeout = \"long\"\n").unwrap_err();
+            check("[memory_decrease]\nstrategy = \"Reclaim\"\ntimeout = \"long\"\n").unwrap_err();
         assert_eq!(err.key.as_deref(), Some("memory_decrease.timeout"), "{err}");
         assert_eq!(err.at, Some((3, 1)), "{err}");
         let err = check("[policy]\nmemory = { decrease = \"Sometimes\" }\n").unwrap_err();
@@ -187,13 +187,13 @@ mod tests {
 
     #[test]
     fn a_value_out_of_range_is_named_with_its_line() {
-        let err = check("[resize]\nmode = \"enforce\"\n\n[memory_decrease]\ntimeout = \"10ms\"\n")
+        let err = check("[resize]\nmode = \"Enforce\"\n\n[memory_decrease]\ntimeout = \"10ms\"\n")
             .unwrap_err();
         assert_eq!(err.key.as_deref(), Some("memory_decrease.timeout"), "{err}");
         assert_eq!(err.at, Some((5, 1)), "{err}");
         assert!(err.to_string().contains("1s..=1h"), "{err}");
         let err =
-            check("[memory_decrease]\nstrategy = \"reclaim\"\nheadroom = \"1Ti\"\n").unwrap_err();
+            check("[memory_decrease]\nstrategy = \"Reclaim\"\nheadroom = \"1Ti\"\n").unwrap_err();
         assert_eq!(
             err.key.as_deref(),
             Some("memory_decrease.headroom"),

@@ -153,7 +153,7 @@ fn config_check(text: &str) -> (i32, String) {
 
 #[test]
 fn config_check_accepts_what_the_daemon_accepts() {
-    let (code, text) = config_check("journal_size = 64\n[resize]\nmode = \"observe\"\n");
+    let (code, text) = config_check("journal_size = 64\n[resize]\nmode = \"Observe\"\n");
     assert_eq!(code, 0, "{text}");
     assert!(text.contains("config.toml: ok"), "{text}");
 }

@@ -195,7 +195,7 @@ async fn restart(s: &Sides<'_>) {
     let (_pod, b) = ctrd
         .loaded_pod(
             "restart",
-            &[("memory-decrease.nri-resize.io/container.app", "restart")],
+            &[("memory-decrease.nri-resize.io/container.app", "Restart")],
             ANON_300,
             300 * MIB,
         )

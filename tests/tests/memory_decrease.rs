@@ -307,7 +307,7 @@ async fn memory_decrease_strategies_reject_and_restart() {
     let id = loaded_container(
         &ctrd,
         "reject",
-        &[("memory-decrease.nri-resize.io/pod", "reject")],
+        &[("memory-decrease.nri-resize.io/pod", "Reject")],
         ANON_300,
         300 * MIB,
     )
@@ -328,7 +328,7 @@ async fn memory_decrease_strategies_reject_and_restart() {
     let id = loaded_container(
         &ctrd,
         "restart",
-        &[("memory-decrease.nri-resize.io/container.app", "restart")],
+        &[("memory-decrease.nri-resize.io/container.app", "Restart")],
         ANON_300,
         300 * MIB,
     )
@@ -355,13 +355,13 @@ async fn memory_decrease_strategies_reject_and_restart() {
     let plugin = PluginProcess::start_ready(
         &ctrd,
         "nri-resize",
-        Some("[memory_decrease]\nstrategy = \"reject\"\n"),
+        Some("[memory_decrease]\nstrategy = \"Reject\"\n"),
     )
     .await;
     let id = loaded_container(
         &ctrd,
         "looser",
-        &[("memory-decrease.nri-resize.io/pod", "reclaim")],
+        &[("memory-decrease.nri-resize.io/pod", "Reclaim")],
         ANON_300,
         300 * MIB,
     )

@@ -312,7 +312,7 @@ async fn admission_enforce_and_observe() {
     let huge = Resources::limits(50_000, 1 << 40); // 1 TiB of memory: above any test machine
     for (mode, config) in [
         ("enforce", None),
-        ("observe", Some("[resize]\nmode = \"observe\"\n")),
+        ("observe", Some("[resize]\nmode = \"Observe\"\n")),
     ] {
         let ctrd = Containerd::start(ContainerdVersion::V1_7, ContainerdOptions::default()).await;
         let plugin = PluginProcess::start_ready(&ctrd, "nri-resize", config).await;

@@ -38,8 +38,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 
 {{/* The daemon's configuration: .Values.config with [resize] mode from .Values.mode. */}}
 {{- define "nri-resize.config" -}}
-{{- if not (has .Values.mode (list "enforce" "observe")) }}
-{{- fail (printf "mode must be \"enforce\" or \"observe\", got %q" (toString .Values.mode)) }}
+{{- if not (has .Values.mode (list "Enforce" "Observe")) }}
+{{- fail (printf "mode must be \"Enforce\" or \"Observe\", got %q" (toString .Values.mode)) }}
 {{- end }}
 {{- $config := deepCopy (.Values.config | default dict) }}
 {{- if not (kindIs "map" (get $config "resize")) }}
