@@ -38,14 +38,14 @@ pub enum ConfigError {
 /// journal_size = 1024
 ///
 /// [resize]
-/// mode = "Enforce"              # or "observe": decide and report, change nothing
+/// mode = "Enforce"              # or "Observe": decide and report, change nothing
 /// reserved_memory = "1Gi"       # node memory kept back from admission (a Kubernetes quantity)
 /// reserved_cpu = "500m"         # CPU kept back from admission (requests), a Kubernetes quantity
 /// step_pause = "0s"             # pause between the steps of a whole-pod resize
 /// max_attempts = 5              # attempts of a whole-pod resize before it is an Error
 ///
 /// [memory_decrease]             # a limit lowered below usage; see docs/annotations.md
-/// strategy = "Reclaim"          # or "restart" (evict) / "reject" (fail the update)
+/// strategy = "Reclaim"          # or "Restart" (evict) / "Reject" (fail the update)
 /// timeout = "60s"               # reclaim gives up after this and keeps a safe limit
 /// headroom = "16Mi"             # memory above usage the interim limit keeps
 /// step_interval = "100ms"       # first pause between reclaim passes (doubles up to 1 s)
