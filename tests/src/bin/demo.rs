@@ -241,10 +241,11 @@ async fn main() {
         .args(["default/demo", "app=cpu=800m,memory=256Mi"])
         .output()
         .expect("run nri-resize resize");
+    // Its warning (stderr) first, as a person at a terminal reads it.
     print!(
         "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
     );
     assert!(out.status.success(), "nri-resize resize failed");
     let limits = ctrd.pod_cgroup_limits(&pod).expect("pod cgroup");
