@@ -1,6 +1,11 @@
 //! How the configuration file spells sizes and times: Kubernetes quantities (`"1Gi"`, `"250m"`)
 //! and humantime durations (`"60s"`, `"100ms"`). The daemon keeps bytes, millicores and
-//! milliseconds; these adapters read and write the person's spelling.
+//! milliseconds; these adapters read and write the person's spelling. (serde's `with` hands
+//! `serialize` a reference, hence `&u64`.)
+#![allow(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "serde's `with` calls serialize(&field, serializer)"
+)]
 
 use std::fmt;
 use std::time::Duration;
