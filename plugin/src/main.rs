@@ -350,10 +350,7 @@ fn fmt_resources(r: Option<&LinuxResources>) -> (String, String) {
         (_, _, Some(s)) => format!("unlimited sh={s}"),
         _ => "-".into(),
     };
-    let mem = match r.memory_limit() {
-        Some(l) if l > 0 => format!("{}Mi", l >> 20),
-        _ => "unlimited".into(),
-    };
+    let mem = nri_resize::policy::memory_limit_exact_text(r.memory_limit().unwrap_or(-1));
     (cpu, mem)
 }
 

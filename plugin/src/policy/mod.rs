@@ -123,8 +123,8 @@ pub use resize_policy::{
 };
 pub use share::Share;
 pub use units::{
-    bytes_quantity, bytes_text, cpu_quota_text, cpu_text, memory_limit_text, parse_cpu,
-    parse_memory, QuantityError, UNLIMITED_BYTES,
+    bytes_quantity, bytes_text, cpu_quota_text, cpu_text, memory_limit_exact_text,
+    memory_limit_text, parse_cpu, parse_memory, QuantityError, UNLIMITED_BYTES,
 };
 pub use validate::validate_annotations;
 pub use verdict::{

@@ -164,6 +164,15 @@ fn parse_scaled(text: &str, scale: u128, example: &'static str) -> Result<u64, Q
     u64::try_from(num.div_ceil(den)).map_err(|_| too_large())
 }
 
+/// A memory limit as [`memory_limit_text`] reads it, exactly ([`bytes_quantity`]): what
+/// `nri-resize update --memory-limit` takes back.
+pub fn memory_limit_exact_text(limit: i64) -> String {
+    match u64::try_from(limit) {
+        Ok(b) if b > 0 && b < UNLIMITED_BYTES => bytes_quantity(b),
+        _ => "unlimited".to_string(),
+    }
+}
+
 /// Millicores: `500m`.
 pub fn cpu_text(millis: u64) -> String {
     format!("{millis}m")
@@ -275,6 +284,8 @@ mod tests {
         assert_eq!(memory_limit_text(-1), "unlimited");
         assert_eq!(memory_limit_text(i64::MAX), "unlimited");
         assert_eq!(memory_limit_text(256 * 1024 * 1024), "256Mi");
+        assert_eq!(memory_limit_exact_text(69_828_608), "68192Ki");
+        assert_eq!(memory_limit_exact_text(-1), "unlimited");
         assert_eq!(cpu_quota_text(50_000, 100_000), "500m");
         assert_eq!(cpu_quota_text(-1, 100_000), "unlimited");
         assert_eq!(cpu_text(1500), "1500m");
