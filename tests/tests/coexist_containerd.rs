@@ -188,7 +188,7 @@ async fn restart(s: &Sides<'_>) {
     let api = plugin.api();
     let logs = || s.logs();
 
-    // 3. A resize that needs a restart (strategy `restart`, anonymous memory): nri-resize keeps
+    // 3. A resize that needs a restart (strategy `Restart`, anonymous memory): nri-resize keeps
     //    the memory limit in the update (the only field it changes) and stops the container. A
     //    CPU decrease first (the node has room for no more) puts the other plugin's cpuset in
     //    the container's spec, which a reply restating the spec would claim.
