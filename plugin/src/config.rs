@@ -7,7 +7,15 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::policy::{MemoryDecreaseStrategy, PolicyDefaults, Share, VerdictThresholds};
+use crate::policy::{
+    bytes_quantity, cpu_text, MemoryDecreaseStrategy, PolicyDefaults, Share, VerdictThresholds,
+};
+
+mod serde_units;
+
+fn ms_text(ms: u64) -> humantime_serde::re::humantime::FormattedDuration {
+    humantime_serde::re::humantime::format_duration(Duration::from_millis(ms))
+}
 
 /// Why a configuration could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -30,24 +38,24 @@ pub enum ConfigError {
 /// journal_size = 1024
 ///
 /// [resize]
-/// mode = "enforce"              # or "observe": decide and report, change nothing
-/// reserved_memory = 1073741824  # bytes of node memory kept back from admission
-/// reserved_cpu_millicores = 500 # CPU kept back from admission (requests), in millicores
-/// step_pause_ms = 0             # pause between the steps of a whole-pod resize
+/// mode = "Enforce"              # or "Observe": decide and report, change nothing
+/// reserved_memory = "1Gi"       # node memory kept back from admission (a Kubernetes quantity)
+/// reserved_cpu = "500m"         # CPU kept back from admission (requests), a Kubernetes quantity
+/// step_pause = "0s"             # pause between the steps of a whole-pod resize
 /// max_attempts = 5              # attempts of a whole-pod resize before it is an Error
 ///
 /// [memory_decrease]             # a limit lowered below usage; see docs/annotations.md
-/// strategy = "reclaim"          # or "restart" (evict) / "reject" (fail the update)
-/// timeout_ms = 60000            # reclaim gives up after this and keeps a safe limit
-/// headroom = 16777216           # bytes above usage the interim limit keeps
-/// step_interval_ms = 100        # first pause between reclaim passes (doubles up to 1 s)
-/// inline_max = 1073741824       # at most this much page cache reclaimed inside the update
-///                               # (0: off); bounded by time: half of the deadline left
+/// strategy = "Reclaim"          # or "Restart" (evict) / "Reject" (fail the update)
+/// timeout = "60s"               # reclaim gives up after this and keeps a safe limit
+/// headroom = "16Mi"             # memory above usage the interim limit keeps
+/// step_interval = "100ms"       # first pause between reclaim passes (doubles up to 1 s)
+/// inline_max = "1Gi"            # at most this much page cache reclaimed inside the update
+///                               # ("0": off); bounded by time: half of the deadline left
 /// max_stall = 0.05              # staged reclaim holds above this stall share (memory or io PSI)
 ///
 /// [policy]                      # node defaults; see docs/annotations.md
 /// action = "LiveResizePreferred"
-/// memory = { decrease = "RestartContainer" }
+/// memory = { decrease = "NotRequired" }
 ///
 /// [capacity]                    # node capacity watcher (KEP-3953)
 /// enabled = true
@@ -142,17 +150,23 @@ impl VerdictConfig {
 pub struct MemoryDecreaseConfig {
     /// The node default (pods may only choose a stricter one).
     pub strategy: MemoryDecreaseStrategy,
-    /// Reclaim gives up after this many milliseconds and keeps a safe limit (`1000..=3600000`).
+    /// Reclaim gives up after this many milliseconds and keeps a safe limit (key `timeout`,
+    /// `"60s"`; `1s..=1h`).
+    #[serde(rename = "timeout", with = "serde_units::millis")]
     pub timeout_ms: u64,
-    /// Bytes above usage the interim limit keeps while reclaiming.
+    /// Bytes above usage the interim limit keeps while reclaiming (`"16Mi"`).
+    #[serde(with = "serde_units::memory")]
     pub headroom: u64,
-    /// First pause between reclaim passes in milliseconds; it doubles up to one second.
+    /// First pause between reclaim passes in milliseconds; it doubles up to one second (key
+    /// `step_interval`, `"100ms"`; `1ms..=10s`).
+    #[serde(rename = "step_interval", with = "serde_units::millis")]
     pub step_interval_ms: u64,
     /// When what must go is page cache, a reclaim runs inside the update itself, bounded by
     /// time: it stops at half of what is left of the runtime's deadline (about 750 ms of
     /// containerd's default 2 s), and the decrease continues staged. This caps the bytes it
     /// reclaims there (a larger decrease reclaims this much inline, the rest staged); 0 turns
-    /// it off.
+    /// it off. A memory quantity (`"1Gi"`).
+    #[serde(with = "serde_units::memory")]
     pub inline_max: u64,
     /// Staged reclaim's ceiling on the container's stall share (the higher of its memory and io
     /// PSI `some`, cgroup v2): above it the reclaim holds until the stall is under half of it.
@@ -190,7 +204,7 @@ impl Default for Config {
 
 /// Whether the engine acts on its decisions.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "PascalCase")]
 pub enum Mode {
     /// Refuse updates the policy or admission refuses, evict for restart, order writes.
     #[default]
@@ -204,12 +218,16 @@ pub enum Mode {
 #[serde(default, deny_unknown_fields)]
 pub struct ResizeConfig {
     pub mode: Mode,
-    /// Bytes of node memory admission keeps back for the system.
+    /// Bytes of node memory admission keeps back for the system (`"1Gi"`).
+    #[serde(with = "serde_units::memory")]
     pub reserved_memory: u64,
     /// CPU admission keeps back for the system, in millicores (`allocatable` = online CPUs
-    /// minus this).
+    /// minus this); key `reserved_cpu`, a CPU quantity (`"500m"`, `"1.5"`).
+    #[serde(rename = "reserved_cpu", with = "serde_units::cpu")]
     pub reserved_cpu_millicores: u64,
-    /// Milliseconds to pause between the steps of a whole-pod resize (0: none).
+    /// Milliseconds to pause between the steps of a whole-pod resize (key `step_pause`,
+    /// `"500ms"`; `"0s"`: none; at most `60s`).
+    #[serde(rename = "step_pause", with = "serde_units::millis")]
     pub step_pause_ms: u64,
     /// Attempts of a whole-pod resize (with backoff) before it is reported as an Error.
     pub max_attempts: u32,
@@ -343,8 +361,8 @@ impl Config {
             return Err(ConfigError::Invalid {
                 origin: origin.to_string(),
                 message: format!(
-                    "resize.step_pause_ms must be at most 60000, got {}",
-                    self.resize.step_pause_ms
+                    "resize.step_pause must be at most 60s, got {}",
+                    ms_text(self.resize.step_pause_ms)
                 ),
             });
         }
@@ -353,8 +371,8 @@ impl Config {
             return Err(ConfigError::Invalid {
                 origin: origin.to_string(),
                 message: format!(
-                    "memory_decrease.timeout_ms must be within 1000..=3600000, got {}",
-                    md.timeout_ms
+                    "memory_decrease.timeout must be within 1s..=1h, got {}",
+                    ms_text(md.timeout_ms)
                 ),
             });
         }
@@ -362,8 +380,8 @@ impl Config {
             return Err(ConfigError::Invalid {
                 origin: origin.to_string(),
                 message: format!(
-                    "memory_decrease.inline_max must be at most 4 GiB (reclaim inside the runtime's deadline), got {}",
-                    md.inline_max
+                    "memory_decrease.inline_max must be at most 4Gi (reclaim inside the runtime's deadline), got {}",
+                    bytes_quantity(md.inline_max)
                 ),
             });
         }
@@ -371,8 +389,9 @@ impl Config {
             return Err(ConfigError::Invalid {
                 origin: origin.to_string(),
                 message: format!(
-                    "memory_decrease.step_interval_ms must be within 1..=10000 and headroom at most 64 GiB, got {} and {}",
-                    md.step_interval_ms, md.headroom
+                    "memory_decrease.step_interval must be within 1ms..=10s and headroom at most 64Gi, got {} and {}",
+                    ms_text(md.step_interval_ms),
+                    bytes_quantity(md.headroom)
                 ),
             });
         }
@@ -400,8 +419,8 @@ impl Config {
             return Err(ConfigError::Invalid {
                 origin: origin.to_string(),
                 message: format!(
-                    "resize.reserved_cpu_millicores must be at most 100000000, got {}",
-                    self.resize.reserved_cpu_millicores
+                    "resize.reserved_cpu must be at most 100k (cores), got {}",
+                    cpu_text(self.resize.reserved_cpu_millicores)
                 ),
             });
         }
@@ -467,7 +486,7 @@ mod tests {
     fn written_back_it_parses_to_the_same_configuration() {
         for text in [
             "",
-            "journal_size = 7\n[resize]\nmode = \"observe\"\nreserved_memory = 1073741824\n[memory_decrease]\nstrategy = \"reject\"\ntimeout_ms = 5000\n[capacity]\nresync_interval = \"5m\"\n",
+            "journal_size = 7\n[resize]\nmode = \"Observe\"\nreserved_memory = \"1.5Gi\"\nreserved_cpu = \"250m\"\nstep_pause = \"500ms\"\n[memory_decrease]\nstrategy = \"Reject\"\ntimeout = \"5s\"\nheadroom = \"512Ki\"\nstep_interval = \"1s 500ms\"\ninline_max = \"0\"\n[capacity]\nresync_interval = \"5m\"\n",
         ] {
             let cfg = Config::parse(text, "test").unwrap();
             let written = toml::to_string(&cfg).unwrap();
@@ -478,12 +497,12 @@ mod tests {
     #[test]
     fn overlay_merges_tables_key_by_key() {
         let file = Config::parse(
-            "[resize]\nreserved_memory = 1073741824\nmax_attempts = 7\n",
+            "[resize]\nreserved_memory = \"1Gi\"\nmax_attempts = 7\n",
             "file",
         )
         .unwrap();
         let (cfg, ignored) = file
-            .runtime_overlay("[resize]\nmode = \"observe\"\n", "runtime")
+            .runtime_overlay("[resize]\nmode = \"Observe\"\n", "runtime")
             .unwrap();
         assert_eq!(cfg.resize.mode, Mode::Observe);
         assert_eq!(
@@ -551,7 +570,7 @@ mod tests {
     #[test]
     fn resize_and_policy_tables_parse() {
         let cfg = Config::parse(
-            "[resize]\nmode = \"observe\"\nreserved_memory = 1024\n[policy]\naction = \"LiveResize\"\nmemory = { decrease = \"RestartContainer\" }\n",
+            "[resize]\nmode = \"Observe\"\nreserved_memory = \"1Ki\"\n[policy]\naction = \"LiveResize\"\nmemory = { decrease = \"RestartContainer\" }\n",
             "t",
         )
         .unwrap();
@@ -575,17 +594,17 @@ mod tests {
     #[test]
     fn memory_decrease_table_parses_and_is_validated() {
         let cfg = Config::parse(
-            "[memory_decrease]\nstrategy = \"reject\"\ntimeout_ms = 5000\nheadroom = 0\n",
+            "[memory_decrease]\nstrategy = \"Reject\"\ntimeout = \"5s\"\nheadroom = \"0\"\n",
             "t",
         )
         .unwrap();
         assert_eq!(cfg.memory_decrease.strategy, MemoryDecreaseStrategy::Reject);
         assert_eq!(cfg.memory_decrease.timeout_ms, 5000);
         assert_eq!(cfg.memory_decrease.step_interval_ms, 100);
-        let bad = Config::parse("[memory_decrease]\ntimeout_ms = 10\n", "t")
+        let bad = Config::parse("[memory_decrease]\ntimeout = \"10ms\"\n", "t")
             .unwrap_err()
             .to_string();
-        assert!(bad.contains("memory_decrease.timeout_ms"), "{bad}");
+        assert!(bad.contains("memory_decrease.timeout"), "{bad}");
         let bad = Config::parse("[memory_decrease]\nstrategy = \"oom\"\n", "t")
             .unwrap_err()
             .to_string();
@@ -595,7 +614,7 @@ mod tests {
     #[test]
     fn capacity_table_parses_and_is_validated() {
         let cfg = Config::parse(
-            "[capacity]\nresync_interval = \"5m\"\n[resize]\nreserved_cpu_millicores = 500\n",
+            "[capacity]\nresync_interval = \"5m\"\n[resize]\nreserved_cpu = \"500m\"\n",
             "t",
         )
         .unwrap();
@@ -627,10 +646,70 @@ mod tests {
                 "resync_interval",
             ),
             ("[capacity]\nresync = \"1s\"\n", "resync"),
+            ("[resize]\nreserved_cpu = \"-1\"\n", "negative"),
+        ] {
+            let err = Config::parse(text, "t").unwrap_err().to_string();
+            assert!(err.contains(want), "{text:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn sizes_are_quantities_and_times_are_durations() {
+        let cfg = Config::parse(
+            "[resize]\nreserved_memory = \"1.5Gi\"\nreserved_cpu = \"1.5\"\nstep_pause = \"2s\"\n[memory_decrease]\ntimeout = \"1m 30s\"\nheadroom = \"32Mi\"\nstep_interval = \"250ms\"\ninline_max = \"512Mi\"\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(cfg.resize.reserved_memory, (1 << 30) + (1 << 29));
+        assert_eq!(cfg.resize.reserved_cpu_millicores, 1500);
+        assert_eq!(cfg.resize.step_pause_ms, 2000);
+        let md = &cfg.memory_decrease;
+        assert_eq!(
             (
-                "[resize]\nreserved_cpu_millicores = -1\n",
+                md.timeout_ms,
+                md.headroom,
+                md.step_interval_ms,
+                md.inline_max
+            ),
+            (90_000, 32 << 20, 250, 512 << 20)
+        );
+        // A bare integer is bytes / cores, as in a pod spec.
+        let bare =
+            Config::parse("[resize]\nreserved_memory = 1024\nreserved_cpu = 2\n", "t").unwrap();
+        assert_eq!(
+            (
+                bare.resize.reserved_memory,
+                bare.resize.reserved_cpu_millicores
+            ),
+            (1024, 2000)
+        );
+        // Written back, a person reads quantities and durations.
+        let written = toml::to_string(&cfg).unwrap();
+        for want in [
+            "reserved_memory = \"1536Mi\"",
+            "reserved_cpu = \"1500m\"",
+            "timeout = \"1m 30s\"",
+            "step_interval = \"250ms\"",
+        ] {
+            assert!(written.contains(want), "{want} in {written}");
+        }
+        // One duration form: the old millisecond keys and bare numbers of milliseconds are errors.
+        for (text, want) in [
+            ("[memory_decrease]\ntimeout_ms = 5000\n", "timeout_ms"),
+            (
+                "[memory_decrease]\nstep_interval_ms = 100\n",
+                "step_interval_ms",
+            ),
+            ("[resize]\nstep_pause_ms = 0\n", "step_pause_ms"),
+            (
+                "[resize]\nreserved_cpu_millicores = 500\n",
                 "reserved_cpu_millicores",
             ),
+            ("[memory_decrease]\ntimeout = 5000\n", "timeout"),
+            ("[memory_decrease]\nheadroom = \"16MB\"\n", "16MB"),
+            ("[resize]\nreserved_cpu = \"lots\"\n", "lots"),
+            ("[resize]\nstep_pause = \"1500us\"\n", "millisecond"),
+            ("[resize]\nstep_pause = \"2m\"\n", "at most 60s"),
         ] {
             let err = Config::parse(text, "t").unwrap_err().to_string();
             assert!(err.contains(want), "{text:?}: {err}");

@@ -35,13 +35,18 @@ struct Cli {
 enum Command {
     /// Run the plugin daemon.
     Run(RunArgs),
-    /// Resize a whole pod in place, in KEP order: `nri-resize resize default/web app=cpu=1500m,memory=512Mi`.
+    /// Resize a whole pod in place, in KEP order, behind the API server's back:
+    /// `nri-resize resize default/web app=cpu=1500m,memory=512Mi`.
+    ///
+    /// For the real thing use `kubectl patch pod <pod> --subresource resize`: kubelet does not
+    /// know about a resize made here.
     Resize {
         #[command(flatten)]
         api: ApiArgs,
         /// `namespace/name` of the pod.
         pod: String,
-        /// `container=cpu=<q>,memory=<q>` per container to change (CPU: 1500m or 1.5; memory: 512Mi, 2Gi, bytes).
+        /// `container=cpu=<q>,memory=<q>` per container to change, in Kubernetes quantities
+        /// (CPU: 1500m or 1.5; memory: 512Mi, 1.5Gi, 1048576), as `status` prints them.
         #[arg(required = true)]
         containers: Vec<String>,
     },
@@ -52,9 +57,9 @@ enum Command {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
-        /// Refresh every N seconds (default 2) until Ctrl-C: the table redrawn on a cleared
-        /// screen, or one JSON document per line with `--json`.
-        #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "2", value_parser = parse_interval)]
+        /// Refresh at this interval (`2s`, `500ms`, `1m`; default 2s) until Ctrl-C: the table
+        /// redrawn on a cleared screen, or one JSON document per line with `--json`.
+        #[arg(long, value_name = "DURATION", num_args = 0..=1, default_missing_value = "2s", value_parser = parse_interval)]
         watch: Option<Duration>,
     },
     /// Show the latest NRI events the plugin received.
@@ -64,15 +69,27 @@ enum Command {
         /// Only events with a sequence number above this.
         #[arg(long, default_value_t = 0)]
         since: u64,
+        /// Print one JSON document per event instead of a table.
         #[arg(long)]
         json: bool,
     },
-    /// Ask the runtime, through NRI, to update one container's resources.
+    /// Ask the runtime, through NRI, to update one container's resources, behind the API
+    /// server's back.
+    ///
+    /// For the real thing use `kubectl patch pod <pod> --subresource resize`: kubelet does not
+    /// know about an update made here.
     Update {
         #[command(flatten)]
         api: ApiArgs,
-        /// Container id (as in `nri-resize status`).
+        /// The container: its id, or `namespace/pod/container` as `nri-resize status` shows it.
         container: String,
+        /// CPU limit, a Kubernetes quantity (`1500m`, `1.5`), or `unlimited`; sets the CFS quota
+        /// over the period (`--cpu-period`, else 100ms).
+        #[arg(long, value_parser = parse_cpu_limit, conflicts_with = "cpu_quota")]
+        cpu_limit: Option<CpuLimit>,
+        /// CPU request, a Kubernetes quantity (`250m`); sets the CPU shares as kubelet does.
+        #[arg(long, value_parser = parse_cpu_request, conflicts_with = "cpu_shares")]
+        cpu_request: Option<u64>,
         /// CFS quota in microseconds per period (-1: unlimited).
         #[arg(long, allow_hyphen_values = true)]
         cpu_quota: Option<i64>,
@@ -82,8 +99,8 @@ enum Command {
         /// CPU shares.
         #[arg(long)]
         cpu_shares: Option<u64>,
-        /// Memory limit in bytes.
-        #[arg(long)]
+        /// Memory limit, a Kubernetes quantity (`512Mi`, `1.5Gi`, bytes) or `unlimited`.
+        #[arg(long, value_parser = parse_memory_limit, allow_hyphen_values = true)]
         memory_limit: Option<i64>,
     },
     /// Configuration files.
@@ -183,24 +200,60 @@ fn parse_metrics_addr(s: &str) -> Result<MetricsAddr, String> {
         .map_err(|e| format!("{s:?} is not host:port or `off`: {e}"))
 }
 
-/// `1s`, `500ms`, `2.5s` or a bare number of seconds; at least 10 ms.
+/// A humantime duration (`1s`, `500ms`, `1m 30s`), the configuration's one form; at least 10ms.
 fn parse_interval(s: &str) -> Result<Duration, String> {
-    let (num, scale) = if let Some(ms) = s.strip_suffix("ms") {
-        (ms, 1e-3)
-    } else if let Some(sec) = s.strip_suffix('s') {
-        (sec, 1.0)
-    } else {
-        (s, 1.0)
-    };
-    let secs = num
-        .trim()
-        .parse::<f64>()
-        .map_err(|_| format!("{s:?} is not a duration like 1s or 500ms"))?
-        * scale;
-    if !secs.is_finite() || secs < 0.01 {
-        return Err(format!("observer interval {s:?} must be at least 10ms"));
+    let d = humantime_serde::re::humantime::parse_duration(s)
+        .map_err(|e| format!("{s:?} is not a duration like 2s or 500ms: {e}"))?;
+    if d < Duration::from_millis(10) {
+        return Err(format!("{s:?} is shorter than 10ms"));
     }
-    Ok(Duration::from_secs_f64(secs))
+    Ok(d)
+}
+
+/// A CPU limit for `update --cpu-limit`: millicores, or `None` for unlimited.
+#[derive(Debug, Clone, Copy)]
+struct CpuLimit(Option<u64>);
+
+fn parse_cpu_limit(s: &str) -> Result<CpuLimit, String> {
+    if s == "unlimited" || s == "max" {
+        return Ok(CpuLimit(None));
+    }
+    nri_resize::policy::parse_cpu(s)
+        .map(|m| CpuLimit(Some(m)))
+        .map_err(|e| e.to_string())
+}
+
+fn parse_cpu_request(s: &str) -> Result<u64, String> {
+    nri_resize::policy::parse_cpu(s).map_err(|e| e.to_string())
+}
+
+/// A memory limit for `update --memory-limit`: bytes, `-1` for `unlimited` (or `max`, `-1`).
+fn parse_memory_limit(s: &str) -> Result<i64, String> {
+    if matches!(s, "unlimited" | "max" | "-1") {
+        return Ok(-1);
+    }
+    let bytes = nri_resize::policy::parse_memory(s).map_err(|e| e.to_string())?;
+    i64::try_from(bytes).map_err(|_| format!("{s:?} is too large"))
+}
+
+/// What `resize` and `update` tell a person before they act: the API server is not asked.
+const BEHIND_THE_API_SERVER: &str = "nri-resize: warning: this changes the pod behind the API server's back; kubelet will not know (the pod spec and status keep the old resources). Use `kubectl patch pod <pod> --subresource resize` for the real thing.";
+
+/// An error for a person: each cause of the chain once. A cause whose text its parent already
+/// includes (thiserror's `{source}` in a message) is not repeated.
+fn error_text(err: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in err.chain() {
+        let part = cause.to_string();
+        if text.contains(&part) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&part);
+    }
+    text
 }
 
 fn init_tracing(json: bool) {
@@ -297,10 +350,7 @@ fn fmt_resources(r: Option<&LinuxResources>) -> (String, String) {
         (_, _, Some(s)) => format!("unlimited sh={s}"),
         _ => "-".into(),
     };
-    let mem = match r.memory_limit() {
-        Some(l) if l > 0 => format!("{}Mi", l >> 20),
-        _ => "unlimited".into(),
-    };
+    let mem = nri_resize::policy::memory_limit_exact_text(r.memory_limit().unwrap_or(-1));
     (cpu, mem)
 }
 
@@ -351,10 +401,10 @@ async fn watch_status(api: &ApiArgs, json: bool, every: Duration) -> anyhow::Res
         let body = match fetched {
             Ok(text) => text,
             Err(e) if json => {
-                eprintln!("nri-resize: {e:#}");
+                eprintln!("nri-resize: {}", error_text(&e));
                 continue;
             }
-            Err(e) => format!("nri-resize: {e:#}\n"),
+            Err(e) => format!("nri-resize: {}\n", error_text(&e)),
         };
         let mut out = std::io::stdout().lock();
         if json {
@@ -375,6 +425,7 @@ async fn resize_command(api: &ApiArgs, pod: &str, containers: &[String]) -> anyh
     let (namespace, name) = pod
         .split_once('/')
         .ok_or_else(|| anyhow::anyhow!("pod must be namespace/name, got {pod:?}"))?;
+    eprintln!("{BEHIND_THE_API_SERVER}");
     let mut req = nri_resize::resize::PodResizeRequest::default();
     for spec in containers {
         let (container, target) = spec
@@ -439,11 +490,23 @@ async fn client_command(cmd: Command) -> anyhow::Result<ExitCode> {
         Command::Update {
             api,
             container,
+            cpu_limit,
+            cpu_request,
             cpu_quota,
             cpu_period,
             cpu_shares,
             memory_limit,
         } => {
+            let period = cpu_period.unwrap_or(nri_resize::policy::DEFAULT_CFS_PERIOD_US);
+            let cpu_quota = cpu_limit.map_or(cpu_quota, |CpuLimit(limit)| {
+                Some(limit.map_or(-1, |m| {
+                    i64::try_from(m.saturating_mul(period) / 1000).unwrap_or(i64::MAX)
+                }))
+            });
+            let cpu_period = cpu_period.or(cpu_limit.map(|_| period));
+            let cpu_shares = cpu_request
+                .map(nri_resize::policy::millis_to_shares)
+                .or(cpu_shares);
             let cpu =
                 (cpu_quota.is_some() || cpu_period.is_some() || cpu_shares.is_some()).then(|| {
                     CpuResources {
@@ -459,20 +522,25 @@ async fn client_command(cmd: Command) -> anyhow::Result<ExitCode> {
             });
             anyhow::ensure!(
                 cpu.is_some() || memory.is_some(),
-                "nothing to update: give --cpu-quota, --cpu-period, --cpu-shares or --memory-limit"
+                "nothing to update: give --cpu-limit, --cpu-request, --memory-limit, --cpu-quota, --cpu-period or --cpu-shares"
             );
+            let client = ApiClient::new(&api.api_socket);
+            let id = nri_resize::api::resolve_container(&client.status().await?, &container)?;
+            eprintln!("{BEHIND_THE_API_SERVER}");
             let res = LinuxResources {
                 cpu,
                 memory,
                 ..Default::default()
             };
-            let result = ApiClient::new(&api.api_socket)
-                .update_resources(&container, &res)
-                .await?;
+            let result = client.update_resources(&id, &res).await?;
             if !result.failed.is_empty() {
                 anyhow::bail!("the runtime could not apply the update to {container}");
             }
-            println!("updated {container}");
+            if id == container {
+                println!("updated {container}");
+            } else {
+                println!("updated {container} ({id})");
+            }
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -488,8 +556,98 @@ async fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("nri-resize: {err:#}");
+            eprintln!("nri-resize: {}", error_text(&err));
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory as _;
+
+    /// Every subcommand and every argument a person can type has help text, all the way down.
+    #[test]
+    fn every_subcommand_and_argument_has_help() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if matches!(id, "help" | "version") {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                let sub_path = format!("{path} {}", sub.get_name());
+                if sub.get_name() != "help" && sub.get_about().is_none() {
+                    missing.push(sub_path.clone());
+                }
+                walk(sub, &sub_path, missing);
+            }
+        }
+        let cmd = Cli::command();
+        cmd.clone().debug_assert();
+        let mut missing = Vec::new();
+        walk(&cmd, "nri-resize", &mut missing);
+        assert!(missing.is_empty(), "without help text: {missing:?}");
+        // The walk sees what it should: a nested subcommand's argument and a flattened one.
+        let names = |c: &clap::Command| {
+            c.get_subcommands()
+                .map(|s| s.get_name().to_string())
+                .collect::<Vec<_>>()
+        };
+        assert!(names(&cmd).contains(&"config".to_string()));
+        let update = cmd.find_subcommand("update").expect("update");
+        assert!(update.get_arguments().any(|a| a.get_id() == "api_socket"));
+    }
+
+    #[test]
+    fn an_error_reads_each_cause_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file or directory");
+        let inner = anyhow::Error::from(nri_resize::api::ClientError::Connect {
+            path: "/run/x.sock".into(),
+            source: io,
+        });
+        let text = error_text(&inner);
+        assert_eq!(
+            text.matches("No such file or directory").count(),
+            1,
+            "{text}"
+        );
+        let outer = inner.context("status");
+        assert!(
+            error_text(&outer).starts_with("status: cannot reach"),
+            "{}",
+            error_text(&outer)
+        );
+    }
+
+    #[test]
+    fn durations_and_quantities_on_the_command_line() {
+        assert_eq!(parse_interval("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_interval("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_interval("1m 30s"), Ok(Duration::from_secs(90)));
+        for bad in ["2", "5ms", "soon", ""] {
+            assert!(parse_interval(bad).is_err(), "{bad:?}");
+        }
+        let cli = Cli::try_parse_from(["nri-resize", "status", "--watch", "2s"]).expect("parses");
+        assert!(matches!(
+            cli.command,
+            Command::Status { watch: Some(d), .. } if d == Duration::from_secs(2)
+        ));
+        let cli = Cli::try_parse_from(["nri-resize", "status", "--watch"]).expect("parses");
+        assert!(matches!(
+            cli.command,
+            Command::Status { watch: Some(d), .. } if d == Duration::from_secs(2)
+        ));
+        assert_eq!(parse_memory_limit("1.5Gi"), Ok(3 << 29));
+        assert_eq!(parse_memory_limit("unlimited"), Ok(-1));
+        assert!(parse_memory_limit("12Xi").is_err());
+        assert_eq!(parse_cpu_request("250m"), Ok(250));
+        assert!(matches!(parse_cpu_limit("1.5"), Ok(CpuLimit(Some(1500)))));
+        assert!(matches!(parse_cpu_limit("unlimited"), Ok(CpuLimit(None))));
     }
 }

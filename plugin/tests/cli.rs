@@ -71,6 +71,72 @@ fn status_without_a_daemon_explains_itself() {
 }
 
 #[test]
+fn an_error_is_printed_once() {
+    let (code, text) = nri_resize(&["status", "--api-socket", "/nonexistent/api.sock"]);
+    assert_ne!(code, 0, "{text}");
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert_eq!(
+        text.matches("No such file or directory").count(),
+        1,
+        "{text}"
+    );
+}
+
+#[test]
+fn status_watch_takes_a_duration() {
+    let (code, text) = nri_resize(&["status", "--watch", "2", "--api-socket", "/nonexistent"]);
+    assert_ne!(code, 0, "a bare number is no duration: {text}");
+    assert!(text.contains("2s or 500ms"), "{text}");
+}
+
+#[test]
+fn update_and_resize_warn_and_resolve_namespace_pod_container() {
+    let d = Daemon::start();
+    let api = d.api_socket().to_str().expect("utf8").to_string();
+    let (code, text) = nri_resize(&[
+        "update",
+        "default/web/app",
+        "--memory-limit",
+        "512Mi",
+        "--api-socket",
+        &api,
+    ]);
+    assert_ne!(code, 0, "{text}");
+    assert!(
+        text.contains("no container \"default/web/app\" on this node"),
+        "{text}"
+    );
+    let (code, text) = nri_resize(&["update", "a/b", "--cpu-limit", "1.5", "--api-socket", &api]);
+    assert_ne!(code, 0, "{text}");
+    assert!(
+        text.contains("neither a container id nor namespace/pod/container"),
+        "{text}"
+    );
+    let (code, text) = nri_resize(&[
+        "update",
+        "c1",
+        "--memory-limit",
+        "12Xi",
+        "--api-socket",
+        &api,
+    ]);
+    assert_ne!(code, 0, "{text}");
+    assert!(text.contains("12Xi"), "{text}");
+    let (code, text) = nri_resize(&[
+        "resize",
+        "default/web",
+        "app=cpu=1500m,memory=1.5Gi",
+        "--api-socket",
+        &api,
+    ]);
+    assert_ne!(code, 0, "no such pod: {text}");
+    assert!(
+        text.contains("behind the API server") && text.contains("--subresource resize"),
+        "{text}"
+    );
+}
+
+#[test]
 fn update_without_anything_to_change_is_refused() {
     let (code, text) = nri_resize(&["update", "abc", "--api-socket", "/nonexistent/api.sock"]);
     assert_ne!(code, 0, "{text}");
@@ -87,7 +153,7 @@ fn config_check(text: &str) -> (i32, String) {
 
 #[test]
 fn config_check_accepts_what_the_daemon_accepts() {
-    let (code, text) = config_check("journal_size = 64\n[resize]\nmode = \"observe\"\n");
+    let (code, text) = config_check("journal_size = 64\n[resize]\nmode = \"Observe\"\n");
     assert_eq!(code, 0, "{text}");
     assert!(text.contains("config.toml: ok"), "{text}");
 }
@@ -351,7 +417,7 @@ fn status_watch_redraws_until_interrupted() {
         .args([
             "status",
             "--watch",
-            "0.2",
+            "200ms",
             "--api-socket",
             d.api_socket().to_str().expect("utf8"),
         ])
@@ -373,7 +439,7 @@ fn status_watch_redraws_until_interrupted() {
     let frames = stdout.matches("\x1b[2J\x1b[H").count();
     assert!(
         frames >= 3,
-        "expected a redraw every 0.2 s for 1.5 s, got {frames}:\n{stdout}"
+        "expected a redraw every 200ms for 1.5 s, got {frames}:\n{stdout}"
     );
     assert_eq!(
         stdout.matches("runtime: ? ? (DISCONNECTED)").count(),
@@ -391,7 +457,7 @@ fn status_watch_json_prints_one_document_per_line() {
             "status",
             "--json",
             "--watch",
-            "0.2",
+            "200ms",
             "--api-socket",
             d.api_socket().to_str().expect("utf8"),
         ])

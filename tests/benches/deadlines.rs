@@ -64,7 +64,7 @@ async fn remove(ctrd: &Containerd, pod: &nri_resize_tests::Pod, id: &str) {
 
 /// SIGTERM of an idle daemon and of one in a staged decrease, `rounds` each, alternating.
 async fn sigterm(ctrd: &Containerd) {
-    let config = "[memory_decrease]\ntimeout_ms = 120000\n";
+    let config = "[memory_decrease]\ntimeout = \"120s\"\n";
     let (mut idle, mut staged) = (Vec::new(), Vec::new());
     for round in 0..rounds() {
         let mut plugin =

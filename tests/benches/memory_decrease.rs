@@ -199,7 +199,7 @@ async fn main() {
     let naive = Setup::new(None).await;
     let fast = Setup::new(Some("")).await;
     let staged = Setup::new(Some(
-        "[memory_decrease]\ninline_max = 0\nstep_interval_ms = 5\n",
+        "[memory_decrease]\ninline_max = 0\nstep_interval = \"5ms\"\n",
     ))
     .await;
     let v1 = naive.v1();

@@ -67,7 +67,7 @@ async fn coexist(version: ContainerdVersion) {
     let plugin = PluginProcess::start_ready(
         &ctrd,
         "nri-resize",
-        Some("[memory_decrease]\ntimeout_ms = 5000\ninline_max = 0\n"),
+        Some("[memory_decrease]\ntimeout = \"5s\"\ninline_max = 0\n"),
     )
     .await;
     // After nri-resize (index 50): the order in which a claimed field conflicts.
@@ -188,14 +188,14 @@ async fn restart(s: &Sides<'_>) {
     let api = plugin.api();
     let logs = || s.logs();
 
-    // 3. A resize that needs a restart (strategy `restart`, anonymous memory): nri-resize keeps
+    // 3. A resize that needs a restart (strategy `Restart`, anonymous memory): nri-resize keeps
     //    the memory limit in the update (the only field it changes) and stops the container. A
     //    CPU decrease first (the node has room for no more) puts the other plugin's cpuset in
     //    the container's spec, which a reply restating the spec would claim.
     let (_pod, b) = ctrd
         .loaded_pod(
             "restart",
-            &[("memory-decrease.nri-resize.io/container.app", "restart")],
+            &[("memory-decrease.nri-resize.io/container.app", "Restart")],
             ANON_300,
             300 * MIB,
         )

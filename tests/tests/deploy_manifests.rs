@@ -606,8 +606,8 @@ fn configs(docs: &[Value]) -> Vec<String> {
 const CHART_VALUES: &[&str] = &[
     "{}",
     r#"{"privileged": true}"#,
-    r#"{"mode": "observe"}"#,
-    r#"{"config": {"memory_decrease": {"strategy": "reject", "max_stall": 0.1, "timeout_ms": 5000}, "capacity": {"resync_interval": "5m"}, "policy": {"memory": {"decrease": "NotRequired"}}}}"#,
+    r#"{"mode": "Observe"}"#,
+    r#"{"config": {"memory_decrease": {"strategy": "Reject", "max_stall": 0.1, "timeout": "5s", "headroom": "32Mi"}, "resize": {"reserved_memory": "1.5Gi", "reserved_cpu": "250m", "step_pause": "500ms"}, "capacity": {"resync_interval": "5m"}, "policy": {"memory": {"decrease": "NotRequired"}}}}"#,
 ];
 
 /// Every configuration the project ships passes `nri-resize config check` (the daemon's own
@@ -943,7 +943,7 @@ fn a_configuration_change_rolls_the_daemonset() {
         checksum(r#"{"logLevel": "debug"}"#),
         "only the configuration counts"
     );
-    assert_ne!(default, checksum(r#"{"mode": "observe"}"#));
+    assert_ne!(default, checksum(r#"{"mode": "Observe"}"#));
     assert_ne!(default, checksum(r#"{"config": {"journal_size": 7}}"#));
     let docs = render("deploy/base");
     let cm = s(&find(&docs, "ConfigMap")["metadata"]["name"]).to_string();
@@ -966,7 +966,7 @@ fn a_configuration_change_rolls_the_daemonset() {
 #[test]
 fn the_charts_values_reach_the_objects() {
     let docs = helm(
-        r#"{"mode": "observe", "image": {"repository": "registry.example/nri-resize", "tag": "9.9.9", "pullPolicy": "Always"},
+        r#"{"mode": "Observe", "image": {"repository": "registry.example/nri-resize", "tag": "9.9.9", "pullPolicy": "Always"},
             "monitoring": {"labels": {"release": "kube-prometheus-stack"}, "serviceMonitor": {"enabled": true}},
             "networkPolicy": {"monitoringNamespaceSelector": {"matchLabels": {"team": "observability"}}},
             "nodeSelector": {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64", "nri": "on"},

@@ -13,7 +13,7 @@
 //!   the late decision acts on nothing, and the next update is handled normally; a memory
 //!   decrease under the same fault is refused instead (never written unchecked), the container
 //!   lives;
-//! - SIGTERM during a staged decrease; `mode = "observe"` with a checkpoint.
+//! - SIGTERM during a staged decrease; `mode = "Observe"` with a checkpoint.
 //!
 //! (A plugin frozen past the runtime's deadline is `nri_containerd::frozen_plugin_fails_open`;
 //! eBPF refused is the polling instance of `observer_containerd`.)
@@ -131,7 +131,7 @@ async fn plugin_killed_mid_memory_decrease_resumes_from_its_checkpoint() {
     let mut plugin = PluginProcess::start_ready(
         &ctrd,
         "nri-resize",
-        Some("[memory_decrease]\ntimeout_ms = 120000\n"),
+        Some("[memory_decrease]\ntimeout = \"120s\"\n"),
     )
     .await;
     let api = plugin.api();
@@ -205,7 +205,7 @@ async fn container_removed_during_a_reclaim_is_one_clear_line_not_a_retry_storm(
     let plugin = PluginProcess::start_ready(
         &ctrd,
         "nri-resize",
-        Some("[memory_decrease]\ntimeout_ms = 60000\n"),
+        Some("[memory_decrease]\ntimeout = \"60s\"\n"),
     )
     .await;
     let api = plugin.api();
@@ -360,7 +360,7 @@ async fn sigterm_during_a_staged_decrease_exits_at_once_and_resumes() {
     let mut plugin = PluginProcess::start_ready(
         &ctrd,
         "nri-resize",
-        Some("[memory_decrease]\ntimeout_ms = 120000\n"),
+        Some("[memory_decrease]\ntimeout = \"120s\"\n"),
     )
     .await;
     let api = plugin.api();
@@ -425,14 +425,14 @@ async fn sigterm_during_a_staged_decrease_exits_at_once_and_resumes() {
     );
 }
 
-/// `mode = "observe"` never writes a cgroup, checkpoints included: a staged decrease
+/// `mode = "Observe"` never writes a cgroup, checkpoints included: a staged decrease
 /// checkpointed under `enforce` is not resumed by a plugin restarted in observe mode (its record
 /// says so, the cgroup keeps the interim limit, the checkpoint stays); back in `enforce`, it is
 /// resumed and converges.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn observe_mode_does_not_resume_checkpoints() {
     let ctrd = Containerd::start(ContainerdVersion::V2, ContainerdOptions::default()).await;
-    let enforce = "[memory_decrease]\ntimeout_ms = 120000\n";
+    let enforce = "[memory_decrease]\ntimeout = \"120s\"\n";
     let mut plugin = PluginProcess::start_ready(&ctrd, "nri-resize", Some(enforce)).await;
     let config = ctrd.base_dir().join("nri-resize.toml");
     let api = plugin.api();
@@ -449,7 +449,7 @@ async fn observe_mode_does_not_resume_checkpoints() {
     kill_dd(&ctrd, &id).await;
     let interim = limit(&ctrd, &id);
 
-    std::fs::write(&config, format!("{enforce}[resize]\nmode = \"observe\"\n")).expect("config");
+    std::fs::write(&config, format!("{enforce}[resize]\nmode = \"Observe\"\n")).expect("config");
     plugin.restart();
     plugin.wait_ready(READY).await;
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -108,7 +108,7 @@ async fn with_plugin(ctrd: &Containerd) -> Tally {
     let plugin = PluginProcess::start_ready(
         ctrd,
         "nri-resize",
-        Some("[memory_decrease]\ntimeout_ms = 5000\ninline_max = 0\n"),
+        Some("[memory_decrease]\ntimeout = \"5s\"\ninline_max = 0\n"),
     )
     .await;
     let api = plugin.api();
@@ -307,7 +307,7 @@ async fn memory_decrease_strategies_reject_and_restart() {
     let id = loaded_container(
         &ctrd,
         "reject",
-        &[("memory-decrease.nri-resize.io/pod", "reject")],
+        &[("memory-decrease.nri-resize.io/pod", "Reject")],
         ANON_300,
         300 * MIB,
     )
@@ -328,7 +328,7 @@ async fn memory_decrease_strategies_reject_and_restart() {
     let id = loaded_container(
         &ctrd,
         "restart",
-        &[("memory-decrease.nri-resize.io/container.app", "restart")],
+        &[("memory-decrease.nri-resize.io/container.app", "Restart")],
         ANON_300,
         300 * MIB,
     )
@@ -355,13 +355,13 @@ async fn memory_decrease_strategies_reject_and_restart() {
     let plugin = PluginProcess::start_ready(
         &ctrd,
         "nri-resize",
-        Some("[memory_decrease]\nstrategy = \"reject\"\n"),
+        Some("[memory_decrease]\nstrategy = \"Reject\"\n"),
     )
     .await;
     let id = loaded_container(
         &ctrd,
         "looser",
-        &[("memory-decrease.nri-resize.io/pod", "reclaim")],
+        &[("memory-decrease.nri-resize.io/pod", "Reclaim")],
         ANON_300,
         300 * MIB,
     )
@@ -381,7 +381,7 @@ async fn a_second_update_during_a_reclaim_wins() {
     let plugin = PluginProcess::start_ready(
         &ctrd,
         "nri-resize",
-        Some("[memory_decrease]\ntimeout_ms = 30000\n"),
+        Some("[memory_decrease]\ntimeout = \"30s\"\n"),
     )
     .await;
     let api = plugin.api();
@@ -432,7 +432,7 @@ async fn kubelet_sees_progress_and_reason(version: ContainerdVersion) {
     let plugin = PluginProcess::start_ready(
         &ctrd,
         "nri-resize",
-        Some("[memory_decrease]\ntimeout_ms = 3000\n"),
+        Some("[memory_decrease]\ntimeout = \"3s\"\n"),
     )
     .await;
     let api = plugin.api();
@@ -542,7 +542,7 @@ async fn whole_pod_decrease_lowers_the_pod_after_its_reclaimed_container() {
     let plugin = PluginProcess::start_ready(
         &ctrd,
         "nri-resize",
-        Some("[memory_decrease]\ntimeout_ms = 3000\n"),
+        Some("[memory_decrease]\ntimeout = \"3s\"\n"),
     )
     .await;
     let api = plugin.api();

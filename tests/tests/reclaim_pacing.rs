@@ -358,7 +358,7 @@ fn bench_row(direct: &Figures, unpaced: &Figures, paced: &Figures, stall_met: bo
 async fn paced_reclaim_side_by_side_containerd_2() {
     let ctrd = Containerd::start(ContainerdVersion::V2, ContainerdOptions::default()).await;
     let config = |max_stall: &str| {
-        format!("[memory_decrease]\ninline_max = 0\ntimeout_ms = {TIMEOUT_MS}\n{max_stall}")
+        format!("[memory_decrease]\ninline_max = 0\ntimeout = \"{TIMEOUT_MS}ms\"\n{max_stall}")
     };
     if ctrd.cgroups().mode() == nri_resize_tests::CgroupMode::V1 {
         Box::pin(unpaced_on_v1(&ctrd, &config(""))).await;

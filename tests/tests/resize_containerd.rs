@@ -312,7 +312,7 @@ async fn admission_enforce_and_observe() {
     let huge = Resources::limits(50_000, 1 << 40); // 1 TiB of memory: above any test machine
     for (mode, config) in [
         ("enforce", None),
-        ("observe", Some("[resize]\nmode = \"observe\"\n")),
+        ("observe", Some("[resize]\nmode = \"Observe\"\n")),
     ] {
         let ctrd = Containerd::start(ContainerdVersion::V1_7, ContainerdOptions::default()).await;
         let plugin = PluginProcess::start_ready(&ctrd, "nri-resize", config).await;
@@ -667,7 +667,7 @@ async fn plugin_killed_mid_resize_resumes_from_its_checkpoint() {
     let mut plugin = PluginProcess::start_ready(
         &ctrd,
         "nri-resize",
-        Some("[resize]\nstep_pause_ms = 1500\n"),
+        Some("[resize]\nstep_pause = \"1500ms\"\n"),
     )
     .await;
     let api = plugin.api();
@@ -757,9 +757,12 @@ async fn plugin_killed_mid_resize_resumes_from_its_checkpoint() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_newer_request_mid_resize_wins() {
     let ctrd = Containerd::start(ContainerdVersion::V1_7, ContainerdOptions::default()).await;
-    let plugin =
-        PluginProcess::start_ready(&ctrd, "nri-resize", Some("[resize]\nstep_pause_ms = 700\n"))
-            .await;
+    let plugin = PluginProcess::start_ready(
+        &ctrd,
+        "nri-resize",
+        Some("[resize]\nstep_pause = \"700ms\"\n"),
+    )
+    .await;
     let api = plugin.api();
     let (pod, ids) = three_guaranteed_containers(&ctrd, "latest-wins").await;
     let first = targets(&[
@@ -852,7 +855,7 @@ async fn a_cli_killed_mid_resize_leaves_the_resize_running_and_the_next_one_runs
     let mut plugin = PluginProcess::start_ready(
         &ctrd,
         "nri-resize",
-        Some("[resize]\nstep_pause_ms = 1500\n"),
+        Some("[resize]\nstep_pause = \"1500ms\"\n"),
     )
     .await;
     let api = plugin.api();

@@ -389,6 +389,10 @@ pub const TEST_DAEMON_BUILD: [&str; 7] = [
 
 fn demo() -> anyhow::Result<()> {
     setup(false)?;
+    // As `test` does: the eBPF object first, so that the daemon built next embeds it (build.rs
+    // reads NRI_RESIZE_EBPF_OBJ, which build_ebpf sets) and the demo shows the eBPF observer
+    // rather than its polling fallbacks.
+    build_ebpf()?;
     run(
         "build the plugin",
         cargo().args(["build", "-p", "nri-resize", "--bin", "nri-resize"]),

@@ -34,7 +34,7 @@ pub const CHART_RENDERINGS: &[(&str, &str)] = &[
     ("helm-privileged", r#"{"privileged": true}"#),
     (
         "helm-all-toggles",
-        r#"{"mode": "observe", "monitoring": {"labels": {"release": "kube-prometheus-stack"}, "serviceMonitor": {"enabled": true}}}"#,
+        r#"{"mode": "Observe", "monitoring": {"labels": {"release": "kube-prometheus-stack"}, "serviceMonitor": {"enabled": true}}}"#,
     ),
     (
         "helm-no-extras",

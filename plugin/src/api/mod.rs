@@ -15,6 +15,7 @@
 mod client;
 mod pod_row;
 mod resize_spec;
+mod resolve;
 mod row;
 mod table;
 
@@ -35,6 +36,7 @@ use tracing::{info, warn};
 
 pub use client::{ApiClient, ClientError};
 pub use resize_spec::{parse_target, TargetSpecError};
+pub use resolve::{resolve_container, ResolveError};
 pub use table::render_status;
 
 use crate::cgroup::ActualResources;

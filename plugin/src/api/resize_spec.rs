@@ -1,4 +1,5 @@
-//! The `resize` CLI command's target syntax: `cpu=1500m,memory=512Mi` per container.
+//! The `resize` CLI command's target syntax: `cpu=1500m,memory=512Mi` per container, each value a
+//! Kubernetes quantity (`1.5`, `250m`; `1.5Gi`, `512Ki`), read as the config file reads them.
 
 use crate::resize::ContainerTarget;
 
@@ -11,10 +12,10 @@ pub enum TargetSpecError {
     UnknownResource { resource: String },
     #[error("{spec:?}: give cpu= and/or memory=")]
     Empty { spec: String },
-    #[error("bad CPU quantity {value:?} (e.g. 1500m or 1.5)")]
-    Cpu { value: String },
-    #[error("bad memory quantity {value:?} (e.g. 512Mi, 2Gi, 1048576)")]
-    Memory { value: String },
+    #[error("bad CPU quantity {value:?}: {why}")]
+    Cpu { value: String, why: String },
+    #[error("bad memory quantity {value:?}: {why}")]
+    Memory { value: String, why: String },
 }
 
 /// Parses the CLI's `cpu=1500m,memory=512Mi` into a target.
@@ -45,44 +46,17 @@ pub fn parse_target(spec: &str) -> Result<ContainerTarget, TargetSpecError> {
 }
 
 fn parse_cpu(v: &str) -> Result<u64, TargetSpecError> {
-    let bad = || TargetSpecError::Cpu {
+    crate::policy::parse_cpu(v).map_err(|e| TargetSpecError::Cpu {
         value: v.to_string(),
-    };
-    if let Some(m) = v.strip_suffix('m') {
-        return m.parse().map_err(|_| bad());
-    }
-    let f: f64 = v.parse().map_err(|_| bad())?;
-    if !(0.0..=100_000.0).contains(&f) {
-        return Err(bad());
-    }
-    #[expect(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        reason = "range checked above"
-    )]
-    Ok((f * 1000.0).round() as u64)
+        why: e.to_string(),
+    })
 }
 
 fn parse_memory(v: &str) -> Result<u64, TargetSpecError> {
-    let bad = || TargetSpecError::Memory {
+    crate::policy::parse_memory(v).map_err(|e| TargetSpecError::Memory {
         value: v.to_string(),
-    };
-    let (num, mult) = [
-        ("Ki", 1u64 << 10),
-        ("Mi", 1 << 20),
-        ("Gi", 1 << 30),
-        ("Ti", 1 << 40),
-        ("K", 1000),
-        ("M", 1_000_000),
-        ("G", 1_000_000_000),
-    ]
-    .iter()
-    .find_map(|(s, m)| v.strip_suffix(s).map(|n| (n, *m)))
-    .unwrap_or((v, 1));
-    num.parse::<u64>()
-        .map_err(|_| bad())?
-        .checked_mul(mult)
-        .ok_or_else(bad)
+        why: e.to_string(),
+    })
 }
 
 #[cfg(test)]
@@ -103,6 +77,14 @@ mod tests {
         assert_eq!(
             parse_target("memory=1Gi").unwrap().memory_bytes,
             Some(1 << 30)
+        );
+        assert_eq!(
+            parse_target("memory=1.5Gi").unwrap().memory_bytes,
+            Some(3 << 29)
+        );
+        assert_eq!(
+            parse_target("memory=512Ki").unwrap().memory_bytes,
+            Some(512 << 10)
         );
         for bad in [
             "",

@@ -6,9 +6,10 @@ use std::fmt::Write as _;
 use super::row::Row;
 use super::{ContainerStatus, Resizes, Status};
 use crate::model::LinuxResources;
-use crate::policy::{bytes_text, Verdict, UNLIMITED_BYTES};
+use crate::policy::{bytes_quantity, Verdict, UNLIMITED_BYTES};
 
-/// `500m/128Mi`; `-` when unknown, `max` for unlimited.
+/// `500m/128Mi`; `-` when unknown, `max` for unlimited. Exact quantities (`68192Ki`, not a
+/// rounded `66.6Mi`): what the table shows, `nri-resize resize` and `update` accept as is.
 fn compact(cpu_millis: Option<u64>, cpu_limited: bool, memory: Option<i64>) -> String {
     let cpu = match (cpu_millis, cpu_limited) {
         (Some(m), true) => format!("{m}m"),
@@ -16,7 +17,7 @@ fn compact(cpu_millis: Option<u64>, cpu_limited: bool, memory: Option<i64>) -> S
         (None, true) => "-".to_string(),
     };
     let mem = match memory {
-        Some(m) if m > 0 && m.unsigned_abs() < UNLIMITED_BYTES => bytes_text(m.unsigned_abs()),
+        Some(m) if m > 0 && m.unsigned_abs() < UNLIMITED_BYTES => bytes_quantity(m.unsigned_abs()),
         Some(_) => "max".to_string(),
         None => "-".to_string(),
     };
@@ -532,5 +533,47 @@ mod tests {
             row.ends_with("actual differs from desired: cpu.shares: desired 819, actual 1024"),
             "{text}"
         );
+    }
+
+    /// What the table shows for a limit, `nri-resize resize` takes back as the same value: a
+    /// container at an odd limit (68192Ki, 1234m) resized "to what status says" is unchanged.
+    #[test]
+    fn a_limit_as_shown_is_what_resize_accepts() {
+        let mut resizes = Resizes::default();
+        for (quota, memory) in [(123_400, 69_828_608), (150_000, 3 << 29), (100, 4096 + 1)] {
+            resizes.containers.insert(
+                "c1".into(),
+                ContainerResize {
+                    pod_id: "p1".into(),
+                    container: "app".into(),
+                    desired: Some(res(quota, memory)),
+                    allocated: Some(res(quota, memory)),
+                    state: None,
+                    reason: String::new(),
+                    updated_ms: 0,
+                    deferred_target: None,
+                },
+            );
+            let text = render_status(&status(), &resizes, 4096, 0);
+            let cell = text
+                .lines()
+                .nth(2)
+                .expect("app row")
+                .split_whitespace()
+                .nth(2);
+            let (cpu, memory_text) = cell.and_then(|c| c.split_once('/')).expect("cpu/memory");
+            let target = crate::api::parse_target(&format!("cpu={cpu},memory={memory_text}"))
+                .unwrap_or_else(|e| panic!("{cpu}/{memory_text}: {e}"));
+            assert_eq!(
+                target.cpu_millis,
+                Some(u64::try_from(quota / 100).unwrap()),
+                "{text}"
+            );
+            assert_eq!(
+                target.memory_bytes,
+                Some(u64::try_from(memory).unwrap()),
+                "{text}"
+            );
+        }
     }
 }

@@ -43,6 +43,7 @@ use crate::clock::now_ms;
 use crate::metrics::MetricsError;
 use crate::observer::{CpuHotplugEvent, HotplugRing};
 use crate::policy::CpuSet;
+use crate::policy::{bytes_quantity, cpu_text};
 use crate::state::{
     CapacityChange, ChangeKind, LastChange, NodeState, NodeStatus, PinnedContainer, Reevaluation,
 };
@@ -354,28 +355,21 @@ impl Watcher {
     }
 }
 
-#[expect(
-    clippy::cast_precision_loss,
-    reason = "bytes and millicores to GiB and cores for display"
-)]
-fn gib(bytes: u64) -> f64 {
-    bytes as f64 / f64::from(1u32 << 30)
-}
-
-/// The `node:` header line of `nri-resize status`.
-#[expect(
-    clippy::cast_precision_loss,
-    reason = "millicores to cores for display"
-)]
+/// The `node:` header line of `nri-resize status`, in Kubernetes quantities as `kubectl describe
+/// node` shows capacity and allocatable (`3500m`, `24683452Ki`: exact).
 pub fn node_line(n: &NodeStatus, now_ms: u64) -> String {
     let mut line = format!(
-        "node: cpu {} online ({}) / {} present, allocatable {:.2}; memory {:.2} GiB, allocatable {:.2} GiB",
+        "node: cpu {} online ({}) / {} present, allocatable {}; memory {}, allocatable {}",
         n.online_cpu_count,
-        if n.online_cpus.is_empty() { "-" } else { &n.online_cpus },
+        if n.online_cpus.is_empty() {
+            "-"
+        } else {
+            &n.online_cpus
+        },
         n.present_cpu_count,
-        n.allocatable_cpu_millis as f64 / 1000.0,
-        gib(n.memory_bytes),
-        gib(n.allocatable_memory_bytes),
+        cpu_text(n.allocatable_cpu_millis),
+        bytes_quantity(n.memory_bytes),
+        bytes_quantity(n.allocatable_memory_bytes),
     );
     match &n.last_change {
         Some(c) => {

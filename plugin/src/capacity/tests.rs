@@ -54,7 +54,7 @@ fn first_reading_sets_capacity_allocatable_and_status() {
     assert!(st.last_change.is_none());
     let line = node_line(&st, st.updated_ms);
     assert!(
-        line.starts_with("node: cpu 4 online (0-3) / 4 present, allocatable 3.50; memory 1.00 GiB"),
+        line.starts_with("node: cpu 4 online (0-3) / 4 present, allocatable 3500m; memory 1Gi"),
         "{line}"
     );
     assert!(line.contains("no change since start"), "{line}");

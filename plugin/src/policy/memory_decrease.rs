@@ -11,7 +11,7 @@
 //!
 //! The node default comes from the config; pods choose per container with
 //! `memory-decrease.nri-resize.io/container.<name>` or for every container with
-//! `memory-decrease.nri-resize.io/pod`. Strictness: `reclaim < restart < reject` — `reclaim`
+//! `memory-decrease.nri-resize.io/pod`. Strictness: `Reclaim < Restart < Reject` — `Reclaim`
 //! holds more memory than was asked for a while, the other two never do — and annotations only
 //! tighten: the effective strategy is `max(annotation, node default)`.
 //!
@@ -38,7 +38,7 @@ const PAGE: u64 = 4096;
 #[derive(
     Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
 )]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "PascalCase")]
 pub enum MemoryDecreaseStrategy {
     /// Accept with a safe interim limit, reclaim, then apply the requested limit.
     #[default]
@@ -53,17 +53,17 @@ impl MemoryDecreaseStrategy {
     /// The annotation and config spelling.
     pub fn as_str(self) -> &'static str {
         match self {
-            Self::Reclaim => "reclaim",
-            Self::Restart => "restart",
-            Self::Reject => "reject",
+            Self::Reclaim => "Reclaim",
+            Self::Restart => "Restart",
+            Self::Reject => "Reject",
         }
     }
 
     fn parse(s: &str) -> Option<Self> {
         match s {
-            "reclaim" => Some(Self::Reclaim),
-            "restart" => Some(Self::Restart),
-            "reject" => Some(Self::Reject),
+            "Reclaim" => Some(Self::Reclaim),
+            "Restart" => Some(Self::Restart),
+            "Reject" => Some(Self::Reject),
             _ => None,
         }
     }
@@ -75,7 +75,8 @@ impl fmt::Display for MemoryDecreaseStrategy {
     }
 }
 
-/// Parses a memory-decrease annotation value (`reclaim`, `restart` or `reject`).
+/// Parses a memory-decrease annotation value (`Reclaim`, `Restart` or `Reject`: Kubernetes'
+/// CamelCase for enum values, as `RestartContainer`; the lowercase spelling is refused).
 pub fn parse_decrease_annotation(
     annotation: &str,
     value: &str,
@@ -84,7 +85,7 @@ pub fn parse_decrease_annotation(
     MemoryDecreaseStrategy::parse(v).ok_or_else(|| AnnotationError::UnknownValue {
         annotation: sanitize_key(annotation),
         token: sanitize(v),
-        expected: "reclaim, restart or reject",
+        expected: "Reclaim, Restart or Reject",
     })
 }
 
@@ -240,8 +241,8 @@ mod tests {
     fn container_annotation_wins_over_pod_and_node() {
         use MemoryDecreaseStrategy as S;
         let a = ann(&[
-            ("memory-decrease.nri-resize.io/container.app", "reject"),
-            ("memory-decrease.nri-resize.io/pod", "restart"),
+            ("memory-decrease.nri-resize.io/container.app", "Reject"),
+            ("memory-decrease.nri-resize.io/pod", "Restart"),
         ]);
         assert_eq!(
             effective_decrease_strategy(&a, "app", S::Reclaim, true),
@@ -260,15 +261,15 @@ mod tests {
     #[test]
     fn annotations_only_tighten() {
         use MemoryDecreaseStrategy as S;
-        let a = ann(&[("memory-decrease.nri-resize.io/pod", "reclaim")]);
+        let a = ann(&[("memory-decrease.nri-resize.io/pod", "Reclaim")]);
         let (s, errors) = effective_decrease_strategy(&a, "app", S::Reject, true);
         assert_eq!(s, S::Reject);
         assert!(
             matches!(
                 &errors[..],
                 [AnnotationError::LooserThanNodeDefault {
-                    requested: "reclaim",
-                    node_default: "reject",
+                    requested: "Reclaim",
+                    node_default: "Reject",
                     ..
                 }]
             ),
@@ -282,16 +283,17 @@ mod tests {
     #[test]
     fn malformed_annotation_falls_back_to_the_next_source() {
         use MemoryDecreaseStrategy as S;
+        // One spelling: the lowercase value is malformed.
         let a = ann(&[
-            ("memory-decrease.nri-resize.io/container.app", "Reclaim"),
-            ("memory-decrease.nri-resize.io/pod", "restart"),
+            ("memory-decrease.nri-resize.io/container.app", "reclaim"),
+            ("memory-decrease.nri-resize.io/pod", "Restart"),
         ]);
         let (s, errors) = effective_decrease_strategy(&a, "app", S::Reclaim, true);
         assert_eq!(s, S::Restart);
         assert_eq!(errors.len(), 1);
         let msg = errors[0].to_string();
         assert!(
-            msg.contains("reclaim, restart or reject") && msg.contains("\"Reclaim\""),
+            msg.contains("Reclaim, Restart or Reject") && msg.contains("\"reclaim\""),
             "{msg}"
         );
         for bad in ["", "   ", "réclaim", &"x".repeat(5000)] {
@@ -301,7 +303,7 @@ mod tests {
             );
         }
         assert_eq!(
-            parse_decrease_annotation(POD_DECREASE_ANNOTATION, " reject "),
+            parse_decrease_annotation(POD_DECREASE_ANNOTATION, " Reject "),
             Ok(S::Reject)
         );
     }

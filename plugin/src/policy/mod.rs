@@ -122,7 +122,10 @@ pub use resize_policy::{
     RestartPolicy,
 };
 pub use share::Share;
-pub use units::{bytes_text, cpu_quota_text, cpu_text, memory_limit_text, UNLIMITED_BYTES};
+pub use units::{
+    bytes_quantity, bytes_text, cpu_quota_text, cpu_text, memory_limit_exact_text,
+    memory_limit_text, parse_cpu, parse_memory, QuantityError, UNLIMITED_BYTES,
+};
 pub use validate::validate_annotations;
 pub use verdict::{
     bounds, judge, limit_changes, CounterSample, LimitChange, Verdict, VerdictThresholds,

@@ -12,8 +12,8 @@
 //! container could never get what it holds). Deferred: a pod cgroup memory limit below what the
 //! pod uses now (the kernel would refuse it on cgroup v1 and OOM-kill on v2). Pure: no I/O.
 //!
-//! Pod owners may make a pod stricter with `resize-mode.nri-resize.io/pod: enforce` (refuse
-//! such resizes even when the node only observes); `observe` on an enforcing node is looser and
+//! Pod owners may make a pod stricter with `resize-mode.nri-resize.io/pod: Enforce` (refuse
+//! such resizes even when the node only observes); `Observe` on an enforcing node is looser and
 //! ignored ([`effective_enforce`]).
 
 use std::collections::BTreeMap;
@@ -28,14 +28,14 @@ pub const POD_MODE_ANNOTATION: &str = "resize-mode.nri-resize.io/pod";
 /// Why a [`POD_MODE_ANNOTATION`] was ignored.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PodModeError {
-    /// Neither `enforce` nor `observe`.
-    #[error("{POD_MODE_ANNOTATION}: unknown value {value:?} (enforce or observe)")]
+    /// Neither `Enforce` nor `Observe`.
+    #[error("{POD_MODE_ANNOTATION}: unknown value {value:?} (Enforce or Observe)")]
     Unknown {
         /// The value (truncated to 64 characters).
         value: String,
     },
     /// `observe` on a node that enforces: annotations only tighten.
-    #[error("{POD_MODE_ANNOTATION}: observe is looser than the node's enforce; ignored")]
+    #[error("{POD_MODE_ANNOTATION}: Observe is looser than the node's Enforce; ignored")]
     Looser,
 }
 
@@ -47,9 +47,9 @@ pub fn effective_enforce(
 ) -> (bool, Option<PodModeError>) {
     match annotations.get(POD_MODE_ANNOTATION).map(|v| v.trim()) {
         None => (node_enforces, None),
-        Some("enforce") => (true, None),
-        Some("observe") if node_enforces => (true, Some(PodModeError::Looser)),
-        Some("observe") => (false, None),
+        Some("Enforce") => (true, None),
+        Some("Observe") if node_enforces => (true, Some(PodModeError::Looser)),
+        Some("Observe") => (false, None),
         Some(other) => (
             node_enforces,
             Some(PodModeError::Unknown {

@@ -13,7 +13,7 @@
 //!   values after every step, so a newer request takes over mid-resize and a resumed resize never
 //!   applies a step twice. In-flight resizes are checkpointed in the state directory.
 //!
-//! `mode = "observe"` decides and reports everything but changes nothing.
+//! `mode = "Observe"` decides and reports everything but changes nothing.
 //!
 //! One idea per file: `update` (the kubelet path), `admission`, `decrease` (memory decreases
 //! below usage), `eviction` (restarts), `whole_pod` and `executor` (API resizes),

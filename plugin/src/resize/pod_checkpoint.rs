@@ -1,5 +1,5 @@
 //! Whole-pod resizes survive a restart: each in flight is checkpointed in the state directory
-//! and resumed after the first synchronize (not in `mode = "observe"`, which would write).
+//! and resumed after the first synchronize (not in `mode = "Observe"`, which would write).
 
 use std::sync::Arc;
 
@@ -37,7 +37,7 @@ impl Engine {
     }
 
     /// After the first synchronize: picks up checkpointed resizes (once per process).
-    /// In `mode = "observe"` nothing is resumed (resuming writes cgroups): the checkpoints stay,
+    /// In `mode = "Observe"` nothing is resumed (resuming writes cgroups): the checkpoints stay,
     /// their resizes are reported as Proposed, and a later synchronize in `enforce` resumes them.
     pub fn resume_checkpointed(self: &Arc<Self>) {
         if self.config().resize.mode == Mode::Observe {

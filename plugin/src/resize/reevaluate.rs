@@ -8,7 +8,7 @@
 //! - it **fits**: the desired resources are applied through the runtime link's
 //!   `UpdateContainers` (the pod cgroup raised first where KEP ordering needs it, as for a
 //!   kubelet update), and the record follows (`allocated` = desired, no state);
-//!   `mode = "observe"` only reports that it would;
+//!   `mode = "Observe"` only reports that it would;
 //! - it **still does not fit**: the record keeps waiting, with the state (Deferred or
 //!   Infeasible, which may have swapped) and the reason as of the new capacity.
 

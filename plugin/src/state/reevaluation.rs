@@ -12,7 +12,7 @@ use crate::policy::ResizeState;
 pub enum ReevaluationOutcome {
     /// It fits now and the runtime applied it.
     Applied,
-    /// It fits now; `mode = "observe"` leaves it.
+    /// It fits now; `mode = "Observe"` leaves it.
     WouldApply,
     /// Still (or now) Deferred.
     Deferred,

@@ -79,6 +79,84 @@ fn cgroup_text(ctrd: &Containerd, id: &str) -> String {
     )
 }
 
+/// What the observer measured and how: its strategies (eBPF programs, or the cgroup files it
+/// polls when a program could not load, with why), then each container's throttling, reclaim
+/// and OOM kills, from the status API (`GET /v1/status`).
+async fn observer_narration(api: &ApiClient, containers: &[(&str, &str)]) {
+    let status = api.status().await.expect("status API");
+    println!("\n== what the observer counted, and how");
+    match &status.observer {
+        None => println!("   the observer has not started"),
+        Some(o) => {
+            let s = &o.strategies;
+            let ebpf = |strategy: &str| {
+                if strategy.starts_with("unavailable") {
+                    "not measured"
+                } else if strategy.ends_with("_polling") {
+                    "polling cgroup files"
+                } else {
+                    "eBPF"
+                }
+            };
+            println!("   every {}ms; strategies in use:", o.interval_ms);
+            for (what, strategy) in [
+                ("CPU throttling", &s.throttle),
+                ("memory reclaim", &s.reclaim),
+                ("OOM kills", &s.oom),
+                ("CPU/memory hotplug", &s.hotplug),
+                ("pressure (PSI)", &s.pressure),
+            ] {
+                let how = if what == "pressure (PSI)" && !strategy.starts_with("unavailable") {
+                    "cgroup files"
+                } else {
+                    ebpf(strategy)
+                };
+                println!("     {what:<20} {strategy:<24} ({how})");
+            }
+            for f in &o.fallbacks {
+                println!("   fell back from {}: {}", f.program, f.reason);
+            }
+        }
+    }
+    let page = 4096;
+    for (pod, name) in containers {
+        let found = status
+            .pods
+            .iter()
+            .filter(|p| p.pod.full_name() == *pod)
+            .flat_map(|p| &p.containers)
+            .find(|c| c.name == *name);
+        let Some(observed) = found.and_then(|c| c.observed.as_ref()) else {
+            println!("   {pod}/{name}: not observed (yet)");
+            continue;
+        };
+        let throttled = observed.throttling.map_or("-".to_string(), |t| {
+            format!("throttled {} times ({:.2}s)", t.count, t.seconds)
+        });
+        let reclaimed = observed.reclaim.map_or("-".to_string(), |r| {
+            let pages = r
+                .pages
+                .map_or("? (not counted by this strategy)".to_string(), |p| {
+                    bytes_text(p.saturating_mul(page))
+                });
+            let direct = r.direct_reclaim_events.map_or(String::new(), |n| {
+                format!(
+                    ", {n} direct reclaims ({:.3}s)",
+                    r.direct_reclaim_seconds.unwrap_or(0.0)
+                )
+            });
+            format!("reclaimed {pages}{direct}")
+        });
+        let oom = observed
+            .oom
+            .map_or("-".to_string(), |o| format!("{} OOM kills", o.kills));
+        let by = observed.strategies.as_ref().map_or(String::new(), |s| {
+            format!(" [by {} / {} / {}]", s.throttle, s.reclaim, s.oom)
+        });
+        println!("   {pod}/{name}: {throttled}, {reclaimed}, {oom}{by}");
+    }
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
 #[expect(
     clippy::too_many_lines,
@@ -163,10 +241,11 @@ async fn main() {
         .args(["default/demo", "app=cpu=800m,memory=256Mi"])
         .output()
         .expect("run nri-resize resize");
+    // Its warning (stderr) first, as a person at a terminal reads it.
     print!(
         "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
     );
     assert!(out.status.success(), "nri-resize resize failed");
     let limits = ctrd.pod_cgroup_limits(&pod).expect("pod cgroup");
@@ -241,7 +320,9 @@ async fn main() {
             .map_or("-", nri_resize::policy::ResizeState::as_str),
         rec.reason
     );
-    println!("   (it stays there and turns Deferred, with the reason, after [memory_decrease] timeout_ms;");
+    println!(
+        "   (it stays there and turns Deferred, with the reason, after [memory_decrease] timeout;"
+    );
     println!("    kubelet re-sending the update is told the progress, then the reason)");
     let err = ctrd
         .update_container_resources(&worker, &Resources::limits(50_000, 40 * MIB))
@@ -252,6 +333,11 @@ async fn main() {
     );
     println!("     {}", err.message());
     show(&api, &mut since, "after the memory decrease").await;
+    observer_narration(
+        &api,
+        &[("default/demo", "app"), ("default/demo-mem", "worker")],
+    )
+    .await;
 
     println!("\n== `nri-resize status` as an operator sees it:");
     let out = std::process::Command::new(nri_resize_tests::plugin_binary())

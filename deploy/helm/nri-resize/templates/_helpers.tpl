@@ -38,8 +38,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 
 {{/* The daemon's configuration: .Values.config with [resize] mode from .Values.mode. */}}
 {{- define "nri-resize.config" -}}
-{{- if not (has .Values.mode (list "enforce" "observe")) }}
-{{- fail (printf "mode must be \"enforce\" or \"observe\", got %q" (toString .Values.mode)) }}
+{{- if not (has .Values.mode (list "Enforce" "Observe")) }}
+{{- fail (printf "mode must be \"Enforce\" or \"Observe\", got %q" (toString .Values.mode)) }}
 {{- end }}
 {{- $config := deepCopy (.Values.config | default dict) }}
 {{- if not (kindIs "map" (get $config "resize")) }}
@@ -52,7 +52,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{/* A map as a TOML document: its scalars, then each map below it as a [table] (nested maps as
 [table.sub]). Not Helm's toToml: values files reach templates with every number as a float64,
 which toToml writes as 1024.0 or 1.073741824e+09, and the daemon's integer keys refuse floats;
-here a whole number is written as an integer. Keys are the daemon's ([a-z_]), bare. */}}
+here a whole number is written as an integer. Sizes (Kubernetes quantities, "1Gi", "250m") and
+durations ("60s") are strings and written as TOML strings. Keys are the daemon's ([a-z_]), bare. */}}
 {{- define "nri-resize.toml" -}}
 {{- range $k, $v := . }}
 {{- if and (not (kindIs "map" $v)) (not (kindIs "invalid" $v)) }}

@@ -219,7 +219,7 @@ async fn infeasible_pod_limits_and_the_annotation_that_only_tightens() {
     let mut strict = pod();
     strict
         .annotations
-        .insert(crate::policy::POD_MODE_ANNOTATION.into(), "enforce".into());
+        .insert(crate::policy::POD_MODE_ANNOTATION.into(), "Enforce".into());
     let e = h
         .update_pod_sandbox(strict, None, Some(limits(3000, 512 * MI)))
         .await

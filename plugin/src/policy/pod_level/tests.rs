@@ -136,12 +136,14 @@ fn annotations_only_tighten_the_mode() {
     let ann = |v: &str| BTreeMap::from([(POD_MODE_ANNOTATION.to_owned(), v.to_owned())]);
     assert_eq!(effective_enforce(false, &BTreeMap::new()), (false, None));
     assert_eq!(effective_enforce(true, &BTreeMap::new()), (true, None));
-    assert_eq!(effective_enforce(false, &ann("enforce")), (true, None));
-    assert_eq!(effective_enforce(false, &ann(" observe ")), (false, None));
+    assert_eq!(effective_enforce(false, &ann("Enforce")), (true, None));
+    assert_eq!(effective_enforce(false, &ann(" Observe ")), (false, None));
     assert_eq!(
-        effective_enforce(true, &ann("observe")),
+        effective_enforce(true, &ann("Observe")),
         (true, Some(PodModeError::Looser))
     );
+    // One spelling (Kubernetes' CamelCase enum values): the lowercase one is unknown.
+    assert!(effective_enforce(false, &ann("enforce")).1.is_some());
     let (enforce, err) = effective_enforce(false, &ann("maybe"));
     assert!(!enforce);
     assert!(matches!(err, Some(PodModeError::Unknown { ref value }) if value == "maybe"));

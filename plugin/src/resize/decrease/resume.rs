@@ -1,5 +1,5 @@
 //! Staged decreases survive a restart: each is checkpointed in the state directory and resumed
-//! after the first synchronize; in `mode = "observe"` they are reported, not resumed.
+//! after the first synchronize; in `mode = "Observe"` they are reported, not resumed.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -42,7 +42,7 @@ impl Engine {
         Some((pod, ctr, desired))
     }
 
-    /// `mode = "observe"` at start: the checkpointed decreases and resizes are not resumed (that
+    /// `mode = "Observe"` at start: the checkpointed decreases and resizes are not resumed (that
     /// would write cgroups); each is logged and its container's record says so.
     pub(in crate::resize) fn report_checkpoints_in_observe_mode(&self) {
         let Some(store) = &self.checkpoints else {
