@@ -14,6 +14,11 @@ use nri_resize::api::ApiClient;
 use crate::util::tail_lines;
 use crate::Containerd;
 
+/// How long a started daemon may take to be ready (registered, synchronized, observer loaded).
+/// A bound on a wait for an outcome, not a speed target: the observer loads its eBPF programs at
+/// nice 10, and on a machine busy with builds or the VM tier's guests that took over 15 s.
+const READY_WITHIN: Duration = Duration::from_secs(90);
+
 /// The plugin binary: `$NRI_RESIZE_BIN`, else `target/debug/nri-resize` of this workspace,
 /// built once per test process if needed (with the feature `fault-injection`).
 pub fn plugin_binary() -> &'static Path {
@@ -104,7 +109,7 @@ impl PluginProcess {
             .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
             .collect();
         let mut p = PluginProcess::spawned(ctrd, name, Vec::new(), env);
-        p.wait_ready(Duration::from_secs(15)).await;
+        p.wait_ready(READY_WITHIN).await;
         p
     }
 
@@ -122,7 +127,7 @@ impl PluginProcess {
         }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let mut plugin = PluginProcess::start(ctrd, name, &args);
-        plugin.wait_ready(Duration::from_secs(15)).await;
+        plugin.wait_ready(READY_WITHIN).await;
         plugin
     }
 
