@@ -70,7 +70,7 @@ impl CapacityMetrics {
                 registry,
                 Gauge::with_opts(Opts::new(
                     "node_allocatable_cpu_cores",
-                    "Online CPUs minus the configured reserve ([resize] reserved_cpu_millicores), in cores.",
+                    "Online CPUs minus the configured reserve ([resize] reserved_cpu), in cores.",
                 )),
             )?,
             allocatable_memory: reg(
