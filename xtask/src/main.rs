@@ -164,126 +164,110 @@ fn test(fuzz_seconds: u64) -> anyhow::Result<()> {
     tier(&mut results, "format", || {
         run("rustfmt check", cargo().args(["fmt", "--all", "--check"]))
     });
-    // The VM tier is the longest: its guests boot as soon as what they read is built, and the
-    // host's tiers run beside them (each guest is one host thread; the host's tests mostly
-    // wait on containerd). Its per-suite reports print as each suite ends.
-    let vm_opts = vm::Options {
-        kernels: vm::KERNELS.to_vec(),
-        only: Vec::new(),
-        budget: vm::TIER_BUDGET,
-    };
-    let mut vm_summary = Vec::new();
-    let vm_started = Instant::now();
-    let vm_built = vm::build(&root(), &vm_opts, &mut vm_summary);
-    let vm_tier = std::thread::scope(|scope| {
-        let guests = scope.spawn(|| {
-            let outcome =
-                vm_built.and_then(|built| vm::run(&root(), &vm_opts, built, &mut vm_summary));
-            Tier {
-                name: "vm",
-                outcome: outcome.map_err(|e| format!("{e:#}")),
-                took: vm_started.elapsed(),
-            }
-        });
-        tier(&mut results, "lint", || {
-            run(
-                "clippy (warnings are errors)",
-                cargo().args([
-                    "clippy",
-                    "--workspace",
-                    "--all-targets",
-                    "--features",
-                    "nri-resize/fault-injection",
-                    "--",
-                    "-D",
-                    "warnings",
-                ]),
-            )
-        });
-        tier(&mut results, "unit", || {
-            run(
-                "unit tests (pure logic, in-process transport)",
-                cargo().args(["test", "--workspace", "--lib", "--bins"]),
-            )?;
-            run(
-                "the CLI on bad input; the module layering (no cycles, state below its users); a restart right after kill -9; the docs against the binary and their links",
-                cargo().args([
-                    "test",
-                    "-p",
-                    "nri-resize",
-                    "--test",
-                    "cli",
-                    "--test",
-                    "architecture",
-                    "--test",
-                    "restart",
-                    "--test",
-                    "docs",
-                ]),
-            )
-        });
-        tier(&mut results, "manifests", manifests_tier);
-        tier(&mut results, "kernel", || {
-            run(
-                "observer and cgroup I/O on the real kernel (eBPF + cgroupfs)",
-                cargo().args([
-                    "test",
-                    "-p",
-                    "nri-resize",
-                    "--test",
-                    "observer_kernel",
-                    "--test",
-                    "cgroup_kernel",
-                    "--",
-                    "--nocapture",
-                ]),
-            )?;
-            run(
-                "capacity watcher on the real kernel (cpuhp eBPF, uevents, sysfs; hotplug only in a VM)",
-                cargo().args([
-                    "test",
-                    "-p",
-                    "nri-resize",
-                    "--test",
-                    "capacity_kernel",
-                    "--",
-                    "--nocapture",
-                ]),
-            )
-        });
-        tier(&mut results, "containerd", || {
-            run("build the plugin binary", cargo().args(TEST_DAEMON_BUILD))?;
-            // The daemon's image from the binary just built (tests/tests/image_containerd.rs).
-            let archive = image::default_archive(&root());
-            image::build_archive(
-                &root().join("target/debug/nri-resize"),
-                &archive,
-                &image::image_name(),
-            )?;
-            run(
-                "real containerd 1.7 and 2.x through CRI",
-                cargo().env("NRI_RESIZE_IMAGE_ARCHIVE", &archive).args([
-                    "test",
-                    "-p",
-                    "nri-resize-tests",
-                    "--",
-                    "--nocapture",
-                ]),
-            )
-        });
-        tier(&mut results, "fuzz", || {
-            fuzz(&FUZZ_TARGETS, FuzzBudget::Seconds(fuzz_seconds))
-        });
-        guests.join().unwrap_or_else(|_| Tier {
-            name: "vm",
-            outcome: Err("the VM tier's thread panicked".into()),
-            took: vm_started.elapsed(),
-        })
+    tier(&mut results, "lint", || {
+        run(
+            "clippy (warnings are errors)",
+            cargo().args([
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--features",
+                "nri-resize/fault-injection",
+                "--",
+                "-D",
+                "warnings",
+            ]),
+        )
     });
-    if let Err(e) = &vm_tier.outcome {
-        eprintln!("\n!!! tier vm FAILED: {e}");
-    }
-    results.push(vm_tier);
+    tier(&mut results, "unit", || {
+        run(
+            "unit tests (pure logic, in-process transport)",
+            cargo().args(["test", "--workspace", "--lib", "--bins"]),
+        )?;
+        run(
+            "the CLI on bad input; the module layering (no cycles, state below its users); a restart right after kill -9; the docs against the binary and their links",
+            cargo().args([
+                "test",
+                "-p",
+                "nri-resize",
+                "--test",
+                "cli",
+                "--test",
+                "architecture",
+                "--test",
+                "restart",
+                "--test",
+                "docs",
+            ]),
+        )
+    });
+    tier(&mut results, "manifests", manifests_tier);
+    tier(&mut results, "kernel", || {
+        run(
+            "observer and cgroup I/O on the real kernel (eBPF + cgroupfs)",
+            cargo().args([
+                "test",
+                "-p",
+                "nri-resize",
+                "--test",
+                "observer_kernel",
+                "--test",
+                "cgroup_kernel",
+                "--",
+                "--nocapture",
+            ]),
+        )?;
+        run(
+            "capacity watcher on the real kernel (cpuhp eBPF, uevents, sysfs; hotplug only in a VM)",
+            cargo().args([
+                "test",
+                "-p",
+                "nri-resize",
+                "--test",
+                "capacity_kernel",
+                "--",
+                "--nocapture",
+            ]),
+        )
+    });
+    tier(&mut results, "containerd", || {
+        run("build the plugin binary", cargo().args(TEST_DAEMON_BUILD))?;
+        // The daemon's image from the binary just built (tests/tests/image_containerd.rs).
+        let archive = image::default_archive(&root());
+        image::build_archive(
+            &root().join("target/debug/nri-resize"),
+            &archive,
+            &image::image_name(),
+        )?;
+        run(
+            "real containerd 1.7 and 2.x through CRI",
+            cargo().env("NRI_RESIZE_IMAGE_ARCHIVE", &archive).args([
+                "test",
+                "-p",
+                "nri-resize-tests",
+                "--",
+                "--nocapture",
+            ]),
+        )
+    });
+    tier(&mut results, "fuzz", || {
+        fuzz(&FUZZ_TARGETS, FuzzBudget::Seconds(fuzz_seconds))
+    });
+    // The VM tier runs alone, after the host's: beside them, the guests (one busy host thread
+    // each) and the host's tests starved each other past their readiness waits and slowed the
+    // host's disk for the page-cache loads (tried: 3 + 3 failures in one run).
+    let mut vm_summary = Vec::new();
+    tier(&mut results, "vm", || {
+        vm::vm_test(
+            &root(),
+            &vm::Options {
+                kernels: vm::KERNELS.to_vec(),
+                only: Vec::new(),
+                budget: vm::TIER_BUDGET,
+            },
+            &mut vm_summary,
+        )
+    });
 
     eprintln!("\n==> summary ({} s in all)", started.elapsed().as_secs());
     for t in &results {

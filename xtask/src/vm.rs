@@ -360,8 +360,7 @@ pub fn vm_test(root: &Path, opts: &Options, summary: &mut Vec<String>) -> anyhow
 
 /// Everything the guests read from the host, built before any guest boots: the suites' test
 /// executables, the plugin binary and its image (copies of their own under `target/vm/`, which
-/// no later host build rewrites: the guests see the host's files while they run, and
-/// `cargo xtask test` runs the host's tiers beside them).
+/// no later host build rewrites while the guests read the host's files).
 pub fn build(root: &Path, opts: &Options, summary: &mut Vec<String>) -> anyhow::Result<Built> {
     let started = Instant::now();
     if let Some(dir) = std::env::var_os(CONTAINERD_BIN_ENV) {
@@ -1173,33 +1172,20 @@ impl Drop for Qemu {
 }
 
 /// QEMU gets SIGKILL when this process dies, even when it dies without unwinding (a `SIGTERM`
-/// from `timeout`, say), so no guest outlives its runner. It also runs at nice [`GUEST_NICE`]:
-/// `cargo xtask test` runs the host's tiers beside the guests, and a daemon under test there runs
-/// its observer at nice 10 (as on a node); against two guest threads at nice 0 its eBPF loading
-/// was starved past the harness's readiness wait. A guest still takes every cycle the host leaves.
-#[allow(
-    unsafe_code,
-    reason = "prctl and setpriority in the forked child, before exec"
-)]
+/// from `timeout`, say), so no guest outlives its runner.
+#[allow(unsafe_code, reason = "prctl in the forked child, before exec")]
 fn kill_with_parent(cmd: &mut Command) {
     use std::os::unix::process::CommandExt as _;
-    // SAFETY: prctl(PR_SET_PDEATHSIG) and setpriority(2) are async-signal-safe and touch no
-    // memory of the parent.
+    // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no memory of the parent.
     unsafe {
         cmd.pre_exec(|| {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if libc::setpriority(libc::PRIO_PROCESS, 0, GUEST_NICE) == -1 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });
     }
 }
-
-/// The guests' nice value (see [`kill_with_parent`]).
-const GUEST_NICE: libc::c_int = 5;
 
 /// A QMP connection.
 struct Qmp {
