@@ -291,18 +291,32 @@ async fn memory_decrease_strategies_reject_and_restart() {
     let plugin = PluginProcess::start_ready(&ctrd, "nri-resize", None).await;
     let api = plugin.api();
 
+    // containerd 1.7 (NRI v0.6) announces no request timeout: the plugin keeps to the default
+    // 2 s there, and in the VM tier's emulation 320 MiB of page cache can take longer than its
+    // 750 ms share (seen on 6.1: 36 MiB left), so the decrease continues staged, as it should.
+    // There the test asserts where it ends, on either path; on 2.x, the fast path itself.
+    let fast_path_certain = ctrd.containerd_version() == ContainerdVersion::V2;
     let id = loaded_container(&ctrd, "inline", &[], CACHE_AND_ANON, 440 * MIB).await;
     ctrd.update_container_resources(&id, &Resources::limits(100_000, 128 * MIB))
         .await
         .expect("page cache: reclaimed inside the update");
-    assert_eq!(
-        limit(&ctrd, &id),
-        128 * MIB,
-        "in place when the update returns"
-    );
+    if fast_path_certain {
+        assert_eq!(
+            limit(&ctrd, &id),
+            128 * MIB,
+            "in place when the update returns"
+        );
+        assert_eq!(resize_record(&api, &id).await.state, None);
+        assert!(outcome_count(&api, "inline").await >= 1.0);
+    } else {
+        let rec = settled(&api, &id, Duration::from_secs(120)).await;
+        assert_eq!(rec.state, None, "converged, inline or staged: {rec:?}");
+        assert_eq!(limit(&ctrd, &id), 128 * MIB, "in place once it converged");
+        assert!(
+            outcome_count(&api, "inline").await + outcome_count(&api, "converged").await >= 1.0
+        );
+    }
     assert_eq!(status_limit(&ctrd, &id).await, 128 * MIB);
-    assert_eq!(resize_record(&api, &id).await.state, None);
-    assert!(outcome_count(&api, "inline").await >= 1.0);
     assert!(running(&ctrd, &id).await);
     assert_eq!(oom_kills(&ctrd, &id), 0);
 
