@@ -27,8 +27,7 @@ use nri_resize_tests::{
 const MIB: i64 = 1 << 20;
 /// 400 MiB of clean page cache (written and fsynced: only this file is flushed, not every dirty
 /// page of the machine, which a busy host can take minutes to write) and 50 MiB held anonymous
-/// by a `dd` whose
-/// buffer stays allocated while it blocks writing into a pipe nobody reads.
+/// by a `dd` whose buffer stays allocated while it blocks writing into a pipe nobody reads.
 const CACHE_AND_ANON: &str =
     "dd if=/dev/zero of=/tmp/cache bs=1M count=400 conv=fsync 2>/dev/null; dd if=/dev/zero bs=50M count=1 2>/dev/null | sleep 3600";
 const ANON_300: &str = "dd if=/dev/zero bs=300M count=1 2>/dev/null | sleep 3600";
