@@ -70,6 +70,10 @@ pub enum ConfigError {
 ///
 /// [metrics]                     # docs/metrics.md
 /// cadvisor_duplicates = true    # false: leave out the per-container series cAdvisor exports too
+///
+/// [kubelet]                     # admission's reserve from kubelet (docs/configuration.md)
+/// config_file = ""              # kubelet's KubeletConfiguration, e.g. /var/lib/kubelet/config.yaml
+/// pods_cgroup = ""              # "": /kubepods.slice or /kubepods, whichever exists
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -88,6 +92,23 @@ pub struct Config {
     pub verdict: VerdictConfig,
     /// What `/metrics` exports.
     pub metrics: MetricsConfig,
+    /// Where admission's reserve is read from kubelet.
+    pub kubelet: KubeletConfig,
+}
+
+/// `[kubelet]`: kubelet's own reserve, read instead of `[resize]`'s where it can be
+/// (docs/configuration.md#the-node-reserve).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KubeletConfig {
+    /// kubelet's configuration file (`KubeletConfiguration`, YAML or JSON) as the daemon sees
+    /// it: its `systemReserved`, `kubeReserved` and `evictionHard` become admission's reserve.
+    /// `""`: not read, `[resize]`'s reserve is used.
+    pub config_file: PathBuf,
+    /// kubelet's pods cgroup, which holds the node's allocatable (`enforceNodeAllocatable`);
+    /// the reserve in use is checked against it. `""`: `/kubepods.slice` or `/kubepods`,
+    /// whichever exists.
+    pub pods_cgroup: String,
 }
 
 /// `[metrics]`: what `/metrics` exports (docs/metrics.md).
@@ -198,6 +219,7 @@ impl Default for Config {
             capacity: CapacityConfig::default(),
             verdict: VerdictConfig::default(),
             metrics: MetricsConfig::default(),
+            kubelet: KubeletConfig::default(),
         }
     }
 }
@@ -442,6 +464,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn kubelet_section_reads_paths() {
+        let cfg = Config::parse(
+            "[kubelet]\nconfig_file = \"/var/lib/kubelet/config.yaml\"\npods_cgroup = \"/kubepods.slice\"\n",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(
+            cfg.kubelet.config_file,
+            PathBuf::from("/var/lib/kubelet/config.yaml")
+        );
+        assert_eq!(cfg.kubelet.pods_cgroup, "/kubepods.slice");
+        assert_eq!(Config::default().kubelet.config_file, PathBuf::new());
+        let e = Config::parse("[kubelet]\nconfig = \"x\"\n", "t").unwrap_err();
+        assert!(e.to_string().contains("unknown field `config`"), "{e}");
+    }
+
+    #[test]
     fn the_top_level_keys_are_the_fields_of_the_configuration() {
         // Exhaustive: a new field does not compile until it is named here.
         let Config {
@@ -452,6 +491,7 @@ mod tests {
             capacity: _,
             verdict: _,
             metrics: _,
+            kubelet: _,
         } = Config::default();
         let mut fields = [
             "journal_size",
@@ -461,6 +501,7 @@ mod tests {
             "capacity",
             "verdict",
             "metrics",
+            "kubelet",
         ];
         fields.sort_unstable();
         let mut keys = Config::top_level_keys();

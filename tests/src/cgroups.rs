@@ -209,7 +209,7 @@ impl CgroupTree {
 
     /// Creates cgroup `cgroup` (absolute path below the tree) in every managed hierarchy,
     /// copying `cpuset.cpus`/`cpuset.mems` from the parent on v1.
-    pub(crate) fn create_cgroup(&self, cgroup: &str) {
+    pub fn create_cgroup(&self, cgroup: &str) {
         assert!(
             cgroup.starts_with(&self.path),
             "{cgroup} is not under {}",

@@ -607,6 +607,7 @@ const CHART_VALUES: &[&str] = &[
     "{}",
     r#"{"privileged": true}"#,
     r#"{"mode": "Observe"}"#,
+    r#"{"kubeletConfigFile": "/etc/kubernetes/kubelet/config.json"}"#,
     r#"{"config": {"memory_decrease": {"strategy": "Reject", "max_stall": 0.1, "timeout": "5s", "headroom": "32Mi"}, "resize": {"reserved_memory": "1.5Gi", "reserved_cpu": "250m", "step_pause": "500ms"}, "capacity": {"resync_interval": "5m"}, "policy": {"memory": {"decrease": "NotRequired"}}}}"#,
 ];
 
@@ -1094,4 +1095,48 @@ fn every_alert_fires_in_one_promtool_case_and_stays_silent_in_another() {
             );
         }
     }
+}
+
+/// `kubeletConfigFile`: the chart mounts that one file read-only (hostPath type `File`: a node
+/// without it does not start the pod, rather than run with another reserve than asked) and
+/// points `[kubelet] config_file` at it; unset, nothing of kubelet's is mounted.
+#[test]
+fn the_chart_mounts_kubelets_configuration_when_asked() {
+    let docs = helm(r#"{"kubeletConfigFile": "/etc/kubernetes/kubelet/config.json"}"#);
+    let ds = find(&docs, "DaemonSet");
+    let spec = &ds["spec"]["template"]["spec"];
+    let volume = spec["volumes"]
+        .as_sequence()
+        .expect("volumes")
+        .iter()
+        .find(|v| v["name"].as_str() == Some("kubelet-config"))
+        .expect("a kubelet-config volume");
+    assert_eq!(
+        s(&volume["hostPath"]["path"]),
+        "/etc/kubernetes/kubelet/config.json"
+    );
+    assert_eq!(s(&volume["hostPath"]["type"]), "File");
+    let mount = spec["containers"][0]["volumeMounts"]
+        .as_sequence()
+        .expect("mounts")
+        .iter()
+        .find(|m| m["name"].as_str() == Some("kubelet-config"))
+        .expect("mounted");
+    assert_eq!(s(&mount["mountPath"]), "/etc/kubelet/config.json");
+    assert_eq!(mount["readOnly"].as_bool(), Some(true));
+    let config = &configs(&docs)[0];
+    let table: toml::Table = toml::from_str(config).expect("config.toml");
+    assert_eq!(
+        table["kubelet"]["config_file"].as_str(),
+        Some("/etc/kubelet/config.json"),
+        "{config}"
+    );
+
+    let plain = helm("{}");
+    let text = serde_yaml::to_string(&plain).expect("YAML");
+    assert!(
+        !text.contains("kubelet-config"),
+        "nothing of kubelet's mounted by default"
+    );
+    assert!(!configs(&plain)[0].contains("[kubelet]"));
 }

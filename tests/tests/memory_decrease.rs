@@ -56,7 +56,11 @@ fn oom_kills(ctrd: &Containerd, id: &str) -> u64 {
 /// OOM kills counted in the pod cgroup: on v2 its `memory.events` counts its descendants' too,
 /// and it outlives a container whose cgroup is gone. `None` where the file cannot be read.
 fn pod_oom_kills(ctrd: &Containerd, pod: &Pod) -> Option<u64> {
-    let file = if v1(ctrd) { "memory.oom_control" } else { "memory.events" };
+    let file = if v1(ctrd) {
+        "memory.oom_control"
+    } else {
+        "memory.events"
+    };
     let dir = ctrd.cgroups().dir_for("memory", &pod.cgroup_parent);
     let text = std::fs::read_to_string(dir.join(file)).ok()?;
     nri_resize::observer::parse::oom_kill_count(&text)

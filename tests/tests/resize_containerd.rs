@@ -13,8 +13,8 @@ use nri_resize::policy::ResizeState;
 use nri_resize::resize::{ContainerTarget, PodResize, PodResizeRequest};
 use nri_resize_tests::cri::ContainerState;
 use nri_resize_tests::{
-    plugin_binary, resize_record, CgroupMode, ContainerSpec, Containerd, ContainerdOptions,
-    ContainerdVersion, PluginProcess, Pod, PodSpec, Resources,
+    plugin_binary, resize_record, scrape_metrics, CgroupMode, ContainerSpec, Containerd,
+    ContainerdOptions, ContainerdVersion, PluginProcess, Pod, PodSpec, Resources,
 };
 
 const MIB: i64 = 1 << 20;
@@ -271,7 +271,7 @@ async fn restart_happens_and_is_confirmed(version: ContainerdVersion) {
         plugin.log_tail(30)
     );
     assert_eq!(rec.state, None, "{rec:?}");
-    let metrics = nri_resize_tests::scrape_metrics(&api).await;
+    let metrics = scrape_metrics(&api).await;
     assert_eq!(
         (
             sample(
@@ -896,7 +896,7 @@ async fn a_cli_killed_mid_resize_leaves_the_resize_running_and_the_next_one_runs
     .expect("the next resize");
     check_steps(&next, "next resize");
     assert_cgroups(&ctrd, &pod, &ids, &second, "next resize").await;
-    let metrics = nri_resize_tests::scrape_metrics(&api).await;
+    let metrics = scrape_metrics(&api).await;
     let in_progress = sample(&metrics, "nri_resize_memory_decrease_reclaims_in_progress");
     assert!(
         in_progress < 0.5,
@@ -935,4 +935,156 @@ async fn a_cli_killed_mid_resize_leaves_the_resize_running_and_the_next_one_runs
     .await;
     check_steps(&resumed, "resumed after SIGTERM");
     assert_cgroups(&ctrd, &pod, &ids, &third, "resumed after SIGTERM").await;
+}
+
+/// The node's online CPUs in millicores, kubelet's configuration file (keeping all CPUs but
+/// 500m back, and 512Mi of memory plus the default 100Mi eviction), and a pods cgroup (the
+/// harness's own, standing in for kubepods) holding 1Gi less than the node, unlike the file.
+fn kubelet_files(ctrd: &Containerd) -> (u64, std::path::PathBuf, String) {
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online").expect("online CPUs");
+    let cpus = nri_resize::policy::CpuSet::parse(online.trim())
+        .expect("cpu list")
+        .count();
+    let cpu_millis = u64::from(cpus) * 1000;
+    let kubelet_file = ctrd.base_dir().join("kubelet-config.yaml");
+    std::fs::write(
+        &kubelet_file,
+        format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nsystemReserved:\n  cpu: 250m\n  memory: 256Mi\nkubeReserved:\n  cpu: {}m\n  memory: 256Mi\n",
+            cpu_millis - 750
+        ),
+    )
+    .expect("write the kubelet configuration");
+    let mem_total = nri_resize::capacity::SysReader::new("/")
+        .mem_total()
+        .expect("MemTotal");
+    let pods_cgroup = format!("{}/kubepods", ctrd.cgroups().path());
+    ctrd.cgroups().create_cgroup(&pods_cgroup);
+    ctrd.cgroups()
+        .set_limits(
+            &pods_cgroup,
+            &nri_resize_tests::CgroupLimits {
+                cpu_quota: None,
+                cpu_period: 100_000,
+                cpu_shares: nri_resize::policy::millis_to_shares(500),
+                memory_limit: Some(mem_total - (1 << 30)),
+            },
+        )
+        .expect("pods cgroup limits");
+    (cpu_millis, kubelet_file, pods_cgroup)
+}
+
+/// The capacity watcher's allocatable CPU gauge line, once it is exported (its first reading
+/// follows the observer's start).
+async fn allocatable_cpu_line(api: &nri_resize::api::ApiClient) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let metrics = scrape_metrics(api).await;
+        if let Some(line) = metrics
+            .lines()
+            .find(|l| l.starts_with("nri_resize_node_allocatable_cpu_cores "))
+        {
+            return line.to_owned();
+        }
+        assert!(Instant::now() < deadline, "no allocatable CPU gauge");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Admission keeps back what kubelet keeps back: with `[kubelet] config_file` kubelet's
+/// reserve decides admission (a resize that fits the node with `[resize]`'s reserve is
+/// Infeasible with kubelet's), a `[resize]` reserve unlike kubelet's is reported, and so is a
+/// pods cgroup that holds less than the file says (kubelet running with other settings). Without
+/// the file, the same resize is admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn admission_reserve_comes_from_kubelet() {
+    let ctrd = Containerd::start(ContainerdVersion::V1_7, ContainerdOptions::default()).await;
+    let (cpu_millis, kubelet_file, pods_cgroup) = kubelet_files(&ctrd);
+    let config = format!(
+        "[resize]\nreserved_cpu = \"100m\"\n[kubelet]\nconfig_file = \"{}\"\npods_cgroup = \"{pods_cgroup}\"\n",
+        kubelet_file.display()
+    );
+    let plugin = PluginProcess::start_ready(&ctrd, "nri-resize", Some(&config)).await;
+    let api = plugin.api();
+
+    let status = api.status().await.expect("status");
+    let reserve = status.reserve.expect("the status has a reserve section");
+    eprintln!("reserve: {reserve:?}");
+    assert_eq!(
+        reserve.source,
+        nri_resize::state::ReserveSource::KubeletConfig
+    );
+    assert_eq!(reserve.cpu_millis, cpu_millis - 500);
+    assert_eq!(reserve.memory_bytes, (512 + 100) << 20);
+    assert_eq!(reserve.pods_cgroup.as_deref(), Some(pods_cgroup.as_str()));
+    let problems = reserve.problems.join("\n");
+    assert!(
+        problems.contains("cpu: [resize] reserved_cpu is 100m but kubelet reserves"),
+        "{problems}"
+    );
+    assert!(
+        problems.contains("memory: kubelet's pods cgroup holds")
+            && problems.contains("keeps 1Gi back"),
+        "{problems}"
+    );
+    let metrics = scrape_metrics(&api).await;
+    for resource in ["memory", "cpu"] {
+        assert!(
+            metrics.contains(&format!(
+                "nri_resize_node_reserve_mismatch{{resource=\"{resource}\"}} 1"
+            )),
+            "{resource} mismatch exported"
+        );
+    }
+    // The capacity watcher's gauges use the same reserve.
+    let allocatable = allocatable_cpu_line(&api).await;
+    assert_eq!(
+        allocatable, "nri_resize_node_allocatable_cpu_cores 0.5",
+        "allocatable CPU follows kubelet's reserve"
+    );
+
+    // 10m → 1 CPU: fits the node's CPUs, not kubelet's 500m allocatable.
+    let (_, ids) = pod_with(
+        &ctrd,
+        "reserve",
+        &[],
+        Resources::limits(400_000, 0),
+        &[("app", Resources::limits(1_000, 64 * MIB))],
+    )
+    .await;
+    let err = ctrd
+        .update_container_resources(&ids[0], &Resources::limits(100_000, 64 * MIB))
+        .await
+        .expect_err("kubelet's reserve leaves 500m: 1 CPU is infeasible");
+    assert!(err.message().contains("Infeasible"), "{err:?}");
+    let rec = resize_record(&api, &ids[0]).await;
+    assert_eq!(rec.state, Some(ResizeState::Infeasible), "{rec:?}");
+    assert!(rec.reason.contains("CPU"), "the reason names CPU: {rec:?}");
+    drop(plugin);
+
+    // Without kubelet's file, `[resize]`'s reserve (100m) decides: the same resize fits. The
+    // pods cgroup still keeps more memory back than `[resize]` does: reported.
+    let config =
+        format!("[resize]\nreserved_cpu = \"100m\"\n[kubelet]\npods_cgroup = \"{pods_cgroup}\"\n");
+    let plugin = PluginProcess::start_ready(&ctrd, "nri-resize", Some(&config)).await;
+    let reserve = plugin
+        .api()
+        .status()
+        .await
+        .expect("status")
+        .reserve
+        .expect("reserve");
+    assert_eq!(reserve.source, nri_resize::state::ReserveSource::Config);
+    assert_eq!(reserve.cpu_millis, 100);
+    assert!(
+        reserve.problems.iter().any(|p| p.starts_with(
+            "memory: [resize] reserved_memory is 0 but kubelet's pods cgroup keeps 1Gi back"
+        )),
+        "{:?}",
+        reserve.problems
+    );
+    ctrd.update_container_resources(&ids[0], &Resources::limits(100_000, 64 * MIB))
+        .await
+        .expect("[resize]'s reserve admits it");
+    assert_eq!(cpu_quota(&ctrd, &ids[0]), 100_000);
 }

@@ -68,6 +68,10 @@ pub struct Status {
     /// capacity watcher runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<crate::state::NodeStatus>,
+    /// What admission keeps back from the node, where from, and where it disagrees with
+    /// kubelet's, once checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserve: Option<crate::state::ReserveStatus>,
 }
 
 /// A pod with its containers: the model's [`PodView`] JSON, each container with `observed`.
@@ -334,6 +338,7 @@ fn status_of(state: &NodeState, link: &RuntimeLink) -> Status {
         metrics_addr: state.metrics_addr.read_locked().map(|a| a.to_string()),
         state_dir: state.state_dir.locked().clone(),
         node: state.capacity.read_locked().clone(),
+        reserve: state.reserve.read_locked().clone(),
     }
 }
 

@@ -149,6 +149,7 @@ mod tests {
             observer: None,
             metrics_addr: None,
             node: None,
+            reserve: None,
             state_dir: crate::state::StateDirStatus::default(),
         }
     }

@@ -110,6 +110,7 @@ mod tests {
             metrics_addr: None,
             state_dir: crate::state::StateDirStatus::default(),
             node: None,
+            reserve: None,
         }
     }
 

@@ -225,6 +225,9 @@ pub fn render_status(s: &Status, resizes: &Resizes, page_size: u64, now_ms: u64)
     if let Some(node) = &s.node {
         let _ = writeln!(out, "{}", crate::capacity::node_line(node, now_ms));
     }
+    if let Some(reserve) = &s.reserve {
+        let _ = writeln!(out, "{}", reserve.line());
+    }
     if !s.state_dir.problems.is_empty() {
         let _ = writeln!(
             out,
@@ -371,6 +374,7 @@ mod tests {
             observer: None,
             metrics_addr: Some("127.0.0.1:9464".into()),
             node: None,
+            reserve: None,
             state_dir: crate::state::StateDirStatus::default(),
         }
     }

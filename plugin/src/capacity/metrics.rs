@@ -4,8 +4,8 @@
 //! |---|---|---|
 //! | `nri_resize_node_capacity_cpu_cores` | | online CPUs |
 //! | `nri_resize_node_capacity_memory_bytes` | | `MemTotal` |
-//! | `nri_resize_node_allocatable_cpu_cores` | | online CPUs minus the configured reserve |
-//! | `nri_resize_node_allocatable_memory_bytes` | | `MemTotal` minus the configured reserve |
+//! | `nri_resize_node_allocatable_cpu_cores` | | online CPUs minus the reserve (kubelet's or `[resize]`'s) |
+//! | `nri_resize_node_allocatable_memory_bytes` | | `MemTotal` minus the reserve (kubelet's or `[resize]`'s) |
 //! | `nri_resize_node_capacity_changes_total` | `resource`, `direction` | capacity changes seen (`up`, `down`, `same`) |
 //! | `nri_resize_node_capacity_detection_seconds` | `source` | kernel event (cpuhp timestamp / uevent arrival) to metric update |
 //! | `nri_resize_node_capacity_events_total` | `source` | events that made the watcher re-read (`cpuhp`, `uevent`, `resync`) |
@@ -70,14 +70,14 @@ impl CapacityMetrics {
                 registry,
                 Gauge::with_opts(Opts::new(
                     "node_allocatable_cpu_cores",
-                    "Online CPUs minus the configured reserve ([resize] reserved_cpu), in cores.",
+                    "Online CPUs minus the reserve (kubelet's with [kubelet] config_file, else [resize] reserved_cpu), in cores.",
                 )),
             )?,
             allocatable_memory: reg(
                 registry,
                 Gauge::with_opts(Opts::new(
                     "node_allocatable_memory_bytes",
-                    "MemTotal minus the configured reserve ([resize] reserved_memory), in bytes.",
+                    "MemTotal minus the reserve (kubelet's with [kubelet] config_file, else [resize] reserved_memory), in bytes.",
                 )),
             )?,
             changes: reg(

@@ -211,11 +211,8 @@ impl Watcher {
     }
 
     fn reserves(&self) -> (u64, u64) {
-        let cfg = self.state.config.read_locked();
-        (
-            cfg.resize.reserved_cpu_millicores,
-            cfg.resize.reserved_memory,
-        )
+        let r = self.state.node_reserve();
+        (r.cpu_millis, r.memory_bytes)
     }
 
     fn update_gauges(&mut self) {

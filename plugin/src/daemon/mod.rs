@@ -13,6 +13,7 @@ mod off_worker;
 mod pod_level;
 mod pod_read;
 mod read_back;
+mod reserve;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -172,6 +173,8 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
         stop_rx,
         Some(hotplug_tx),
     )?;
+    // Before the first NRI session and the capacity watcher's first gauges.
+    let reserve_task = reserve::start(&state, NodeReader::new("/"), &cancel).await;
     let capacity_task = spawn_capacity(&state, &engine, hotplug_rx, &cancel);
 
     let handler = Arc::new(
@@ -196,6 +199,7 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
             warn!(%err, "capacity watcher task ended abnormally");
         }
     }
+    reserve::stop(reserve_task).await;
     drop(stop_observer);
     if let Err(err) = api_server.await {
         warn!(%err, "status API task ended abnormally");

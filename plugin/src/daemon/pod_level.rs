@@ -17,13 +17,13 @@ use tracing::{info, warn};
 use super::handler::ModelHandler;
 use super::pod_read::read_pod;
 use crate::clock::now_ms;
-use crate::config::{Mode, ResizeConfig};
+use crate::config::Mode;
 use crate::model::{ContainerState, LinuxResources, Pod, PodLimits};
 use crate::nri::Rejection;
 use crate::policy::{
     admit_pod_level, effective_enforce, with_overhead, Admission, Limits, ResizeState,
 };
-use crate::state::{limits_text, PodLevelStatus};
+use crate::state::{limits_text, NodeReserve, PodLevelStatus};
 use crate::sync::ReadWriteLocked as _;
 
 impl ModelHandler {
@@ -42,7 +42,7 @@ impl ModelHandler {
             self.node_reader().cloned(),
             snapshot,
             pod.cgroup_parent.clone(),
-            cfg.resize.clone(),
+            state.node_reserve(),
         )
         .await;
         let overhead = overhead.or(pod.overhead.as_ref());
@@ -121,13 +121,12 @@ impl ModelHandler {
         let Some(desired) = state.pod_level(|m| m.get(&pod.id).map(|r| r.desired)) else {
             return;
         };
-        let reserve = ResizeConfig::default();
         let read = read_pod(
             state.cgroups.clone(),
             None,
             None,
             pod.cgroup_parent.clone(),
-            reserve,
+            NodeReserve::default(),
         )
         .await;
         let mut drift = None;

@@ -7,10 +7,10 @@ use std::time::Duration;
 use tracing::warn;
 
 use crate::cgroup::{pod_path, CgroupError, CgroupIo, Cgroups};
-use crate::config::ResizeConfig;
 use crate::model::PodLimits;
 use crate::policy::NodeCapacity;
 use crate::resize::node::NodeReader;
+use crate::state::NodeReserve;
 use crate::state::NodeStatus;
 
 /// How long a pod-level handler may spend reading the pod cgroup and the node.
@@ -44,7 +44,7 @@ pub(super) async fn read_pod(
     node: Option<NodeReader>,
     snapshot: Option<NodeStatus>,
     cgroup_parent: String,
-    reserve: ResizeConfig,
+    reserve: NodeReserve,
 ) -> PodRead {
     let work = tokio::task::spawn_blocking(move || {
         let actual = match &cgroups {
@@ -60,7 +60,7 @@ pub(super) async fn read_pod(
                 .map_err(PodReadError::from),
         };
         let node = node.and_then(|n| {
-            n.capacity_with(snapshot.as_ref(), &reserve)
+            n.capacity_with(snapshot.as_ref(), reserve)
                 .map_err(|e| warn!(error = %e, "node capacity unknown for pod-level admission"))
                 .ok()
         });

@@ -158,8 +158,9 @@ pub const CATALOG: &[Entry] = &[
     // Node capacity.
     e("nri_resize_node_capacity_cpu_cores", Kind::Gauge, "cores", &[], "online CPUs of the node"),
     e("nri_resize_node_capacity_memory_bytes", Kind::Gauge, "bytes", &[], "memory of the node (`MemTotal`)"),
-    e("nri_resize_node_allocatable_cpu_cores", Kind::Gauge, "cores", &[], "online CPUs minus `[resize] reserved_cpu`"),
-    e("nri_resize_node_allocatable_memory_bytes", Kind::Gauge, "bytes", &[], "`MemTotal` minus `[resize] reserved_memory`"),
+    e("nri_resize_node_allocatable_cpu_cores", Kind::Gauge, "cores", &[], "online CPUs minus the reserve: kubelet's (`[kubelet] config_file`) or `[resize] reserved_cpu`"),
+    e("nri_resize_node_allocatable_memory_bytes", Kind::Gauge, "bytes", &[], "`MemTotal` minus the reserve: kubelet's (`[kubelet] config_file`) or `[resize] reserved_memory`"),
+    e("nri_resize_node_reserve_mismatch", Kind::Gauge, "1", &["resource"], "1 when admission's node reserve disagrees with kubelet's (its configuration file or its pods cgroup) for `memory` or `cpu`; `/v1/status` says how"),
     e("nri_resize_node_capacity_changes_total", Kind::Counter, "changes", &["resource", "direction"], "capacity changes seen (`cpu`, `memory`; `up`, `down`, `same`: other CPUs, same count)"),
     experimental(e("nri_resize_node_capacity_detection_seconds", Kind::Histogram, "seconds", &["source"], "from the kernel event (cpuhp timestamp / uevent arrival) to the metric update")),
     experimental(e("nri_resize_node_capacity_events_total", Kind::Counter, "events", &["source"], "events that made the capacity watcher re-read (`cpuhp`, `uevent`, `resync`)")),

@@ -12,6 +12,7 @@ mod containers;
 mod decrease;
 mod openmetrics;
 mod pod;
+mod reserve;
 mod restart;
 mod series;
 mod server;
@@ -33,6 +34,7 @@ pub use containers::ContainerLabels;
 use containers::{ContainerFamilies, LimitValues};
 pub use decrease::{DecreaseMetrics, DecreaseOutcome};
 pub use pod::PodMetrics;
+pub use reserve::ReserveMetrics;
 pub use restart::{RestartMetrics, RestartOutcome};
 pub use series::ContainerSeries;
 pub use server::{serve, serve_with, Limits, MetricsServer, Readiness};
@@ -105,6 +107,8 @@ pub struct Metrics {
     pub pod: PodMetrics,
     /// Verdicts on applied resizes.
     pub verdict: VerdictMetrics,
+    /// Admission's node reserve against kubelet's.
+    pub reserve: ReserveMetrics,
 }
 
 impl fmt::Debug for Metrics {
@@ -276,6 +280,7 @@ impl Metrics {
             confirmation: ConfirmationMetrics::new(r)?,
             pod: PodMetrics::new(r)?,
             verdict: VerdictMetrics::new(r)?,
+            reserve: ReserveMetrics::new(r)?,
             registry,
         })
     }

@@ -75,6 +75,7 @@ mod admission;
 mod annotation;
 mod decision;
 mod invariants;
+mod kubelet_reserve;
 mod limits;
 mod memory_decrease;
 mod pacer;
@@ -99,6 +100,10 @@ pub use annotation::{
 };
 pub use decision::{changes, decide, Decision};
 pub use invariants::{check_invariants, Violation};
+pub use kubelet_reserve::{
+    compare as compare_reserves, Configured, Effective, EvictionThreshold, KubeletConfigError,
+    KubeletReserve, Mismatch, NodeTotals, PodsCgroup, ReserveResource,
+};
 pub use limits::{Limits, LimitsUpdate, PlanOptions, PodResources};
 pub use memory_decrease::{
     effective_decrease_strategy, mib, not_reclaimable_reason, parse_decrease_annotation,

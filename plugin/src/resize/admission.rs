@@ -24,10 +24,12 @@ impl Engine {
         this_pod: Option<&PodAllocation>,
         desired: &BTreeMap<String, Quantities>,
     ) -> Admission {
-        let cfg = self.config();
         // The capacity watcher's snapshot: no file read on an update.
         let snapshot = self.state.capacity.read_locked().clone();
-        let node = match self.node.capacity_with(snapshot.as_ref(), &cfg.resize) {
+        let node = match self
+            .node
+            .capacity_with(snapshot.as_ref(), self.state.node_reserve())
+        {
             Ok(n) => n,
             Err(e) => {
                 warn!(error = %e, "node capacity unknown; admitting without node checks");

@@ -6,9 +6,8 @@ use std::path::{Path, PathBuf};
 
 use crate::capacity::snapshot::ReadError;
 use crate::capacity::SysReader;
-use crate::config::ResizeConfig;
 use crate::policy::{AdmissionError, CpuSet, NodeCapacity};
-use crate::state::NodeStatus;
+use crate::state::{NodeReserve, NodeStatus};
 
 /// Node capacity could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -56,12 +55,12 @@ impl NodeReader {
         Ok((path, text))
     }
 
-    /// The capacity from the watcher's `snapshot` when there is one, else read now; with the
-    /// `[resize]` reserves kept back for the system.
+    /// The capacity from the watcher's `snapshot` when there is one, else read now; with
+    /// `reserve` kept back for the system (kubelet's, or `[resize]`'s).
     pub fn capacity_with(
         &self,
         snapshot: Option<&NodeStatus>,
-        reserve: &ResizeConfig,
+        reserve: NodeReserve,
     ) -> Result<NodeCapacity, NodeError> {
         let Some(s) = snapshot.filter(|s| s.memory_bytes > 0) else {
             return self.capacity(reserve);
@@ -73,14 +72,14 @@ impl NodeReader {
         Ok(NodeCapacity {
             online_cpus_millis: u64::from(online_cpus.count()) * 1000,
             memory_bytes: s.memory_bytes,
-            reserved_memory_bytes: reserve.reserved_memory,
+            reserved_memory_bytes: reserve.memory_bytes,
             online_cpus,
-            reserved_cpu_millis: reserve.reserved_cpu_millicores,
+            reserved_cpu_millis: reserve.cpu_millis,
         })
     }
 
-    /// The node's capacity read now, with the `[resize]` reserves kept back for the system.
-    pub fn capacity(&self, reserve: &ResizeConfig) -> Result<NodeCapacity, NodeError> {
+    /// The node's capacity read now, with `reserve` kept back for the system.
+    pub fn capacity(&self, reserve: NodeReserve) -> Result<NodeCapacity, NodeError> {
         let (cpu_path, online) = self.read("sys/devices/system/cpu/online")?;
         let online_cpus = CpuSet::parse(online.trim()).map_err(|source| NodeError::Cpus {
             path: cpu_path,
@@ -92,9 +91,9 @@ impl NodeReader {
         Ok(NodeCapacity {
             online_cpus_millis: u64::from(online_cpus.count()) * 1000,
             memory_bytes,
-            reserved_memory_bytes: reserve.reserved_memory,
+            reserved_memory_bytes: reserve.memory_bytes,
             online_cpus,
-            reserved_cpu_millis: reserve.reserved_cpu_millicores,
+            reserved_cpu_millis: reserve.cpu_millis,
         })
     }
 }
@@ -104,11 +103,10 @@ mod tests {
     use super::*;
     use crate::capacity::snapshot::fixture::meminfo;
 
-    fn reserve(memory: u64) -> ResizeConfig {
-        ResizeConfig {
-            reserved_memory: memory,
-            reserved_cpu_millicores: 250,
-            ..ResizeConfig::default()
+    fn reserve(memory: u64) -> NodeReserve {
+        NodeReserve {
+            memory_bytes: memory,
+            cpu_millis: 250,
         }
     }
 
@@ -125,7 +123,7 @@ mod tests {
     fn reads_cpus_and_memory() {
         let dir = fixture("0-3,6\n", &meminfo(24_576_000));
         let cap = NodeReader::new(dir.path())
-            .capacity(&reserve(1 << 30))
+            .capacity(reserve(1 << 30))
             .unwrap();
         assert_eq!(cap.online_cpus_millis, 5000);
         assert_eq!(cap.memory_bytes, 24_576_000 * 1024);
@@ -141,7 +139,7 @@ mod tests {
             ..NodeStatus::default()
         };
         let cap = NodeReader::new("/nonexistent")
-            .capacity_with(Some(&snapshot), &reserve(1 << 30))
+            .capacity_with(Some(&snapshot), reserve(1 << 30))
             .unwrap();
         assert_eq!(cap.online_cpus_millis, 8000);
         assert_eq!(cap.memory_bytes, 32 << 30);
@@ -149,7 +147,7 @@ mod tests {
         // No snapshot yet (the watcher's first reading pending): read the files.
         let dir = fixture("0-1\n", &meminfo(1024));
         let cap = NodeReader::new(dir.path())
-            .capacity_with(Some(&NodeStatus::default()), &reserve(0))
+            .capacity_with(Some(&NodeStatus::default()), reserve(0))
             .unwrap();
         assert_eq!((cap.online_cpus_millis, cap.memory_bytes), (2000, 1 << 20));
     }
@@ -158,18 +156,18 @@ mod tests {
     fn bad_files_are_clear_errors() {
         let dir = fixture("zero\n", "MemTotal: 5 MB\n");
         let err = NodeReader::new(dir.path())
-            .capacity(&reserve(0))
+            .capacity(reserve(0))
             .unwrap_err()
             .to_string();
         assert!(err.contains("online"), "{err}");
         let dir = fixture("0\n", "nothing\n");
         let err = NodeReader::new(dir.path())
-            .capacity(&reserve(0))
+            .capacity(reserve(0))
             .unwrap_err()
             .to_string();
         assert!(err.contains("meminfo") && err.contains("MemTotal"), "{err}");
         let err = NodeReader::new("/nonexistent")
-            .capacity(&reserve(0))
+            .capacity(reserve(0))
             .unwrap_err()
             .to_string();
         assert!(err.contains("/nonexistent"), "{err}");

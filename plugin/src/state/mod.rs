@@ -14,6 +14,7 @@ mod fixtures;
 mod observed;
 mod pod_level;
 mod reevaluation;
+mod reserve;
 mod state_dir;
 mod verdict;
 mod verdict_history;
@@ -30,6 +31,7 @@ pub use confirm::{desired_matches, differences, TakenUpdate};
 pub use observed::{Confirmation, ContainerObservation, Observed, ObserverInfo, Target};
 pub use pod_level::{limits_text, PodLevelStatus};
 pub use reevaluation::{Reevaluation, ReevaluationOutcome};
+pub use reserve::{NodeReserve, ReserveSource, ReserveStatus};
 pub use state_dir::StateDirStatus;
 pub use verdict::{counter_sample, ResizeVerdict, Verdicts};
 
@@ -68,6 +70,8 @@ pub struct NodeState {
     pub pod_level: Mutex<HashMap<String, PodLevelStatus>>,
     /// Counter history, pending and recorded verdicts on applied resizes.
     pub verdicts: Mutex<Verdicts>,
+    /// Admission's node reserve and its comparison with kubelet's, once checked.
+    pub reserve: RwLock<Option<ReserveStatus>>,
 }
 
 impl NodeState {
@@ -95,7 +99,26 @@ impl NodeState {
             capacity: RwLock::new(None),
             pod_level: Mutex::new(HashMap::new()),
             verdicts: Mutex::new(Verdicts::default()),
+            reserve: RwLock::new(None),
         })
+    }
+
+    /// What admission keeps back from the node: kubelet's reserve when its configuration was
+    /// read, else `[resize] reserved_memory` / `reserved_cpu`.
+    pub fn node_reserve(&self) -> NodeReserve {
+        if let Some(r) = self
+            .reserve
+            .read_locked()
+            .as_ref()
+            .and_then(ReserveStatus::from_kubelet)
+        {
+            return r;
+        }
+        let cfg = self.config.read_locked();
+        NodeReserve {
+            memory_bytes: cfg.resize.reserved_memory,
+            cpu_millis: cfg.resize.reserved_cpu_millicores,
+        }
     }
 
     /// Records a state-directory problem for the status API (it is logged by the caller).

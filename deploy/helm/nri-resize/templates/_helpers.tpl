@@ -46,6 +46,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- $_ := set $config "resize" dict }}
 {{- end }}
 {{- $_ := set $config.resize "mode" .Values.mode }}
+{{- if .Values.kubeletConfigFile }}
+{{- if not (kindIs "map" (get $config "kubelet")) }}
+{{- $_ := set $config "kubelet" dict }}
+{{- end }}
+{{- $_ := set $config.kubelet "config_file" (include "nri-resize.kubeletConfigMount" .) }}
+{{- end }}
 {{- include "nri-resize.toml" $config }}
 {{- end }}
 
@@ -91,4 +97,9 @@ durations ("60s") are strings and written as TOML strings. Keys are the daemon's
 {{- else if kindIs "slice" . }}[{{ range $i, $e := . }}{{ if $i }}, {{ end }}{{ include "nri-resize.tomlValue" $e }}{{ end }}]
 {{- else }}{{ fail (printf "config: cannot write %v (%s) as TOML" . (kindOf .)) }}
 {{- end }}
+{{- end }}
+
+{{/* Where the daemon sees kubelet's configuration file (kubeletConfigFile, mounted read-only). */}}
+{{- define "nri-resize.kubeletConfigMount" -}}
+/etc/kubelet/{{ base .Values.kubeletConfigFile }}
 {{- end }}
