@@ -109,11 +109,16 @@ fn memory_stall_us(ctrd: &Containerd, id: &str) -> u64 {
 }
 
 fn probe_windows(ctrd: &Containerd, id: &str) -> Vec<probe::Window> {
+    probe_log(ctrd, id).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The probe's windows so far, or why its log cannot be read (not written yet).
+fn probe_log(ctrd: &Containerd, id: &str) -> Result<Vec<probe::Window>, String> {
     let procs = ctrd.read_container_cgroup(id, "cgroup.procs");
     let pid = procs.lines().next().expect("the probe's pid");
     let path = format!("/proc/{pid}/root/tmp/probe.log");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {path}: {e}"));
-    probe::parse(&text)
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("read {path}: {e}"))?;
+    Ok(probe::parse(&text))
 }
 
 /// Decreases one probe container through `plugin` (or, without one, the runtime alone).
@@ -124,8 +129,22 @@ async fn decrease(
 ) -> Figures {
     let script = probe::command("/tmp/probe.data", 400, 100, "/tmp/probe.log");
     let (pod, id) = ctrd.loaded_pod(name, &[], &script, 390 * MIB).await;
-    // Undisturbed: after the file is written and a few windows have passed.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Undisturbed: once the probe reads (the file written, its first windows out; usage passes
+    // 390 MiB before that, seconds before in a slow guest: the unpaced run on 6.1 once had no
+    // window before its decrease) and a few more windows have passed.
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let log = probe_log(ctrd, &id);
+        if log.as_ref().is_ok_and(|w| w.len() >= 2) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name}: the probe wrote no windows in 180 s: {log:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let b0 = SystemTime::now();
     tokio::time::sleep(SPAN).await;
     let b1 = SystemTime::now();
