@@ -508,3 +508,70 @@ fn the_kernels_refusals_come_back_as_distinct_errors() {
         }
     }
 }
+
+/// `memory.high` belongs to whoever set it (kubelet's `MemoryQoS` writes it): the reclaim loop's
+/// `memory.high` path (kernels before 5.19 have no `memory.reclaim`; forced here) reclaims page
+/// cache on a real memcg and leaves the value it found, not `max`. cgroup v2 only.
+#[test]
+#[ignore = "cgroup v2 only (memory.high): the vm tier runs it with --include-ignored"]
+fn staged_reclaim_by_memory_high_puts_back_the_value_it_found() {
+    use nri_resize::policy::Share;
+    use nri_resize::resize::reclaim::{reclaim_to, ReclaimJob, ReclaimOutcome};
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut tree = Tree::create("high");
+    let io = tree.cgroups.clone();
+    assert_eq!(
+        io.version(),
+        CgroupVersion::V2,
+        "memory.high is cgroup v2's"
+    );
+    let ctr = PathBuf::from(tree.ctr());
+    io.set_memory_limit(&ctr, Some(512 * MIB))
+        .expect("a 512 MiB limit");
+    // What MemoryQoS would have written.
+    write_raw(
+        &tree.dir("memory", &tree.ctr()).join("memory.high"),
+        &(400 * MIB).to_string(),
+    );
+    let file = dir.path().join("cache");
+    tree.spawn_in_ctr(&format!(
+        "dd if=/dev/zero of={} bs=1M count=160 conv=fsync status=none; sleep 3600",
+        file.display()
+    ));
+    eventually("120 MiB of page cache charged to the container", || {
+        io.memory_use(&ctr).expect("usage").usage >= 120 * MIB
+    });
+    let job = ReclaimJob {
+        cgroup: ctr.clone(),
+        target: 48 * MIB,
+        interim: 512 * MIB,
+        headroom: 16 * MIB,
+        timeout: Duration::from_secs(30),
+        step_interval: Duration::from_millis(50),
+        force_memory_high: true,
+        max_stall: Share::new(1.0),
+    };
+    let out = reclaim_to(
+        &io,
+        &job,
+        &tokio_util::sync::CancellationToken::new(),
+        |_| {},
+    );
+    eprintln!("outcome {out:?}");
+    let (start, end) = match &out {
+        ReclaimOutcome::Reached { start, end, .. }
+        | ReclaimOutcome::TimedOut { start, end, .. } => (start.usage, end.usage),
+        other => panic!("the loop ends by converging or its timeout: {other:?}"),
+    };
+    assert!(
+        end < start,
+        "memory.high reclaimed page cache: {start} → {end} bytes"
+    );
+    assert_eq!(
+        tree.raw("memory", &tree.ctr(), "memory.high"),
+        (400 * MIB).to_string(),
+        "the value found is back"
+    );
+    assert_eq!(io.memory_high(&ctr).expect("memory.high"), Some(400 * MIB));
+}

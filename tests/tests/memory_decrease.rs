@@ -459,6 +459,57 @@ async fn a_second_update_during_a_reclaim_wins() {
     assert!(outcome_count(&api, "superseded").await >= 1.0);
 }
 
+/// Shared memory (tmpfs, /dev/shm: what a memory-backed `emptyDir` is) is never reclaimed
+/// without swap: a decrease below it is Deferred with a reason that names it, the page cache
+/// beside it is reclaimed, and nothing is OOM-killed or restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn shared_memory_counts_as_unreclaimable() {
+    let ctrd = Containerd::start(ContainerdVersion::V1_7, ContainerdOptions::default()).await;
+    let plugin = PluginProcess::start_ready(
+        &ctrd,
+        "nri-resize",
+        Some("[memory_decrease]\ntimeout = \"5s\"\ninline_max = 0\n"),
+    )
+    .await;
+    let api = plugin.api();
+    // 56 MiB in /dev/shm (the sandbox's 64 MiB tmpfs), then 100 MiB of page cache.
+    let script = "dd if=/dev/zero of=/dev/shm/fill bs=1M count=56 2>/dev/null; dd if=/dev/zero of=/tmp/cache bs=1M count=100 conv=fsync 2>/dev/null; sleep 3600";
+    let id = loaded_container(&ctrd, "tmpfs", &[], script, 140 * MIB).await;
+    let stat = ctrd.read_container_cgroup(&id, "memory.stat");
+    let key = if v1(&ctrd) { "total_shmem " } else { "shmem " };
+    let shmem: i64 = stat
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
+        .expect("shmem in memory.stat");
+    assert!(
+        shmem >= 50 * MIB,
+        "the container's memcg holds its tmpfs pages: {stat}"
+    );
+    ctrd.update_container_resources(&id, &Resources::limits(100_000, 32 * MIB))
+        .await
+        .expect("accepted with an interim limit");
+    let rec = settled(&api, &id, Duration::from_secs(60)).await;
+    eprintln!("tmpfs: {rec:?}");
+    assert_eq!(rec.state, Some(ResizeState::Deferred), "{rec:?}");
+    assert!(
+        rec.reason
+            .contains("of it shared: tmpfs, shm) cannot be reclaimed without swap"),
+        "the reason names shared memory: {}",
+        rec.reason
+    );
+    let (kept, used) = (limit(&ctrd, &id), usage(&ctrd, &id));
+    assert!(
+        kept > used,
+        "the kept limit {kept} stays above usage {used}"
+    );
+    assert!(
+        used < 140 * MIB,
+        "the page cache beside it was reclaimed: usage {used}"
+    );
+    assert!(running(&ctrd, &id).await, "never restarted");
+    assert_eq!(oom_kills(&ctrd, &id), 0);
+}
+
 /// What kubelet sees, step by step, when it drives a decrease below anonymous usage as its sync
 /// loop does (the first update, then the same update again while `ContainerStatus` differs):
 /// kubelet puts the error text of `UpdateContainerResources` in the pod's `PodResizeInProgress`

@@ -153,8 +153,8 @@ const TWINS_2: &[&str] = &[
 ];
 
 /// Test binaries whose VM-only tests are `#[ignore]`d (they change the machine's CPUs and
-/// memory): the guest runs them with `--include-ignored`.
-const WITH_IGNORED: &[&str] = &["vm_hotplug", "capacity_kernel"];
+/// memory, or need cgroup v2): the guest runs them with `--include-ignored`.
+const WITH_IGNORED: &[&str] = &["vm_hotplug", "capacity_kernel", "cgroup_kernel"];
 
 /// The QEMU CPU hotplug tests, left out where the kernel reserves no CPU slot for QEMU under
 /// TCG (Debian's 6.12: possible CPUs = present); they would fail there, not pass unexercised.

@@ -106,6 +106,11 @@ impl CgroupIo for Slow {
         self.inner.set_memory_high(cgroup, high)
     }
 
+    fn memory_high(&self, cgroup: &Path) -> Result<Option<u64>, CgroupError> {
+        self.pause(cgroup);
+        self.inner.memory_high(cgroup)
+    }
+
     fn procs(&self, cgroup: &Path) -> Result<Vec<u32>, CgroupError> {
         self.pause(cgroup);
         self.inner.procs(cgroup)

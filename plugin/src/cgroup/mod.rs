@@ -175,6 +175,8 @@ pub trait CgroupIo: Send + Sync + fmt::Debug {
     fn reclaim(&self, cgroup: &Path, bytes: u64) -> Result<(), CgroupError>;
     /// Sets the v2 `memory.high` throttling threshold (`None`: `max`); v1 has none.
     fn set_memory_high(&self, cgroup: &Path, high: Option<u64>) -> Result<(), CgroupError>;
+    /// The v2 `memory.high` of `cgroup` (`None`: `max`, or v1, which has none).
+    fn memory_high(&self, cgroup: &Path) -> Result<Option<u64>, CgroupError>;
     /// The pids in `cgroup` (its `cgroup.procs`, as the reader's pid namespace numbers them).
     fn procs(&self, cgroup: &Path) -> Result<Vec<u32>, CgroupError>;
     /// The cumulative memory stall of `cgroup` (its v2 `memory.pressure`); `Unsupported` on
@@ -469,6 +471,11 @@ impl CgroupIo for V1 {
             version: CgroupVersion::V1,
         })
     }
+
+    fn memory_high(&self, cgroup: &Path) -> Result<Option<u64>, CgroupError> {
+        existing_dir(&self.memory, cgroup)?;
+        Ok(None)
+    }
 }
 
 impl CgroupIo for V2 {
@@ -547,6 +554,11 @@ impl CgroupIo for V2 {
         write_file(&dir, "memory.high", &value)
     }
 
+    fn memory_high(&self, cgroup: &Path) -> Result<Option<u64>, CgroupError> {
+        let dir = existing_dir(&self.root, cgroup)?;
+        Ok(read_limit(&dir, "memory.high")?.and_then(|h| u64::try_from(h).ok()))
+    }
+
     fn memory_pressure(&self, cgroup: &Path) -> Result<StallTotals, CgroupError> {
         read_pressure(&existing_dir(&self.root, cgroup)?, "memory.pressure")
     }
@@ -617,6 +629,10 @@ impl CgroupIo for Cgroups {
 
     fn set_memory_high(&self, cgroup: &Path, high: Option<u64>) -> Result<(), CgroupError> {
         self.io().set_memory_high(cgroup, high)
+    }
+
+    fn memory_high(&self, cgroup: &Path) -> Result<Option<u64>, CgroupError> {
+        self.io().memory_high(cgroup)
     }
 
     fn memory_pressure(&self, cgroup: &Path) -> Result<StallTotals, CgroupError> {

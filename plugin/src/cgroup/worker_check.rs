@@ -91,6 +91,11 @@ impl CgroupIo for OffWorkerOnly {
         self.inner.set_memory_high(cgroup, high)
     }
 
+    fn memory_high(&self, cgroup: &Path) -> Result<Option<u64>, CgroupError> {
+        self.check("memory_high", cgroup);
+        self.inner.memory_high(cgroup)
+    }
+
     fn procs(&self, cgroup: &Path) -> Result<Vec<u32>, CgroupError> {
         self.check("procs", cgroup);
         self.inner.procs(cgroup)

@@ -213,8 +213,15 @@ pub fn not_reclaimable_reason(
 ) -> String {
     let unreclaimable = used.unreclaimable();
     if unreclaimable > target && !swap {
+        // Shared memory (tmpfs `emptyDir` with `medium: Memory`, /dev/shm) is swap-backed like
+        // anonymous memory: only swap frees it.
+        let shared = if used.shmem > 0 {
+            format!(" ({} of it shared: tmpfs, shm)", bytes_text(used.shmem))
+        } else {
+            String::new()
+        };
         format!(
-            "{} of anonymous memory cannot be reclaimed without swap (usage {}, requested limit {}); keeping {}",
+            "{} of anonymous memory{shared} cannot be reclaimed without swap (usage {}, requested limit {}); keeping {}",
             bytes_text(unreclaimable),
             bytes_text(used.usage),
             bytes_text(target),
@@ -392,6 +399,20 @@ mod tests {
         let r = not_reclaimable_reason(&cache, 100 * MIB, 316 * MIB, 60, false);
         assert!(
             r.contains("within 60 s") && r.contains("280Mi page cache"),
+            "{r}"
+        );
+        // tmpfs / shm counts as unreclaimable, and the reason says how much of it is shared.
+        let tmpfs = MemoryUse {
+            usage: 200 * MIB,
+            anon: 20 * MIB,
+            shmem: 150 * MIB,
+            file: 180 * MIB,
+        };
+        let r = not_reclaimable_reason(&tmpfs, 100 * MIB, 216 * MIB, 60, false);
+        assert!(
+            r.starts_with(
+                "170Mi of anonymous memory (150Mi of it shared: tmpfs, shm) cannot be reclaimed without swap"
+            ),
             "{r}"
         );
     }

@@ -9,9 +9,10 @@
 //!   so what reclaim won stays won.
 //! - cgroup v2: ask `memory.reclaim` for the difference (`EAGAIN`: it got less), and when the
 //!   kernel has no `memory.reclaim` (before 5.19) step `memory.high` down towards the target
-//!   instead, restoring it to `max` in every outcome. `memory.max` is never written here: writing
-//!   it below unreclaimable usage OOM-kills. The caller applies the requested limit through the
-//!   runtime once usage fits.
+//!   instead, never above the value found there, and put that value back in every outcome
+//!   (unless someone wrote `memory.high` meanwhile: theirs stays; `high.rs`). `memory.max` is
+//!   never written here: writing it below unreclaimable usage OOM-kills. The caller applies the
+//!   requested limit through the runtime once usage fits.
 //!
 //! Bounded in time: on timeout the limit kept is usage plus headroom (never above the interim,
 //! never below the target; paced, once it held: at least the usage it first held at), and the
@@ -40,6 +41,7 @@ use crate::backoff::Backoff;
 use crate::cgroup::{CgroupError, CgroupIo, CgroupVersion};
 use crate::clock::{Clock, RealClock};
 use crate::policy::{reclaim_request, safe_limit, Harm, MemoryUse, Share};
+use high::HighOwner;
 use paced::Paced;
 
 /// One staged decrease of one cgroup.
@@ -142,13 +144,8 @@ pub fn reclaim_with_clock(
     };
     let v1 = io.version() == CgroupVersion::V1;
     let mut use_high = !v1 && job.force_memory_high;
-    let mut high_set = false;
-    let restore_high = |high_set: bool| -> Result<(), CgroupError> {
-        if high_set {
-            io.set_memory_high(&job.cgroup, None)?;
-        }
-        Ok(())
-    };
+    let mut high = HighOwner::default();
+    let restore_high = |high: &mut HighOwner| high.restore(io, &job.cgroup).map(|_| ());
     let mut limit_now = job.interim;
     // Unpaced: the pause between passes doubles up to a second.
     let mut unpaced_pause = Backoff::new(job.step_interval, MAX_PAUSE);
@@ -156,25 +153,25 @@ pub fn reclaim_with_clock(
     let mut paced = Paced::start(io, job, clock);
     loop {
         if cancel.is_cancelled() {
-            return cancelled(restore_high(high_set));
+            return cancelled(restore_high(&mut high));
         }
         passes += 1;
         let step = paced.as_ref().map(|p| p.pacer.step(u64::MAX));
         let pass = if v1 {
             v1_pass(io, job, cancel, &mut limit_now)
         } else {
-            v2_pass(io, job, cancel, step, &mut use_high, &mut high_set)
+            v2_pass(io, job, cancel, step, &mut use_high, &mut high)
         };
         let now = match pass.and_then(|()| read()) {
             Ok(u) => u,
             Err(e) => {
-                let _ = restore_high(high_set);
+                let _ = restore_high(&mut high);
                 return ReclaimOutcome::Failed(e.to_string());
             }
         };
         // Superseded during the pass: nothing more is reported or written.
         if cancel.is_cancelled() {
-            return cancelled(restore_high(high_set));
+            return cancelled(restore_high(&mut high));
         }
         on_pass(&Pass {
             usage: now,
@@ -190,7 +187,7 @@ pub fn reclaim_with_clock(
             now.usage <= job.target
         };
         if reached {
-            if let Err(e) = restore_high(high_set) {
+            if let Err(e) = restore_high(&mut high) {
                 return restore_failed(&e);
             }
             return ReclaimOutcome::Reached {
@@ -209,7 +206,7 @@ pub fn reclaim_with_clock(
                     limit_now = kept;
                 }
             }
-            if let Err(e) = restore_high(high_set) {
+            if let Err(e) = restore_high(&mut high) {
                 return restore_failed(&e);
             }
             return ReclaimOutcome::TimedOut {
@@ -242,7 +239,7 @@ fn cancelled(restored: Result<(), CgroupError>) -> ReclaimOutcome {
     }
 }
 
-/// The outcome when `memory.high` could not be put back to `max` (its error is the reason).
+/// The outcome when `memory.high` could not be put back (its error is the reason).
 fn restore_failed(e: &CgroupError) -> ReclaimOutcome {
     ReclaimOutcome::Failed(format!("restoring memory.high: {e}"))
 }
@@ -282,7 +279,8 @@ fn v1_pass(
 }
 
 /// v2: `memory.reclaim`, or `memory.high` stepping where there is none. `step`: at most this
-/// much per pass (paced); 0 holds: nothing is reclaimed and `memory.high` goes back to `max`.
+/// much per pass (paced); 0 holds: nothing is reclaimed and `memory.high` goes back to what was
+/// found there.
 /// Nothing is reclaimed or lowered once `cancel` fired (the loop then puts `memory.high` back).
 fn v2_pass(
     io: &dyn CgroupIo,
@@ -290,7 +288,7 @@ fn v2_pass(
     cancel: &CancellationToken,
     step: Option<u64>,
     use_high: &mut bool,
-    high_set: &mut bool,
+    high: &mut HighOwner,
 ) -> Result<(), CgroupError> {
     let usage = io.memory_use(&job.cgroup)?.usage;
     if usage <= job.target {
@@ -298,10 +296,7 @@ fn v2_pass(
     }
     let step = step.unwrap_or(u64::MAX);
     if step == 0 {
-        if *high_set {
-            io.set_memory_high(&job.cgroup, None)?;
-            *high_set = false;
-        }
+        high.restore(io, &job.cgroup)?;
         return Ok(());
     }
     if cancel.is_cancelled() {
@@ -318,15 +313,13 @@ fn v2_pass(
     // `memory.high` and reclaims, so one big step would stall the workload.
     let gap = usage - job.target;
     let down = if gap <= 32 << 20 { gap } else { gap / 2 };
-    let high = usage - down.min(step);
     if cancel.is_cancelled() {
         return Ok(());
     }
-    io.set_memory_high(&job.cgroup, Some(high))?;
-    *high_set = true;
-    Ok(())
+    high.lower(io, &job.cgroup, usage - down.min(step), cancel)
 }
 
+mod high;
 mod paced;
 #[cfg(test)]
 mod tests;
