@@ -19,7 +19,6 @@ use tracing::{info, warn};
 
 use crate::cgroup::CgroupIo as _;
 use crate::clock::now_ms;
-use crate::metrics::Metrics;
 use crate::policy::{
     compare_reserves, Configured, KubeletReserve, NodeTotals, PodsCgroup, ReserveResource,
 };
@@ -39,7 +38,7 @@ pub(super) async fn check_now(state: &Arc<NodeState>, node: &NodeReader) {
     let (st, n) = (state.clone(), node.clone());
     let work = tokio::task::spawn_blocking(move || check(&st, &n));
     match tokio::time::timeout(CHECK_BUDGET, work).await {
-        Ok(Ok(status)) => publish(state, status),
+        Ok(Ok((status, mismatched))) => publish(state, status, &mismatched),
         Ok(Err(err)) => warn!(%err, "node reserve check ended abnormally"),
         Err(_) => warn!(
             budget_s = CHECK_BUDGET.as_secs(),
@@ -79,8 +78,9 @@ fn spawn(state: Arc<NodeState>, node: NodeReader, cancel: CancellationToken) -> 
     })
 }
 
-/// Reads kubelet's configuration, its pods cgroup and the node, and compares (blocking).
-fn check(state: &NodeState, node: &NodeReader) -> ReserveStatus {
+/// Reads kubelet's configuration, its pods cgroup and the node, and compares (blocking): the
+/// status, and the resources whose reserve disagrees with kubelet's.
+fn check(state: &NodeState, node: &NodeReader) -> (ReserveStatus, Vec<ReserveResource>) {
     let cfg = state.config.read_locked().clone();
     let mut problems = Vec::new();
     let totals = node_totals(state, node).map_err(|e| problems.push(e)).ok();
@@ -116,35 +116,25 @@ fn check(state: &NodeState, node: &NodeReader) -> ReserveStatus {
         ),
     };
     let mut status = ReserveStatus::new(source, reserve);
+    let mut mismatched = Vec::new();
     if let Some(t) = totals {
         let held = pods.as_ref().map(|(_, p)| p);
-        problems.extend(
-            compare_reserves(t, configured, kubelet.as_ref(), held)
-                .into_iter()
-                .map(|m| format!("{}: {}", m.resource.as_str(), m.message)),
-        );
+        for m in compare_reserves(t, configured, kubelet.as_ref(), held) {
+            problems.push(format!("{}: {}", m.resource.as_str(), m.message));
+            mismatched.push(m.resource);
+        }
     }
     status.kubelet_config = (!file.as_os_str().is_empty()).then(|| file.display().to_string());
     status.pods_cgroup = pods.map(|(path, _)| path);
     status.problems = problems;
     status.checked_ms = now_ms();
-    status
+    (status, mismatched)
 }
 
 /// Memory and online CPUs: the capacity watcher's last reading, else read now.
 fn node_totals(state: &NodeState, node: &NodeReader) -> Result<NodeTotals, String> {
-    if let Some(s) = state
-        .capacity
-        .read_locked()
-        .as_ref()
-        .filter(|s| s.memory_bytes > 0)
-    {
-        return Ok(NodeTotals {
-            memory_bytes: s.memory_bytes,
-            cpu_millis: u64::from(s.online_cpu_count) * 1000,
-        });
-    }
-    node.capacity(NodeReserve::default())
+    let snapshot = state.capacity.read_locked().clone();
+    node.capacity_with(snapshot.as_ref(), NodeReserve::default())
         .map(|c| NodeTotals {
             memory_bytes: c.memory_bytes,
             cpu_millis: c.online_cpus_millis,
@@ -188,9 +178,14 @@ fn pods_cgroup(
 }
 
 /// Publishes a check: state, metrics, and the log when the problems changed.
-fn publish(state: &NodeState, status: ReserveStatus) {
+fn publish(state: &NodeState, status: ReserveStatus, mismatched: &[ReserveResource]) {
     let before = state.reserve.read_locked().clone();
-    set_metrics(&state.metrics, &status);
+    for resource in [ReserveResource::Memory, ReserveResource::Cpu] {
+        state
+            .metrics
+            .reserve
+            .set_mismatch(resource.as_str(), mismatched.contains(&resource));
+    }
     let old: &[String] = before.as_ref().map_or(&[], |b| &b.problems);
     for p in status.problems.iter().filter(|p| !old.contains(p)) {
         warn!(problem = %p, "node reserve");
@@ -213,15 +208,6 @@ fn publish(state: &NodeState, status: ReserveStatus) {
         );
     }
     *state.reserve.write_locked() = Some(status);
-}
-
-fn set_metrics(metrics: &Metrics, status: &ReserveStatus) {
-    for resource in [ReserveResource::Memory, ReserveResource::Cpu] {
-        let name = resource.as_str();
-        let prefix = format!("{name}: ");
-        let mismatch = status.problems.iter().any(|p| p.starts_with(&prefix));
-        metrics.reserve.set_mismatch(name, mismatch);
-    }
 }
 
 #[cfg(test)]

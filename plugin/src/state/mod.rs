@@ -1,7 +1,7 @@
 //! Node state: what the NRI handler, the resize engine, the capacity watcher and the status API
 //! share — the [`Model`] and the event [`Journal`], the configuration, the observer's view of the
 //! containers (observations and desired-vs-actual confirmations), pod-level records, the
-//! checkpoint directory's status and the node's capacity as last seen.
+//! checkpoint directory's status, the node's capacity as last seen and admission's node reserve.
 //!
 //! Lives below everything that uses it: it imports none of `api`, `capacity`, `daemon`, `nri` or
 //! `resize` (`tests/architecture.rs` checks). Its methods are in-memory work under short locks,

@@ -27,17 +27,6 @@ struct Held {
     ours: Option<u64>,
 }
 
-/// What [`HighOwner::restore`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Restored {
-    /// The loop had not written `memory.high`.
-    Untouched,
-    /// The value found before is back.
-    PutBack,
-    /// Someone else wrote `memory.high` meanwhile: left as they set it.
-    LeftToOwner,
-}
-
 impl HighOwner {
     /// Lowers `memory.high` to `high`, or to its owner's value if that is lower; nothing once
     /// `cancel` fired (a newer update superseded the decrease, possibly during the read).
@@ -65,18 +54,14 @@ impl HighOwner {
     }
 
     /// Puts back the owner's value, if `memory.high` still holds the loop's last write.
-    pub(super) fn restore(
-        &mut self,
-        io: &dyn CgroupIo,
-        cgroup: &Path,
-    ) -> Result<Restored, CgroupError> {
+    pub(super) fn restore(&mut self, io: &dyn CgroupIo, cgroup: &Path) -> Result<(), CgroupError> {
         let Some(held) = self.held.take() else {
-            return Ok(Restored::Untouched);
+            return Ok(());
         };
         if io.memory_high(cgroup)? != held.ours {
-            return Ok(Restored::LeftToOwner);
+            // The owner wrote it meanwhile: theirs stays.
+            return Ok(());
         }
-        io.set_memory_high(cgroup, held.owners)?;
-        Ok(Restored::PutBack)
+        io.set_memory_high(cgroup, held.owners)
     }
 }

@@ -145,7 +145,7 @@ pub fn reclaim_with_clock(
     let v1 = io.version() == CgroupVersion::V1;
     let mut use_high = !v1 && job.force_memory_high;
     let mut high = HighOwner::default();
-    let restore_high = |high: &mut HighOwner| high.restore(io, &job.cgroup).map(|_| ());
+    let restore_high = |high: &mut HighOwner| high.restore(io, &job.cgroup);
     let mut limit_now = job.interim;
     // Unpaced: the pause between passes doubles up to a second.
     let mut unpaced_pause = Backoff::new(job.step_interval, MAX_PAUSE);
