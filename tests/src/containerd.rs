@@ -66,6 +66,8 @@ pub struct Containerd {
     runtime_version: String,
     channel: Option<Channel>,
     pub(crate) cgroups: CgroupTree,
+    /// When `start` began: the teardown says how long the instance lived (never asserted).
+    started: Instant,
 }
 
 fn duration_toml(d: Duration) -> String {
@@ -91,6 +93,7 @@ impl Containerd {
             _ => version,
         };
         require_root();
+        let started = Instant::now();
         require_binary(
             &version.containerd_bin(),
             &format!("{version} (containerd)"),
@@ -131,6 +134,7 @@ impl Containerd {
             runtime_version: String::new(),
             channel: None,
             cgroups,
+            started,
         };
         // From here on, Drop cleans up whatever exists.
         let base = this.inst.base.clone();
@@ -152,20 +156,24 @@ impl Containerd {
         std::fs::write(this.config_path(), this.config_toml()).expect("write config.toml");
         this.cgroups.create();
         Box::pin(this.spawn()).await;
+        let up = started.elapsed();
         for archive in [&archives.pause, &archives.busybox] {
             Box::pin(this.import(archive)).await;
         }
         for image in [PAUSE_IMAGE, BUSYBOX_IMAGE] {
             Box::pin(this.wait_image(image)).await;
         }
+        // The times say where a slow test's time goes (the VM tier's guests): never asserted.
         eprintln!(
-            "harness: {} {} ({}) at {}, cgroups {} ({:?})",
+            "harness: {} {} ({}) at {}, cgroups {} ({:?}); up in {:.1} s, images in {:.1} s",
             this.runtime_name,
             this.runtime_version,
             this.version,
             this.inst.base.display(),
             this.cgroups.path(),
-            this.cgroups.mode()
+            this.cgroups.mode(),
+            up.as_secs_f64(),
+            started.elapsed().saturating_sub(up).as_secs_f64()
         );
         this
     }
@@ -536,7 +544,15 @@ fn cri_remove_all_pods(socket: PathBuf) {
 impl Drop for Containerd {
     fn drop(&mut self) {
         let panicking = std::thread::panicking();
+        let teardown = Instant::now();
         self.channel = None;
+        if self.child.is_some() {
+            eprintln!(
+                "harness: containerd at {} ran {:.1} s",
+                self.inst.base.display(),
+                self.started.elapsed().as_secs_f64()
+            );
+        }
         if let Some(mut child) = self.child.take() {
             if child.try_wait().ok().flatten().is_none() {
                 cri_remove_all_pods(self.inst.grpc_socket.clone());
@@ -545,6 +561,11 @@ impl Drop for Containerd {
                 cleanup::terminate(pid, Duration::from_secs(10));
             }
             let _ = child.wait();
+            eprintln!(
+                "harness: containerd at {} stopped in {:.1} s",
+                self.inst.base.display(),
+                teardown.elapsed().as_secs_f64()
+            );
         }
         if panicking {
             let mut kept = String::new();

@@ -181,7 +181,8 @@ impl PluginProcess {
         } else {
             timeout
         };
-        let deadline = Instant::now() + timeout;
+        let started = Instant::now();
+        let deadline = started + timeout;
         loop {
             if let Some(status) = self
                 .child
@@ -194,6 +195,11 @@ impl PluginProcess {
                 );
             }
             if matches!(self.api().ready().await, Ok(true)) {
+                // Where a slow test's time goes (the VM tier's guests): never asserted.
+                eprintln!(
+                    "harness: nri-resize ready in {:.1} s",
+                    started.elapsed().as_secs_f64()
+                );
                 return;
             }
             assert!(

@@ -47,8 +47,15 @@ impl MemberLocation {
 }
 
 impl KernelBtf {
+    /// Reads the whole file first and parses it from memory: btf-rs's file reader asks the
+    /// position of its buffered reader for every type, one `lseek` on sysfs each (some
+    /// hundred thousand for a kernel's BTF), which made most of the daemon's start-up.
     pub fn from_file(path: &Path) -> Result<Self, ObserverError> {
-        let btf = Btf::from_file(path).map_err(|e| ObserverError::Btf {
+        let bytes = std::fs::read(path).map_err(|source| ObserverError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        let btf = Btf::from_bytes(&bytes).map_err(|e| ObserverError::Btf {
             path: path.to_owned(),
             reason: format!("{e:#}"),
         })?;

@@ -3,6 +3,7 @@
 
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use aya::maps::{Map, MapData, PerCpuHashMap, RingBuf};
 use aya::programs::{BtfTracePoint, FEntry, Program, TracePoint};
@@ -316,10 +317,13 @@ impl KernelSide {
         };
         // Each parse of the kernel's BTF takes tens of MiB: the offsets are resolved and that
         // parse dropped before aya parses it again, so that the two are never alive together.
+        let phase = Instant::now();
         let btf = KernelBtf::from_file(&settings.btf)?;
         let tracefs = tracefs(settings.tracefs.as_deref());
         let r = resolve(&btf, tracefs.as_deref(), cpu_hierarchy, memory_hierarchy);
         drop(btf);
+        let resolve_ms = phase.elapsed().as_millis();
+        let phase = Instant::now();
         let aya_btf =
             aya::Btf::parse_file(&settings.btf, aya::Endianness::default()).map_err(|e| {
                 ObserverError::Btf {
@@ -328,6 +332,8 @@ impl KernelSide {
                 }
             })?;
 
+        let btf_ms = phase.elapsed().as_millis();
+        let phase = Instant::now();
         let mut loader = EbpfLoader::new();
         loader
             .btf(Some(&aya_btf))
@@ -347,11 +353,21 @@ impl KernelSide {
             source,
         })?;
 
+        let load_ms = phase.elapsed().as_millis();
+        let phase = Instant::now();
         let throttle = attach_throttle(&mut ebpf, &r, &aya_btf, settings.force_throttle, fallbacks);
         let reclaim = attach_reclaim(&mut ebpf, &r, &aya_btf, settings.force_reclaim, fallbacks);
         let oom = attach_oom(&mut ebpf, &r, &aya_btf, settings.force_oom, fallbacks);
         let (hotplug, ring) = attach_hotplug(&mut ebpf, &r, settings.hotplug, fallbacks);
 
+        // Where a slow start's time goes (seconds in emulated guests, BTF parsing first).
+        tracing::debug!(
+            resolve_ms,
+            btf_ms,
+            load_ms,
+            attach_ms = phase.elapsed().as_millis(),
+            "observer: eBPF programs loaded"
+        );
         let strategies = Strategies {
             throttle,
             reclaim,

@@ -445,6 +445,7 @@ impl Observer {
     /// Loads and attaches what the kernel allows, falling back per measurement. Fails only when
     /// the cgroup hierarchy ids cannot be read; every eBPF problem becomes a fallback.
     pub fn start(settings: &ObserverSettings) -> Result<Self, ObserverError> {
+        let started = std::time::Instant::now();
         let (cpu_hierarchy, memory_hierarchy) = if settings.cgroups.is_v1() {
             let text = std::fs::read_to_string(&settings.proc_cgroups).map_err(|source| {
                 ObserverError::Io {
@@ -495,6 +496,7 @@ impl Observer {
             oom = ?strategies.oom,
             hotplug = ?strategies.hotplug,
             pressure = ?strategies.pressure,
+            start_ms = started.elapsed().as_millis(),
             "observer started"
         );
         Ok(Self {
