@@ -39,7 +39,7 @@ pub use resize_spec::{parse_target, TargetSpecError};
 pub use resolve::{resolve_container, ResolveError};
 pub use table::render_status;
 
-use crate::cgroup::ActualResources;
+use crate::cgroup::{ActualResources, Caps};
 use crate::model::{Container, EventRecord, LinuxResources, Pod, PodView};
 use crate::nri::{ContainerUpdate, LinkError, LinkStatus, RuntimeLink};
 use crate::observer::Strategies;
@@ -120,6 +120,11 @@ pub struct ContainerObserved {
     pub confirmed_at_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confirm_error: Option<String>,
+    /// Limits an ancestor cgroup (the pod's, or one between it and the container's) caps below
+    /// the container's own: the effective value (bytes, millicores), the cgroup and the reason
+    /// (`capped by the pod cgroup at 175Mi`). Absent when unknown; empty when nothing caps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caps: Option<Caps>,
     pub throttling: Option<ThrottlingView>,
     pub reclaim: Option<ReclaimView>,
     pub oom: Option<OomView>,
@@ -261,6 +266,7 @@ fn observed_view(
         v.differences.clone_from(&c.differences);
         v.confirmed_at_ms = Some(c.at_ms);
         v.confirm_error.clone_from(&c.error);
+        v.caps.clone_from(&c.caps);
     }
     if let Some(o) = observation {
         let obs = &o.observation;
