@@ -3,7 +3,8 @@
 //! kubelet's one-container updates need (kubernetes/kubernetes#127356), whole-pod resizes of a
 //! three-container Guaranteed pod through the API in every direction, a plugin killed in the
 //! middle of a resize that resumes from its checkpoint, and a CLI killed in the middle of one
-//! (the resize is the daemon's, not the request's).
+//! (the resize is the daemon's, not the request's), and a container raised above its pod cgroup
+//! reported as capped by it (kubernetes/kubernetes#138760).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -1120,6 +1121,44 @@ async fn caps_of(
     }
 }
 
+/// `nri_resize_capped_containers{resource="memory"}` as the plugin's `/metrics` says (-1: absent).
+async fn capped_memory(plugin: &PluginProcess) -> i64 {
+    let text = scrape_metrics(&plugin.api()).await;
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(r#"nri_resize_capped_containers{resource="memory"} "#)?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(-1)
+}
+
+/// `nri-resize status` shows the effective limit as ACTUAL and the cap as REASON.
+fn status_table_shows_the_cap(plugin: &PluginProcess) {
+    let table = std::process::Command::new(plugin_binary())
+        .arg("status")
+        .arg("--api-socket")
+        .arg(&plugin.api_socket)
+        .output()
+        .expect("nri-resize status");
+    let table = String::from_utf8_lossy(&table.stdout);
+    let row = table
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some("app"))
+        .unwrap_or_else(|| panic!("app row in:\n{table}"));
+    assert_eq!(
+        row.split_whitespace().nth(4),
+        Some("500m/175Mi"),
+        "ACTUAL is the effective limit:\n{table}"
+    );
+    assert!(
+        row.contains("memory capped by the pod cgroup at 175Mi"),
+        "REASON says why:\n{table}"
+    );
+    eprintln!("{table}");
+}
+
 /// kubernetes/kubernetes#138760 (kubernetes/autoscaler#9829) on real containerd and cgroups: a
 /// container's memory limit is raised to 512Mi while its pod cgroup stays at 175Mi. The
 /// container's own cgroup holds 512Mi, so the resize looks done (desired matches actual), yet
@@ -1132,10 +1171,8 @@ async fn caps_of(
 /// container grows past it (KEP ordering, `raise_pod_first` in `resize/update.rs`), so the bug
 /// cannot arise through it. Observe leaves the runtime to write as asked and the pod cgroup to
 /// kubelet, which is the situation of the bug (kubelet's pod cgroup write missing).
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_container_raised_above_its_pod_cgroup_is_reported_capped() {
-    const CAPPED: &str = r#"nri_resize_capped_containers{resource="memory"}"#;
-    let ctrd = Containerd::start(ContainerdVersion::V1_7, ContainerdOptions::default()).await;
+async fn a_container_raised_above_its_pod_cgroup_is_reported_capped(version: ContainerdVersion) {
+    let ctrd = Containerd::start(version, ContainerdOptions::default()).await;
     let plugin =
         PluginProcess::start_ready(&ctrd, "nri-resize", Some("[resize]\nmode = \"Observe\"\n"))
             .await;
@@ -1150,7 +1187,7 @@ async fn a_container_raised_above_its_pod_cgroup_is_reported_capped() {
     let id = &ids[0];
     // 128Mi under a 175Mi pod: its own limit is in effect.
     caps_of(&plugin, id, "not capped at start", |c| !c.any()).await;
-    assert_eq!(sample(&scrape_metrics(&plugin.api()).await, CAPPED), 0.0);
+    assert_eq!(capped_memory(&plugin).await, 0);
 
     // The raise kubelet sends, with the pod cgroup left where it was.
     ctrd.update_container_resources(id, &Resources::limits(50_000, 512 * MIB))
@@ -1178,28 +1215,8 @@ async fn a_container_raised_above_its_pod_cgroup_is_reported_capped() {
     assert_eq!(cap.own, Some(512 << 20), "{cap:?}");
     assert!(cap.pod_cgroup, "{cap:?}");
     assert_eq!(cap.reason, "capped by the pod cgroup at 175Mi");
-    assert_eq!(sample(&scrape_metrics(&plugin.api()).await, CAPPED), 1.0);
-    let table = std::process::Command::new(plugin_binary())
-        .arg("status")
-        .arg("--api-socket")
-        .arg(&plugin.api_socket)
-        .output()
-        .expect("nri-resize status");
-    let table = String::from_utf8_lossy(&table.stdout);
-    let row = table
-        .lines()
-        .find(|l| l.split_whitespace().nth(1) == Some("app"))
-        .unwrap_or_else(|| panic!("app row in:\n{table}"));
-    assert_eq!(
-        row.split_whitespace().nth(4),
-        Some("500m/175Mi"),
-        "ACTUAL is the effective limit:\n{table}"
-    );
-    assert!(
-        row.contains("memory capped by the pod cgroup at 175Mi"),
-        "REASON says why:\n{table}"
-    );
-    eprintln!("{table}");
+    assert_eq!(capped_memory(&plugin).await, 1);
+    status_table_shows_the_cap(&plugin);
     // Let the observer re-read the path while it stays capped (every 5 s): still one line.
     tokio::time::sleep(Duration::from_secs(11)).await;
     let capped_lines = |log: &str| {
@@ -1212,7 +1229,7 @@ async fn a_container_raised_above_its_pod_cgroup_is_reported_capped() {
         1,
         "one line per change"
     );
-    assert_eq!(sample(&scrape_metrics(&plugin.api()).await, CAPPED), 1.0);
+    assert_eq!(capped_memory(&plugin).await, 1);
 
     // kubelet's missing write: the pod cgroup raised. The observer's re-read clears the cap.
     ctrd.set_pod_cgroup_limits(
@@ -1230,7 +1247,7 @@ async fn a_container_raised_above_its_pod_cgroup_is_reported_capped() {
         |c| !c.any(),
     )
     .await;
-    assert_eq!(sample(&scrape_metrics(&plugin.api()).await, CAPPED), 0.0);
+    assert_eq!(capped_memory(&plugin).await, 0);
     let log = plugin.log_tail(2000);
     assert_eq!(capped_lines(&log), 1, "{log}");
     assert_eq!(
@@ -1240,4 +1257,20 @@ async fn a_container_raised_above_its_pod_cgroup_is_reported_capped() {
         1,
         "{log}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_container_raised_above_its_pod_cgroup_is_reported_capped_containerd_1_7() {
+    Box::pin(a_container_raised_above_its_pod_cgroup_is_reported_capped(
+        ContainerdVersion::V1_7,
+    ))
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_container_raised_above_its_pod_cgroup_is_reported_capped_containerd_2() {
+    Box::pin(a_container_raised_above_its_pod_cgroup_is_reported_capped(
+        ContainerdVersion::V2,
+    ))
+    .await;
 }

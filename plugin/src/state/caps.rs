@@ -153,11 +153,12 @@ mod tests {
         std::fs::write(dir.join(file), value).expect("write");
     }
 
-    fn capped(text: &str, resource: &str) -> f64 {
+    /// The gauge's value for `resource`; -1 when the series is absent.
+    fn capped(text: &str, resource: &str) -> i64 {
         let series = format!("nri_resize_capped_containers{{resource=\"{resource}\"}} ");
         text.lines()
             .find_map(|l| l.strip_prefix(series.as_str())?.trim().parse().ok())
-            .unwrap_or(-1.0)
+            .unwrap_or(-1)
     }
 
     /// kubernetes/kubernetes#138760 on a v2 fixture: the confirmation holds the container's own
@@ -190,14 +191,14 @@ mod tests {
         assert_eq!(m.reason, "capped by the pod cgroup at 175Mi");
         assert_eq!(caps.cpu, None, "the pod's cpu is unlimited");
         let text = state.metrics.encode().expect("encode");
-        assert_eq!(capped(&text, "memory"), 1.0, "{text}");
-        assert_eq!(capped(&text, "cpu"), 0.0, "{text}");
+        assert_eq!(capped(&text, "memory"), 1, "{text}");
+        assert_eq!(capped(&text, "cpu"), 0, "{text}");
 
         // Unchanged: the recheck keeps it (and counts it once).
         state.recheck_caps();
         assert_eq!(
             capped(&state.metrics.encode().expect("encode"), "memory"),
-            1.0
+            1
         );
 
         // kubelet raises the pod cgroup: the next recheck clears the cap.
@@ -207,7 +208,7 @@ mod tests {
         assert_eq!(kept.caps, Some(Caps::default()), "{kept:?}");
         assert_eq!(
             capped(&state.metrics.encode().expect("encode"), "memory"),
-            0.0
+            0
         );
 
         // Lowered again, then the container goes: counted, then not.
@@ -215,12 +216,12 @@ mod tests {
         state.recheck_caps();
         assert_eq!(
             capped(&state.metrics.encode().expect("encode"), "memory"),
-            1.0
+            1
         );
         state.untrack("c1");
         assert_eq!(
             capped(&state.metrics.encode().expect("encode"), "memory"),
-            0.0
+            0
         );
     }
 
