@@ -712,6 +712,8 @@ mod tests {
         let dir = root.path().join("kubepods/pod1/c1");
         std::fs::create_dir_all(&dir).expect("mkdir");
         std::fs::write(dir.join("memory.max"), "268435456\n").expect("write");
+        // The pod cgroup caps it: the path above the container is read too (off the worker).
+        std::fs::write(root.path().join("kubepods/pod1/memory.max"), "134217728\n").expect("write");
         let (cgroups, on_worker) = OffWorkerOnly::wrap(Cgroups::V2(V2 {
             root: root.path().to_owned(),
         }));
@@ -769,9 +771,14 @@ mod tests {
             assert!(answer.is_ok_and(|Json(r)| r.failed.is_empty()));
             let confirmed = state.observed(|o| o.confirmations.get("c1").cloned());
             assert_eq!(
-                confirmed.and_then(|c| c.matches),
+                confirmed.as_ref().and_then(|c| c.matches),
                 Some(true),
                 "the cgroup was read back and holds the update"
+            );
+            assert_eq!(
+                confirmed.and_then(|c| c.caps?.memory).map(|m| m.effective),
+                Some(128 << 20),
+                "the pod cgroup was read as well"
             );
         }
         assert_eq!(
