@@ -62,9 +62,10 @@ pub struct Confirmation {
     pub differences: Vec<String>,
     /// Why the cgroup could not be read.
     pub error: Option<String>,
-    /// What the cgroups between the pod's and the container's cap, read with `actual` and again
-    /// every few observer intervals (`caps.rs`); `None`: not known (no pod cgroup, the container's
-    /// not below it, or a read failed).
+    /// What the cgroups above the container's, up to and including its pod's, cap: read with
+    /// `actual` and again every few observer intervals (`caps.rs`). `None`: never known (no pod
+    /// cgroup given, the container's not below it, or every read failed); a failed read keeps
+    /// what was known.
     pub caps: Option<Caps>,
     /// The reading `caps` came from (as `seq`; caps are also re-read on their own).
     pub(super) caps_seq: u64,
