@@ -3,7 +3,8 @@
 //! kubelet's one-container updates need (kubernetes/kubernetes#127356), whole-pod resizes of a
 //! three-container Guaranteed pod through the API in every direction, a plugin killed in the
 //! middle of a resize that resumes from its checkpoint, and a CLI killed in the middle of one
-//! (the resize is the daemon's, not the request's).
+//! (the resize is the daemon's, not the request's), and a container raised above its pod cgroup
+//! reported as capped by it (kubernetes/kubernetes#138760).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -1087,4 +1088,189 @@ async fn admission_reserve_comes_from_kubelet() {
         .await
         .expect("[resize]'s reserve admits it");
     assert_eq!(cpu_quota(&ctrd, &ids[0]), 100_000);
+}
+
+/// The caps `/v1/status` reports for container `id` once `done` holds them (up to 30 s: the
+/// observer re-reads the cgroup path every 5 of its 1 s intervals).
+async fn caps_of(
+    plugin: &PluginProcess,
+    id: &str,
+    what: &str,
+    done: impl Fn(&nri_resize::cgroup::Caps) -> bool,
+) -> nri_resize::api::ContainerObserved {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = plugin.api().status().await.expect("status");
+        let observed = status
+            .pods
+            .iter()
+            .flat_map(|p| &p.containers)
+            .find(|c| c.id == id)
+            .and_then(|c| c.observed.clone());
+        if let Some(o) = observed.as_ref() {
+            if o.caps.as_ref().is_some_and(&done) {
+                return o.clone();
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not seen within 30 s; last: {observed:?}\n{}",
+            plugin.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `nri_resize_capped_containers{resource="memory"}` as the plugin's `/metrics` says (-1: absent).
+async fn capped_memory(plugin: &PluginProcess) -> i64 {
+    let text = scrape_metrics(&plugin.api()).await;
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(r#"nri_resize_capped_containers{resource="memory"} "#)?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(-1)
+}
+
+/// `nri-resize status` shows the effective limit as ACTUAL and the cap as REASON.
+fn status_table_shows_the_cap(plugin: &PluginProcess) {
+    let table = std::process::Command::new(plugin_binary())
+        .arg("status")
+        .arg("--api-socket")
+        .arg(&plugin.api_socket)
+        .output()
+        .expect("nri-resize status");
+    let table = String::from_utf8_lossy(&table.stdout);
+    let row = table
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some("app"))
+        .unwrap_or_else(|| panic!("app row in:\n{table}"));
+    assert_eq!(
+        row.split_whitespace().nth(4),
+        Some("500m/175Mi"),
+        "ACTUAL is the effective limit:\n{table}"
+    );
+    assert!(
+        row.contains("memory capped by the pod cgroup at 175Mi"),
+        "REASON says why:\n{table}"
+    );
+    eprintln!("{table}");
+}
+
+/// kubernetes/kubernetes#138760 (kubernetes/autoscaler#9829) on real containerd and cgroups: a
+/// container's memory limit is raised to 512Mi while its pod cgroup stays at 175Mi. The
+/// container's own cgroup holds 512Mi, so the resize looks done (desired matches actual), yet
+/// the kernel OOM-kills it at 175Mi. nri-resize reports it as capped: `/v1/status` carries the
+/// effective 175Mi with the reason, `nri-resize status` shows 175Mi as ACTUAL, the gauge
+/// `nri_resize_capped_containers{resource="memory"}` counts it, one log line says so; once the
+/// pod cgroup is raised (as kubelet should have), the cap clears and the gauge is back to 0.
+///
+/// The plugin runs in Observe mode: in Enforce mode it raises the pod cgroup itself before a
+/// container grows past it (KEP ordering, `raise_pod_first` in `resize/update.rs`), so the bug
+/// cannot arise through it. Observe leaves the runtime to write as asked and the pod cgroup to
+/// kubelet, which is the situation of the bug (kubelet's pod cgroup write missing).
+async fn a_container_raised_above_its_pod_cgroup_is_reported_capped(version: ContainerdVersion) {
+    let ctrd = Containerd::start(version, ContainerdOptions::default()).await;
+    let plugin =
+        PluginProcess::start_ready(&ctrd, "nri-resize", Some("[resize]\nmode = \"Observe\"\n"))
+            .await;
+    let (pod, ids) = pod_with(
+        &ctrd,
+        "capped",
+        &[],
+        Resources::limits(100_000, 175 * MIB),
+        &[("app", Resources::limits(50_000, 128 * MIB))],
+    )
+    .await;
+    let id = &ids[0];
+    // 128Mi under a 175Mi pod: its own limit is in effect.
+    caps_of(&plugin, id, "not capped at start", |c| !c.any()).await;
+    assert_eq!(capped_memory(&plugin).await, 0);
+
+    // The raise kubelet sends, with the pod cgroup left where it was.
+    ctrd.update_container_resources(id, &Resources::limits(50_000, 512 * MIB))
+        .await
+        .expect("observe mode lets the update through");
+    assert_eq!(ctrd.container_memory_limit(id), 512 * MIB);
+    let pod_limits = ctrd.pod_cgroup_limits(&pod).expect("pod cgroup");
+    assert_eq!(
+        pod_limits.memory_limit,
+        Some(175 << 20),
+        "nothing raised the pod cgroup"
+    );
+
+    let o = caps_of(&plugin, id, "capped after the raise", |c| {
+        c.memory.is_some()
+    })
+    .await;
+    assert_eq!(
+        o.matches,
+        Some(true),
+        "the container's own cgroup holds what was asked: {o:?}"
+    );
+    let cap = o.caps.and_then(|c| c.memory).expect("memory cap");
+    assert_eq!(cap.effective, 175 << 20, "{cap:?}");
+    assert_eq!(cap.own, Some(512 << 20), "{cap:?}");
+    assert!(cap.pod_cgroup, "{cap:?}");
+    assert_eq!(cap.reason, "capped by the pod cgroup at 175Mi");
+    assert_eq!(capped_memory(&plugin).await, 1);
+    status_table_shows_the_cap(&plugin);
+    // Let the observer re-read the path while it stays capped (every 5 s): still one line.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    let capped_lines = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("container limit capped by an ancestor cgroup"))
+            .count()
+    };
+    assert_eq!(
+        capped_lines(&plugin.log_tail(2000)),
+        1,
+        "one line per change"
+    );
+    assert_eq!(capped_memory(&plugin).await, 1);
+
+    // kubelet's missing write: the pod cgroup raised. The observer's re-read clears the cap.
+    ctrd.set_pod_cgroup_limits(
+        &pod,
+        &nri_resize_tests::CgroupLimits {
+            memory_limit: Some(1 << 30),
+            ..pod_limits
+        },
+    )
+    .expect("raise the pod cgroup");
+    caps_of(
+        &plugin,
+        id,
+        "cleared after the pod cgroup was raised",
+        |c| !c.any(),
+    )
+    .await;
+    assert_eq!(capped_memory(&plugin).await, 0);
+    let log = plugin.log_tail(2000);
+    assert_eq!(capped_lines(&log), 1, "{log}");
+    assert_eq!(
+        log.lines()
+            .filter(|l| l.contains("container limit no longer capped by an ancestor cgroup"))
+            .count(),
+        1,
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_container_raised_above_its_pod_cgroup_is_reported_capped_containerd_1_7() {
+    Box::pin(a_container_raised_above_its_pod_cgroup_is_reported_capped(
+        ContainerdVersion::V1_7,
+    ))
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_container_raised_above_its_pod_cgroup_is_reported_capped_containerd_2() {
+    Box::pin(a_container_raised_above_its_pod_cgroup_is_reported_capped(
+        ContainerdVersion::V2,
+    ))
+    .await;
 }

@@ -39,7 +39,7 @@ pub use resize_spec::{parse_target, TargetSpecError};
 pub use resolve::{resolve_container, ResolveError};
 pub use table::render_status;
 
-use crate::cgroup::ActualResources;
+use crate::cgroup::{ActualResources, Caps};
 use crate::model::{Container, EventRecord, LinuxResources, Pod, PodView};
 use crate::nri::{ContainerUpdate, LinkError, LinkStatus, RuntimeLink};
 use crate::observer::Strategies;
@@ -120,6 +120,11 @@ pub struct ContainerObserved {
     pub confirmed_at_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confirm_error: Option<String>,
+    /// Limits an ancestor cgroup (the pod's, or one between it and the container's) caps below
+    /// the container's own: the effective value (bytes, millicores), the cgroup and the reason
+    /// (`capped by the pod cgroup at 175Mi`). Absent when unknown; empty when nothing caps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caps: Option<Caps>,
     pub throttling: Option<ThrottlingView>,
     pub reclaim: Option<ReclaimView>,
     pub oom: Option<OomView>,
@@ -261,6 +266,7 @@ fn observed_view(
         v.differences.clone_from(&c.differences);
         v.confirmed_at_ms = Some(c.at_ms);
         v.confirm_error.clone_from(&c.error);
+        v.caps.clone_from(&c.caps);
     }
     if let Some(o) = observation {
         let obs = &o.observation;
@@ -706,6 +712,8 @@ mod tests {
         let dir = root.path().join("kubepods/pod1/c1");
         std::fs::create_dir_all(&dir).expect("mkdir");
         std::fs::write(dir.join("memory.max"), "268435456\n").expect("write");
+        // The pod cgroup caps it: the path above the container is read too (off the worker).
+        std::fs::write(root.path().join("kubepods/pod1/memory.max"), "134217728\n").expect("write");
         let (cgroups, on_worker) = OffWorkerOnly::wrap(Cgroups::V2(V2 {
             root: root.path().to_owned(),
         }));
@@ -763,9 +771,14 @@ mod tests {
             assert!(answer.is_ok_and(|Json(r)| r.failed.is_empty()));
             let confirmed = state.observed(|o| o.confirmations.get("c1").cloned());
             assert_eq!(
-                confirmed.and_then(|c| c.matches),
+                confirmed.as_ref().and_then(|c| c.matches),
                 Some(true),
                 "the cgroup was read back and holds the update"
+            );
+            assert_eq!(
+                confirmed.and_then(|c| c.caps?.memory).map(|m| m.effective),
+                Some(128 << 20),
+                "the pod cgroup was read as well"
             );
         }
         assert_eq!(

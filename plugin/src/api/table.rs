@@ -45,20 +45,27 @@ fn compact_spec(r: Option<&LinuxResources>) -> String {
     )
 }
 
+/// The limits in effect: the container cgroup's, or where an ancestor cgroup caps one, the
+/// ancestor's (the REASON column says which cgroup).
 fn actual(c: &ContainerStatus) -> String {
-    c.observed
-        .as_ref()
-        .and_then(|o| o.actual.as_ref())
-        .map_or_else(
-            || "-".to_string(),
-            |a| {
-                compact(
-                    a.cpu_limit_millis(),
-                    a.cpu_quota.is_some_and(|q| q > 0),
-                    a.memory_limit,
-                )
-            },
-        )
+    let Some(o) = c.observed.as_ref() else {
+        return "-".to_string();
+    };
+    let caps = o.caps.clone().unwrap_or_default();
+    o.actual.as_ref().map_or_else(
+        || "-".to_string(),
+        |a| {
+            let (cpu, cpu_limited) = match &caps.cpu {
+                Some(cap) => (Some(cap.effective), true),
+                None => (a.cpu_limit_millis(), a.cpu_quota.is_some_and(|q| q > 0)),
+            };
+            let memory = caps
+                .memory
+                .as_ref()
+                .map_or(a.memory_limit, |cap| i64::try_from(cap.effective).ok());
+            compact(cpu, cpu_limited, memory)
+        },
+    )
 }
 
 /// `12 (0.35s)`: throttled periods and seconds; `-` before the first observation.
@@ -160,6 +167,14 @@ fn rows(s: &Status, resizes: &Resizes, page_size: u64) -> Vec<Row> {
                             reason.push_str("; ");
                         }
                         let _ = write!(reason, "harmful: {}", v.reason);
+                    }
+                    if let Some(caps) = c.observed.as_ref().and_then(|o| o.caps.as_ref()) {
+                        for r in caps.reasons() {
+                            if !reason.is_empty() {
+                                reason.push_str("; ");
+                            }
+                            reason.push_str(&r);
+                        }
                     }
                     if let Some(o) = &c.observed {
                         if o.matches == Some(false) && reason.is_empty() {
@@ -497,6 +512,51 @@ mod tests {
         let col = header.find("DESIRED").expect("column");
         assert_eq!(&lines[2][col..col + 11], "1000m/256Mi", "{text}");
         assert_eq!(&lines[3][col..col + 9], "200m/64Mi", "{text}");
+    }
+
+    /// kubernetes/kubernetes#138760: the container's cgroup holds 512Mi (what was asked), its
+    /// pod cgroup 175Mi. ACTUAL is what is in effect, and REASON says which cgroup caps it.
+    #[test]
+    fn a_capped_container_shows_the_effective_limit_and_why() {
+        let mut s = status();
+        let o = s.pods[0].containers[0].observed.as_mut().expect("observed");
+        o.actual = Some(ActualResources {
+            cpu_quota: Some(50_000),
+            cpu_period: Some(100_000),
+            memory_limit: Some(512 << 20),
+            ..ActualResources::default()
+        });
+        o.caps = Some(crate::cgroup::Caps {
+            memory: Some(crate::cgroup::Cap {
+                effective: 175 << 20,
+                own: Some(512 << 20),
+                cgroup: "/kubepods/burstable/pod1".into(),
+                pod_cgroup: true,
+                reason: "capped by the pod cgroup at 175Mi".into(),
+            }),
+            cpu: None,
+        });
+        let text = render_status(&s, &Resizes::default(), 4096, 0);
+        let app = text.lines().find(|l| l.contains(" app ")).expect("app row");
+        let cells: Vec<&str> = app.split_whitespace().collect();
+        assert_eq!(
+            cells[4], "500m/175Mi",
+            "ACTUAL is the effective limit: {text}"
+        );
+        assert!(
+            app.ends_with("memory capped by the pod cgroup at 175Mi"),
+            "the reason: {text}"
+        );
+        // Not capped (known): the container's own limit, no reason.
+        s.pods[0].containers[0]
+            .observed
+            .as_mut()
+            .expect("observed")
+            .caps = Some(crate::cgroup::Caps::default());
+        let text = render_status(&s, &Resizes::default(), 4096, 0);
+        let app = text.lines().find(|l| l.contains(" app ")).expect("app row");
+        assert_eq!(app.split_whitespace().nth(4), Some("500m/512Mi"), "{text}");
+        assert!(!app.contains("capped"), "{text}");
     }
 
     #[test]

@@ -81,6 +81,11 @@ impl CgroupIo for Slow {
         self.inner.read_actual(cgroup)
     }
 
+    fn read_limits(&self, cgroup: &Path) -> Result<super::CgroupLimits, CgroupError> {
+        self.pause(cgroup);
+        self.inner.read_limits(cgroup)
+    }
+
     fn set_cpu_limit(&self, cgroup: &Path, limit: CpuLimit) -> Result<(), CgroupError> {
         self.pause(cgroup);
         self.inner.set_cpu_limit(cgroup, limit)

@@ -17,6 +17,7 @@
 //! | proactive reclaim | (none: lower `memory.limit_in_bytes`) | `memory.reclaim` (5.19+) |
 //! | reclaim harm (paced reclaim) | (none) | `memory.pressure`, `io.pressure`, `memory.stat` `workingset_refault_*` |
 
+mod effective;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
 mod layout;
@@ -32,6 +33,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use effective::{ancestors, caps, read_caps, Cap, Caps, CgroupLimits};
 pub use layout::CgroupLayout;
 pub use parse::flat_keyed;
 pub use path::{container_path, pod_path, resolve, ContainerCgroups};
@@ -164,6 +166,9 @@ pub trait CgroupIo: Send + Sync + fmt::Debug {
     fn version(&self) -> CgroupVersion;
     /// Reads the actual limits and usage of `cgroup`.
     fn read_actual(&self, cgroup: &Path) -> Result<ActualResources, CgroupError>;
+    /// Reads only the CPU bandwidth and memory limits of `cgroup` (what [`read_caps`] needs of
+    /// each cgroup on a container's path).
+    fn read_limits(&self, cgroup: &Path) -> Result<CgroupLimits, CgroupError>;
     /// Sets the CFS bandwidth limit of `cgroup` (a pod cgroup: the resize engine writes those).
     fn set_cpu_limit(&self, cgroup: &Path, limit: CpuLimit) -> Result<(), CgroupError>;
     /// Sets the memory limit of `cgroup` in bytes, `None` for unlimited.
@@ -376,6 +381,26 @@ fn read_limit(dir: &Path, file: &str) -> Result<Option<i64>, CgroupError> {
     }))
 }
 
+/// v2 `cpu.max`: (quota, period); quota `-1` for `max`; `(None, None)` when absent.
+fn read_cpu_max(dir: &Path) -> Result<(Option<i64>, Option<u64>), CgroupError> {
+    Ok(match read_file(dir, "cpu.max")? {
+        None => (None, None),
+        Some(text) => {
+            let mut it = text.split_whitespace();
+            let quota = match it.next() {
+                Some("max") => -1,
+                Some(q) => q.parse().map_err(|_| parse_err(dir, "cpu.max", &text))?,
+                None => return Err(parse_err(dir, "cpu.max", &text)),
+            };
+            let period = it
+                .next()
+                .and_then(|p| p.parse().ok())
+                .ok_or_else(|| parse_err(dir, "cpu.max", &text))?;
+            (Some(quota), Some(period))
+        }
+    })
+}
+
 fn write_file(dir: &Path, file: &str, value: &str) -> Result<(), CgroupError> {
     let path = dir.join(file);
     std::fs::write(&path, value).map_err(|source| write_error(path, value, source))
@@ -429,6 +454,16 @@ impl CgroupIo for V1 {
             memory_limit: read_limit(&memory, "memory.limit_in_bytes")?,
             memory_soft_limit: read_limit(&memory, "memory.soft_limit_in_bytes")?,
             memory_usage: read_u64(&memory, "memory.usage_in_bytes")?,
+        })
+    }
+
+    fn read_limits(&self, cgroup: &Path) -> Result<CgroupLimits, CgroupError> {
+        let cpu = existing_dir(&self.cpu, cgroup)?;
+        let memory = existing_dir(&self.memory, cgroup)?;
+        Ok(CgroupLimits {
+            cpu_quota: read_i64(&cpu, "cpu.cfs_quota_us")?,
+            cpu_period: read_u64(&cpu, "cpu.cfs_period_us")?,
+            memory_limit: read_limit(&memory, "memory.limit_in_bytes")?,
         })
     }
 
@@ -489,22 +524,7 @@ impl CgroupIo for V2 {
 
     fn read_actual(&self, cgroup: &Path) -> Result<ActualResources, CgroupError> {
         let dir = existing_dir(&self.root, cgroup)?;
-        let (cpu_quota, cpu_period) = match read_file(&dir, "cpu.max")? {
-            None => (None, None),
-            Some(text) => {
-                let mut it = text.split_whitespace();
-                let quota = match it.next() {
-                    Some("max") => -1,
-                    Some(q) => q.parse().map_err(|_| parse_err(&dir, "cpu.max", &text))?,
-                    None => return Err(parse_err(&dir, "cpu.max", &text)),
-                };
-                let period = it
-                    .next()
-                    .and_then(|p| p.parse().ok())
-                    .ok_or_else(|| parse_err(&dir, "cpu.max", &text))?;
-                (Some(quota), Some(period))
-            }
-        };
+        let (cpu_quota, cpu_period) = read_cpu_max(&dir)?;
         Ok(ActualResources {
             cpu_quota,
             cpu_period,
@@ -513,6 +533,16 @@ impl CgroupIo for V2 {
             memory_limit: read_limit(&dir, "memory.max")?,
             memory_soft_limit: read_limit(&dir, "memory.high")?,
             memory_usage: read_u64(&dir, "memory.current")?,
+        })
+    }
+
+    fn read_limits(&self, cgroup: &Path) -> Result<CgroupLimits, CgroupError> {
+        let dir = existing_dir(&self.root, cgroup)?;
+        let (cpu_quota, cpu_period) = read_cpu_max(&dir)?;
+        Ok(CgroupLimits {
+            cpu_quota,
+            cpu_period,
+            memory_limit: read_limit(&dir, "memory.max")?,
         })
     }
 
@@ -609,6 +639,10 @@ impl CgroupIo for Cgroups {
 
     fn read_actual(&self, cgroup: &Path) -> Result<ActualResources, CgroupError> {
         self.io().read_actual(cgroup)
+    }
+
+    fn read_limits(&self, cgroup: &Path) -> Result<CgroupLimits, CgroupError> {
+        self.io().read_limits(cgroup)
     }
 
     fn set_cpu_limit(&self, cgroup: &Path, limit: CpuLimit) -> Result<(), CgroupError> {

@@ -66,6 +66,11 @@ impl CgroupIo for OffWorkerOnly {
         self.inner.read_actual(cgroup)
     }
 
+    fn read_limits(&self, cgroup: &Path) -> Result<super::CgroupLimits, CgroupError> {
+        self.check("read_limits", cgroup);
+        self.inner.read_limits(cgroup)
+    }
+
     fn set_cpu_limit(&self, cgroup: &Path, limit: CpuLimit) -> Result<(), CgroupError> {
         self.check("set_cpu_limit", cgroup);
         self.inner.set_cpu_limit(cgroup, limit)

@@ -6,6 +6,8 @@
 //! Each tick it re-syncs the watched set only when the handler changed it (a generation
 //! counter), reads every watched cgroup with the observer's reused buffers, advances the metrics
 //! through cached series handles and publishes one [`ContainerObservation`] per container.
+//! Every few ticks it also re-reads each confirmed container's cgroup path up to its pod's
+//! ([`NodeState::recheck_caps`]): a pod cgroup below the container caps it.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -23,7 +25,9 @@ use crate::observer::{
     CpuHotplugEvent, HotplugRing, Observation, ObservedCgroup, Observer, ObserverSettings,
     StallShare, CPUHP_ENTER,
 };
-use crate::state::{ContainerObservation, NodeState, ObserverInfo};
+use crate::state::{
+    ContainerObservation, NodeState, ObserverInfo, RECHECK_EVERY_TICKS as RECHECK_CAPS_EVERY_TICKS,
+};
 use crate::sync::ReadWriteLocked as _;
 
 /// How the observer runs.
@@ -267,6 +271,10 @@ pub fn spawn(
                 ticks = ticks.wrapping_add(1);
                 if ticks % TRIM_EVERY_TICKS == 0 {
                     crate::observer::release_freed_memory();
+                }
+                // Whether a pod cgroup (kubelet's to write) caps a container below its limits.
+                if ticks % RECHECK_CAPS_EVERY_TICKS == 0 {
+                    l.state.recheck_caps();
                 }
                 match stop.recv_timeout(opts.interval) {
                     Err(RecvTimeoutError::Timeout) => {}

@@ -1,14 +1,16 @@
 //! How long a resize takes to be confirmed: from the runtime's `UpdateContainer` reaching the
-//! plugin to the container's cgroup, read back, holding every limit asked for.
+//! plugin to the container's cgroup, read back, holding every limit asked for; and how many
+//! containers an ancestor cgroup caps below their own limits.
 
-use prometheus::{Histogram, HistogramOpts, Registry};
+use prometheus::{Histogram, HistogramOpts, IntGaugeVec, Opts, Registry};
 
 use super::{register, MetricsError};
 
-/// `nri_resize_resize_confirmation_seconds`.
+/// `nri_resize_resize_confirmation_seconds` and `nri_resize_capped_containers{resource}`.
 #[derive(Clone)]
 pub struct ConfirmationMetrics {
     seconds: Histogram,
+    capped: IntGaugeVec,
 }
 
 impl std::fmt::Debug for ConfirmationMetrics {
@@ -34,7 +36,33 @@ impl ConfirmationMetrics {
                 )
                 .map_err(MetricsError::Register)?,
             )?,
+            capped: {
+                let capped = register(
+                    r,
+                    IntGaugeVec::new(
+                        Opts::new(
+                            "capped_containers",
+                            "Containers whose limit an ancestor cgroup (their pod's, or one between) caps below their own, per resource (memory, cpu): the smaller limit is the one in effect.",
+                        ),
+                        &["resource"],
+                    )
+                    .map_err(MetricsError::Register)?,
+                )?;
+                for resource in ["memory", "cpu"] {
+                    capped.with_label_values(&[resource]);
+                }
+                capped
+            },
         })
+    }
+
+    /// Sets how many containers are capped: `memory` and `cpu`.
+    pub fn set_capped(&self, memory: usize, cpu: usize) {
+        for (resource, n) in [("memory", memory), ("cpu", cpu)] {
+            self.capped
+                .with_label_values(&[resource])
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
     }
 
     pub fn confirmed(&self, seconds: f64) {

@@ -6,7 +6,7 @@
 use tracing::{debug, warn};
 
 use super::{Confirmation, NodeState};
-use crate::cgroup::{self, ActualResources, CgroupIo as _, CgroupVersion};
+use crate::cgroup::{self, ActualResources, CgroupIo as _, CgroupLimits, CgroupVersion};
 use crate::clock::now_ms;
 use crate::model::LinuxResources;
 use crate::policy::{cpu_quota_text, memory_limit_text, DEFAULT_CFS_PERIOD_US};
@@ -169,8 +169,13 @@ impl NodeState {
             seq,
             ..Confirmation::default()
         };
-        match cgroup::container_path(&target.cgroups_path).and_then(|path| read(&path)) {
-            Ok(actual) => {
+        let mut caps = None;
+        match cgroup::container_path(&target.cgroups_path)
+            .and_then(|path| read(&path).map(|a| (a, path)))
+        {
+            Ok((actual, path)) => {
+                // The cgroups above it, up to the pod's: what caps the limits in effect.
+                caps = self.read_caps(&target, &path, &CgroupLimits::from(&actual));
                 let diff = confirmation
                     .desired
                     .as_ref()
@@ -207,7 +212,18 @@ impl NodeState {
                 if let Some(a) = &confirmation.actual {
                     self.metrics.set_actual(&target.labels, a);
                 }
+                // Caps are also re-read on their own: a later re-read's are kept.
+                if let Some(before) = o.confirmations.get(id) {
+                    confirmation.caps.clone_from(&before.caps);
+                    confirmation.caps_seq = before.caps_seq;
+                }
                 o.confirmations.insert(id.to_owned(), confirmation.clone());
+                self.record_caps(o, id, caps.clone(), seq);
+                if let Some(c) = o.confirmations.get(id) {
+                    confirmation.caps.clone_from(&c.caps);
+                }
+            } else {
+                confirmation.caps = caps;
             }
         });
         Some(confirmation)

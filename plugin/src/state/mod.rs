@@ -8,6 +8,7 @@
 //! plus the cgroup read-back of a confirmation.
 
 mod capacity;
+mod caps;
 mod confirm;
 #[cfg(test)]
 mod fixtures;
@@ -27,6 +28,7 @@ use std::sync::{Arc, Mutex, RwLock};
 pub use capacity::{
     CapacityChange, CapacityResource, ChangeKind, LastChange, NodeStatus, PinnedContainer,
 };
+pub use caps::RECHECK_EVERY_TICKS;
 pub use confirm::{desired_matches, differences, TakenUpdate};
 pub use observed::{Confirmation, ContainerObservation, Observed, ObserverInfo, Target};
 pub use pod_level::{limits_text, PodLevelStatus};

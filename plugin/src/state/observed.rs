@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use super::NodeState;
-use crate::cgroup::ActualResources;
+use crate::cgroup::{ActualResources, Caps};
 use crate::metrics::ContainerLabels;
 use crate::model::{Container, LinuxResources, Pod};
 use crate::observer::{Fallback, Observation, StallShare, Strategies};
@@ -62,6 +62,13 @@ pub struct Confirmation {
     pub differences: Vec<String>,
     /// Why the cgroup could not be read.
     pub error: Option<String>,
+    /// What the cgroups above the container's, up to and including its pod's, cap: read with
+    /// `actual` and again every few observer intervals (`caps.rs`). `None`: never known (no pod
+    /// cgroup given, the container's not below it, or every read failed); a failed read keeps
+    /// what was known.
+    pub caps: Option<Caps>,
+    /// The reading `caps` came from (as `seq`; caps are also re-read on their own).
+    pub(super) caps_seq: u64,
     pub at_ms: u64,
     /// When the reading began, in the order of [`Observed::next_reading`]: a reading that began
     /// earlier never replaces one that began later (reads run side by side, off the workers).
@@ -141,7 +148,9 @@ impl NodeState {
             }
         }
         o.observations.remove(id);
-        o.confirmations.remove(id);
+        if o.confirmations.remove(id).is_some_and(|c| c.caps.is_some()) {
+            self.count_caps(o);
+        }
         o.pending.remove(id);
         self.forget_verdicts(id);
     }

@@ -78,6 +78,9 @@ impl CgroupIo for FakeMemcg {
     fn read_actual(&self, _: &std::path::Path) -> Result<ActualResources, CgroupError> {
         unreachable!()
     }
+    fn read_limits(&self, _: &std::path::Path) -> Result<crate::cgroup::CgroupLimits, CgroupError> {
+        unreachable!()
+    }
     fn set_cpu_limit(&self, _: &std::path::Path, _: CpuLimit) -> Result<(), CgroupError> {
         unreachable!()
     }
@@ -648,6 +651,9 @@ impl CgroupIo for SupersededAt {
     }
     fn read_actual(&self, p: &std::path::Path) -> Result<ActualResources, CgroupError> {
         self.inner.read_actual(p)
+    }
+    fn read_limits(&self, p: &std::path::Path) -> Result<crate::cgroup::CgroupLimits, CgroupError> {
+        self.inner.read_limits(p)
     }
     fn set_cpu_limit(&self, p: &std::path::Path, l: CpuLimit) -> Result<(), CgroupError> {
         self.inner.set_cpu_limit(p, l)
