@@ -509,6 +509,15 @@ async fn every_event_of_a_pods_life(version: ContainerdVersion) {
         st.runtime.request_timeout_ms,
         st.runtime.handler_budget_ms
     );
+    // Debian's containerd 1.7.24 vendors NRI v0.6.1 and 2.1.9 v0.8.0; neither announces it
+    // (NRI v0.12+ does): the plugin knows it from the runtime's name and release, as the
+    // runtime spells them in `Configure`. Other builds (`NRI_RESIZE_CONTAINERD_BIN`) are shown.
+    let nri = st.runtime.nri_version.clone().unwrap_or_default();
+    match ctrd.version() {
+        "1.7.24~ds1" => assert_eq!(nri, "v0.6.1 (inferred from containerd 1.7.24~ds1)"),
+        "2.1.9+unknown" => assert_eq!(nri, "v0.8.0 (inferred from containerd 2.1.9+unknown)"),
+        other => eprintln!("=== containerd {other}: NRI {nri}"),
+    }
     // containerd 1.7 (NRI v0.6) announces no timeout: the plugin assumes NRI's default 2 s.
     let (timeout, budget) = if version == ContainerdVersion::V1_7 {
         (2000, 1500)

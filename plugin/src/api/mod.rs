@@ -41,7 +41,7 @@ pub use table::render_status;
 
 use crate::cgroup::{ActualResources, Caps};
 use crate::model::{Container, EventRecord, LinuxResources, Pod, PodView};
-use crate::nri::{ContainerUpdate, LinkError, LinkStatus, RuntimeLink};
+use crate::nri::{ContainerUpdate, LinkError, LinkStatus, RuntimeInfo, RuntimeLink};
 use crate::observer::Strategies;
 use crate::resize::off_worker::off_worker;
 use crate::resize::{ContainerResize, Engine, PodResize, PodResizeRequest, ResizeError};
@@ -359,7 +359,9 @@ pub struct LinkStatusView {
     pub synchronized: bool,
     pub name: Option<String>,
     pub version: Option<String>,
-    /// The runtime's NRI version, when it announces one (NRI v0.12 / containerd 2.3 do).
+    /// The runtime's NRI version and where it came from: announced (NRI v0.12+: containerd
+    /// 2.3, CRI-O 1.37) or inferred from the runtime's release (`v0.11.0 (inferred from cri-o
+    /// 1.36.3)`); it decides whether the pod-level events are subscribed (NRI v0.10+).
     #[serde(default)]
     pub nri_version: Option<String>,
     /// The runtime's per-request deadline (announced since NRI v0.8, else NRI's default 2 s).
@@ -379,11 +381,7 @@ impl From<LinkStatus> for LinkStatusView {
             synchronized: s.synchronized,
             name: s.runtime.as_ref().map(|r| r.name.clone()),
             version: s.runtime.as_ref().map(|r| r.version.clone()),
-            nri_version: s
-                .runtime
-                .as_ref()
-                .map(|r| r.nri_version.clone())
-                .filter(|v| !v.is_empty()),
+            nri_version: s.runtime.as_ref().map(RuntimeInfo::nri_description),
             request_timeout_ms: s.runtime.as_ref().map(|r| millis(r.request_timeout())),
             handler_budget_ms: s.runtime.as_ref().map(|r| millis(r.handler_budget())),
             connects: s.connects,

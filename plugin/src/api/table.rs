@@ -213,7 +213,7 @@ pub fn render_status(s: &Status, resizes: &Resizes, page_size: u64, now_ms: u64)
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "runtime: {} {} ({}){}{}",
+        "runtime: {} {} ({}){}{}{}",
         s.runtime.name.as_deref().unwrap_or("?"),
         s.runtime.version.as_deref().unwrap_or("?"),
         if s.runtime.connected {
@@ -226,6 +226,10 @@ pub fn render_status(s: &Status, resizes: &Resizes, page_size: u64, now_ms: u64)
         } else {
             ""
         },
+        s.runtime
+            .nri_version
+            .as_deref()
+            .map_or_else(String::new, |v| format!("  NRI {v}")),
         s.metrics_addr
             .as_deref()
             .map_or_else(String::new, |a| format!("  metrics: http://{a}/metrics")),
@@ -339,7 +343,7 @@ mod tests {
                 synchronized: true,
                 name: Some("containerd".into()),
                 version: Some("1.7.24".into()),
-                nri_version: None,
+                nri_version: Some("v0.6.1 (inferred from containerd 1.7.24)".into()),
                 request_timeout_ms: Some(2000),
                 handler_budget_ms: Some(1500),
                 connects: 1,
@@ -434,6 +438,10 @@ mod tests {
             "{text}"
         );
         assert!(lines[0].contains("http://127.0.0.1:9464/metrics"), "{text}");
+        assert!(
+            lines[0].contains("NRI v0.6.1 (inferred from containerd 1.7.24)"),
+            "{text}"
+        );
         let header = lines[1];
         for col in [
             "POD",

@@ -8,6 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use super::version::{RuntimeNri, Source as NriSource};
 use crate::model::{Container, EventKind, LinuxResources, Pod};
 
 /// Default per-request deadline of NRI runtimes (used until `Configure` says otherwise).
@@ -40,11 +41,12 @@ impl EventSet {
         i32::try_from(self.0).unwrap_or(0)
     }
 
-    /// The set as a runtime that predates `since_v0_10` events can honour: such runtimes reject
-    /// unknown bits, so they are dropped when the runtime does not announce a newer NRI.
+    /// The set as the runtime can honour it: runtimes before NRI v0.10 reject unknown bits, so
+    /// the pod-level events (12–14) are dropped unless it accepts them
+    /// ([`RuntimeNri::accepts_pod_events`](super::version::RuntimeNri::accepts_pod_events)).
     #[must_use]
-    pub fn for_runtime(self, supports_v0_10: bool) -> Self {
-        if supports_v0_10 {
+    pub fn for_runtime(self, accepts_pod_events: bool) -> Self {
+        if accepts_pod_events {
             self
         } else {
             EventSet(self.0 & ((1 << 11) - 1))
@@ -63,14 +65,55 @@ impl FromIterator<EventKind> for EventSet {
 pub struct RuntimeInfo {
     pub name: String,
     pub version: String,
-    /// NRI version of the runtime, when it says (NRI v0.10+).
+    /// NRI version of the runtime, as it announced it in `Configure` (NRI v0.12+; else empty).
     pub nri_version: String,
+    /// The runtime's NRI version as nri-resize determined it: announced, else inferred from the
+    /// runtime's name and version ([`super::version::detect`]).
+    #[serde(default = "unknown_nri")]
+    pub nri: RuntimeNri,
     /// Per-request deadline the runtime enforces, in milliseconds (0 when not announced).
     pub request_timeout_ms: i64,
     pub registration_timeout_ms: i64,
 }
 
+fn unknown_nri() -> RuntimeNri {
+    RuntimeNri {
+        version: None,
+        source: NriSource::Unknown,
+    }
+}
+
+impl Default for RuntimeNri {
+    fn default() -> Self {
+        unknown_nri()
+    }
+}
+
 impl RuntimeInfo {
+    /// What `Configure` said, with the runtime's NRI version determined from it.
+    pub fn new(
+        name: String,
+        version: String,
+        nri_version: String,
+        request_timeout_ms: i64,
+        registration_timeout_ms: i64,
+    ) -> Self {
+        let nri = super::version::detect(&name, &version, &nri_version);
+        RuntimeInfo {
+            name,
+            version,
+            nri_version,
+            nri,
+            request_timeout_ms,
+            registration_timeout_ms,
+        }
+    }
+
+    /// The runtime's NRI version and where it came from: `v0.11.0 (inferred from cri-o 1.36.3)`.
+    pub fn nri_description(&self) -> String {
+        self.nri.describe(&self.name, &self.version)
+    }
+
     /// The runtime's per-request deadline: as announced, else NRI's default (2 s).
     pub fn request_timeout(&self) -> Duration {
         u64::try_from(self.request_timeout_ms)

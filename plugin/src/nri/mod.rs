@@ -8,6 +8,7 @@ mod handler;
 pub mod mux;
 mod runtime;
 mod service;
+mod version;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -157,6 +158,7 @@ where
     let req = pb::RegisterPluginRequest {
         plugin_name: id.name.clone(),
         plugin_idx: id.idx.clone(),
+        NRI_version: version::PLUGIN_NRI_VERSION.to_owned(),
         ..Default::default()
     };
     let timeout = i64::try_from(REGISTRATION_TIMEOUT.as_nanos()).unwrap_or(i64::MAX);

@@ -135,7 +135,7 @@ impl Handler for Recorder {
 
 #[derive(Debug, Default)]
 struct FakeRuntimeService {
-    registered: Mutex<Vec<(String, String)>>,
+    registered: Mutex<Vec<(String, String, String)>>,
     updates: Mutex<Vec<pb::UpdateContainersRequest>>,
 }
 
@@ -149,7 +149,7 @@ impl Runtime for FakeRuntimeService {
         self.registered
             .lock()
             .unwrap()
-            .push((req.plugin_name, req.plugin_idx));
+            .push((req.plugin_name, req.plugin_idx, req.NRI_version));
         Ok(pb::Empty::new())
     }
     async fn update_containers(
@@ -290,7 +290,12 @@ async fn full_v0_6_flow_registration_config_split_sync_events_and_updates() {
     let s = setup(Recorder::default()).await;
     assert_eq!(
         s.rt.service.registered.lock().unwrap().clone(),
-        vec![("nri-resize".to_string(), "42".to_string())]
+        vec![(
+            "nri-resize".to_string(),
+            "42".to_string(),
+            "v0.12.0".to_string()
+        )],
+        "the plugin registers with the NRI version it speaks"
     );
 
     // An old runtime (no NRI_version) gets only events it knows.
@@ -473,6 +478,31 @@ async fn full_v0_6_flow_registration_config_split_sync_events_and_updates() {
         s.link.update_containers(&[], &[]).await,
         Err(LinkError::NotConnected)
     ));
+}
+
+/// Runtimes of NRI v0.10 and v0.11 (CRI-O 1.34–1.36, containerd 2.2) accept the pod-level
+/// events but do not announce their NRI version: it is inferred from their release.
+#[tokio::test]
+async fn a_runtime_that_announces_no_nri_version_is_known_by_its_release() {
+    let s = setup(Recorder::default()).await;
+    for (name, release, events) in [
+        ("cri-o", "1.36.3", (1 << 14) - 1),
+        ("containerd", "v2.2.7", (1 << 14) - 1),
+        ("containerd", "2.1.9+unknown", (1 << 11) - 1),
+        ("cri-o", "1.33.4", (1 << 11) - 1),
+    ] {
+        let mut req = configure_req("", "");
+        req.runtime_name = name.into();
+        req.runtime_version = release.into();
+        let conf = s.rt.plugin.configure(ctx(), &req).await.unwrap();
+        assert_eq!(conf.events, events, "{name} {release}");
+    }
+    let status = s.link.status();
+    let runtime = status.runtime.expect("configured");
+    assert_eq!(
+        runtime.nri_description(),
+        "v0.9.1 (inferred from cri-o 1.33.4)"
+    );
 }
 
 #[tokio::test]
