@@ -214,6 +214,13 @@ impl DaemonContainer {
         let cgroup_parent = format!("{}/pod{uid}", ctrd.cgroups().path());
         ctrd.cgroups().create_cgroup(&cgroup_parent);
         let sandbox = PodSandboxConfig {
+            labels: crate::pod::kubelet_labels(
+                &std::collections::HashMap::new(),
+                "nri-resize",
+                "kube-system",
+                &uid,
+                None,
+            ),
             metadata: Some(PodSandboxMetadata {
                 name: "nri-resize".into(),
                 uid,
@@ -242,7 +249,7 @@ impl DaemonContainer {
         .unwrap_or_else(|e| panic!("RunPodSandbox for the daemon: {e}"))
         .into_inner()
         .pod_sandbox_id;
-        let config = container_config(&spec, namespaces);
+        let config = container_config(&spec, namespaces, &sandbox.labels);
         let id = Box::pin(client.create_container(CreateContainerRequest {
             pod_sandbox_id: pod_id,
             config: Some(config),
@@ -296,9 +303,12 @@ impl DaemonContainer {
 }
 
 /// The daemon's `ContainerConfig` for CRI from `spec`, in the sandbox's `namespaces`.
+/// `sandbox_labels` are the sandbox's (kubelet's pod labels): the container gets them with its
+/// own name, as kubelet labels every container.
 fn container_config(
     spec: &AsDeployed,
     namespaces: k8s_cri::v1::NamespaceOption,
+    sandbox_labels: &std::collections::HashMap<String, String>,
 ) -> k8s_cri::v1::ContainerConfig {
     use k8s_cri::v1::{
         ContainerConfig, ContainerMetadata, ImageSpec, KeyValue, LinuxContainerConfig, Mount,
@@ -310,6 +320,11 @@ fn container_config(
             name: "nri-resize".into(),
             attempt: 0,
         }),
+        labels: {
+            let mut labels = sandbox_labels.clone();
+            labels.insert("io.kubernetes.container.name".into(), "nri-resize".into());
+            labels
+        },
         image: Some(ImageSpec {
             image: DAEMON_IMAGE.into(),
             user_specified_image: DAEMON_IMAGE.into(),

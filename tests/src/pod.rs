@@ -213,7 +213,7 @@ impl Containerd {
             }),
             hostname: String::new(),
             log_directory: log_dir.to_string_lossy().into_owned(),
-            labels: spec.labels.clone(),
+            labels: kubelet_labels(&spec.labels, &spec.name, &spec.namespace, &spec.uid, None),
             annotations: spec.annotations.clone(),
             linux: Some(LinuxPodSandboxConfig {
                 cgroup_parent: cgroup_parent.clone(),
@@ -248,7 +248,8 @@ impl Containerd {
         }
     }
 
-    /// `CreateContainer` in `pod`; returns the container id.
+    /// `CreateContainer` in `pod`; returns the container id. The config carries kubelet's
+    /// labels (CRI-O names containers from them).
     pub async fn create_container(&self, pod: &Pod, spec: ContainerSpec) -> Result<String, Status> {
         let image = spec.image.unwrap_or_else(|| BUSYBOX_IMAGE.to_owned());
         let config = ContainerConfig {
@@ -263,7 +264,13 @@ impl Containerd {
             }),
             command: spec.command,
             log_path: format!("{}.log", spec.name),
-            labels: spec.labels,
+            labels: kubelet_labels(
+                &spec.labels,
+                &pod.name,
+                &pod.namespace,
+                &pod.uid,
+                Some(&spec.name),
+            ),
             annotations: spec.annotations,
             linux: Some(LinuxContainerConfig {
                 resources: Some(spec.resources.to_cri()),
@@ -534,4 +541,23 @@ impl Containerd {
             });
         crate::cgroups::read_trim(&dir.join(file)).unwrap_or_else(|e| panic!("{e}"))
     }
+}
+
+/// `labels` with the ones kubelet sets on every pod sandbox, and with `container`, on every
+/// container (`pkg/kubelet/types/labels.go`): kubelet's win over the pod's own.
+pub fn kubelet_labels(
+    labels: &HashMap<String, String>,
+    pod: &str,
+    namespace: &str,
+    uid: &str,
+    container: Option<&str>,
+) -> HashMap<String, String> {
+    let mut all = labels.clone();
+    all.insert("io.kubernetes.pod.name".into(), pod.into());
+    all.insert("io.kubernetes.pod.namespace".into(), namespace.into());
+    all.insert("io.kubernetes.pod.uid".into(), uid.into());
+    if let Some(name) = container {
+        all.insert("io.kubernetes.container.name".into(), name.into());
+    }
+    all
 }

@@ -156,13 +156,29 @@ pub(crate) fn resources_to_pb(r: &LinuxResources) -> pb::LinuxResources {
     }
 }
 
+/// kubelet's labels on every pod sandbox and container (`pkg/kubelet/types/labels.go`).
+const POD_NAME_LABEL: &str = "io.kubernetes.pod.name";
+const POD_NAMESPACE_LABEL: &str = "io.kubernetes.pod.namespace";
+const POD_UID_LABEL: &str = "io.kubernetes.pod.uid";
+const CONTAINER_NAME_LABEL: &str = "io.kubernetes.container.name";
+
+/// `value`, or when the runtime left it empty, kubelet's label `key`: CRI-O before cri-o#10117
+/// (July 2026) names containers from the label alone, so a create without it came empty.
+fn or_label(value: &str, labels: &std::collections::HashMap<String, String>, key: &str) -> String {
+    if value.is_empty() {
+        labels.get(key).cloned().unwrap_or_default()
+    } else {
+        value.to_owned()
+    }
+}
+
 pub(crate) fn pod_from_pb(p: &pb::PodSandbox) -> Pod {
     let linux = p.linux.as_ref();
     Pod {
         id: p.id.clone(),
-        name: p.name.clone(),
-        namespace: p.namespace.clone(),
-        uid: p.uid.clone(),
+        name: or_label(&p.name, &p.labels, POD_NAME_LABEL),
+        namespace: or_label(&p.namespace, &p.labels, POD_NAMESPACE_LABEL),
+        uid: or_label(&p.uid, &p.labels, POD_UID_LABEL),
         labels: sorted(&p.labels),
         annotations: sorted(&p.annotations),
         runtime_handler: p.runtime_handler.clone(),
@@ -192,7 +208,7 @@ pub(crate) fn container_from_pb(c: &pb::Container) -> Container {
     Container {
         id: c.id.clone(),
         pod_id: c.pod_sandbox_id.clone(),
-        name: c.name.clone(),
+        name: or_label(&c.name, &c.labels, CONTAINER_NAME_LABEL),
         state: state_from_pb(c.state),
         pid: (c.pid != 0).then_some(c.pid),
         cgroups_path: linux.map(|l| l.cgroups_path.clone()).unwrap_or_default(),
@@ -331,6 +347,31 @@ mod tests {
         assert_eq!(d.cgroup_parent, "/kubepods/pod1");
         assert_eq!(d.resources, Some(full()));
         assert_eq!(d.overhead, None);
+    }
+
+    /// CRI-O names a container from kubelet's label; where the runtime leaves a name empty the
+    /// label stands in, and a name the runtime gives wins over the label.
+    #[test]
+    fn empty_names_come_from_kubelets_labels() {
+        let mut c = pb::Container::new();
+        c.labels.insert(CONTAINER_NAME_LABEL.into(), "app".into());
+        assert_eq!(container_from_pb(&c).name, "app");
+        c.name = "given".into();
+        assert_eq!(container_from_pb(&c).name, "given");
+        assert_eq!(container_from_pb(&pb::Container::new()).name, "");
+
+        let mut p = pb::PodSandbox::new();
+        for (k, v) in [
+            (POD_NAME_LABEL, "web"),
+            (POD_NAMESPACE_LABEL, "ns"),
+            (POD_UID_LABEL, "u-1"),
+        ] {
+            p.labels.insert(k.into(), v.into());
+        }
+        let d = pod_from_pb(&p);
+        assert_eq!((d.full_name().as_str(), d.uid.as_str()), ("ns/web", "u-1"));
+        p.name = "given".into();
+        assert_eq!(pod_from_pb(&p).full_name(), "ns/given");
     }
 
     #[test]
