@@ -30,6 +30,9 @@ pub struct ModelHandler {
     node: Option<NodeReader>,
     /// Cgroup read-backs that follow the answer instead of delaying it.
     read_backs: Arc<ReadBacks>,
+    /// When a pod's cgroup is read back after an accepted `UpdatePodSandbox` (`None`: the
+    /// daemon's schedule, `POD_READ_BACK_AFTER`).
+    pod_read_back_after: Option<&'static [Duration]>,
 }
 
 impl ModelHandler {
@@ -39,7 +42,23 @@ impl ModelHandler {
             engine: None,
             node: None,
             read_backs: Arc::default(),
+            pod_read_back_after: None,
         }
+    }
+
+    /// When the pod cgroup is read back after an accepted `UpdatePodSandbox` (`None`: the
+    /// daemon's schedule).
+    pub(super) fn pod_read_back_after(&self) -> Option<&'static [Duration]> {
+        self.pod_read_back_after
+    }
+
+    /// With the pod cgroup read back at `after` following an accepted `UpdatePodSandbox`
+    /// (tests: none, to see the record before any read-back, or a short schedule).
+    #[cfg(test)]
+    #[must_use]
+    pub(super) fn with_pod_read_back(mut self, after: &'static [Duration]) -> Self {
+        self.pod_read_back_after = Some(after);
+        self
     }
 
     /// With node capacity read for pod-level admission (`/` on a node).
@@ -51,6 +70,15 @@ impl ModelHandler {
 
     pub(super) fn state(&self) -> &NodeState {
         &self.state
+    }
+
+    /// The node state, shared (for a read-back that outlives the handler call).
+    pub(super) fn shared_state(&self) -> Arc<NodeState> {
+        Arc::clone(&self.state)
+    }
+
+    pub(super) fn read_backs(&self) -> &ReadBacks {
+        &self.read_backs
     }
 
     pub(super) fn node_reader(&self) -> Option<&NodeReader> {
@@ -178,6 +206,7 @@ impl Handler for ModelHandler {
         overhead: Option<LinuxResources>,
         resources: Option<LinuxResources>,
     ) -> Result<(), Rejection> {
+        let asked = resources.is_some();
         let verdict = match &resources {
             Some(r) => self.admit_pod_update(&pod, overhead.as_ref(), r).await,
             None => Ok(()),
@@ -198,7 +227,13 @@ impl Handler for ModelHandler {
             );
             return verdict;
         }
+        let admitted = pod.clone();
         self.pod_event(EventKind::UpdatePodSandbox, pod);
+        if asked {
+            // The pod cgroup is read back after the answer: CRI-O sends no
+            // PostUpdatePodSandbox, and kubelet 1.36 writes the cgroup after this call.
+            self.follow_pod_update(admitted);
+        }
         Ok(())
     }
 

@@ -11,19 +11,22 @@
 //! read back and compared with what was asked, as containers are confirmed.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
 
 use tracing::{info, warn};
 
 use super::handler::ModelHandler;
-use super::pod_read::read_pod;
+use super::pod_read::{read_pod, PodReadError};
 use crate::clock::now_ms;
 use crate::config::Mode;
 use crate::model::{ContainerState, LinuxResources, Pod, PodLimits};
 use crate::nri::Rejection;
 use crate::policy::{
-    admit_pod_level, effective_enforce, with_overhead, Admission, Limits, ResizeState,
+    admit_pod_level, admit_unchecked_memory, effective_enforce, with_overhead, Admission, Limit,
+    Limits, ResizeState,
 };
-use crate::state::{limits_text, NodeReserve, PodLevelStatus};
+use crate::state::{limits_text, NodeReserve, NodeState, PodLevelStatus};
 use crate::sync::ReadWriteLocked as _;
 
 impl ModelHandler {
@@ -62,17 +65,24 @@ impl ModelHandler {
                 })
                 .collect()
         });
+        let previous = known_pod_memory(state, &pod.id);
+        let unread = unread_usage(&read.actual);
         let (actual, usage, error) = match read.actual {
             Ok((a, u)) => (Some(a), u, None),
             Err(e) => (None, None, Some(e.to_string())),
         };
-        let verdict = admit_pod_level(
+        let verdict = match admit_pod_level(
             &read.node.unwrap_or_default(),
             &asked,
             &extra,
             &containers,
             usage,
-        );
+        ) {
+            Admission::Fits => unread
+                .and_then(|why| admit_unchecked_memory(cgroup.memory, previous, &why))
+                .unwrap_or(Admission::Fits),
+            other => other,
+        };
         let (enforce, annotation) =
             effective_enforce(cfg.resize.mode == Mode::Enforce, &pod.annotations);
         if let Some(e) = annotation {
@@ -117,54 +127,127 @@ impl ModelHandler {
 
     /// After `PostUpdatePodSandbox`: reads the pod cgroup back and compares it with desired.
     pub(super) async fn confirm_pod(&self, pod: &Pod) {
-        let state = self.state();
-        let Some(desired) = state.pod_level(|m| m.get(&pod.id).map(|r| r.desired)) else {
+        confirm_pod(self.state(), pod, true).await;
+    }
+
+    /// After answering an accepted `UpdatePodSandbox`: reads `pod`'s cgroup back at
+    /// [`POD_READ_BACK_AFTER`] (an owned read-back; a newer update of the pod replaces it).
+    pub(super) fn follow_pod_update(&self, pod: Pod) {
+        let after = self.pod_read_back_after().unwrap_or(&POD_READ_BACK_AFTER);
+        if after.is_empty() {
             return;
-        };
-        let read = read_pod(
-            state.cgroups.clone(),
-            None,
-            None,
-            pod.cgroup_parent.clone(),
-            NodeReserve::default(),
-        )
-        .await;
-        let mut drift = None;
-        state.pod_level(|m| {
-            let Some(r) = m.get_mut(&pod.id) else { return };
-            r.updated_ms = now_ms();
-            match read.actual {
-                Ok((actual, usage)) => {
-                    r.actual = Some(actual);
-                    r.memory_usage = usage;
-                    r.error = None;
-                    r.matches = Some(actual == desired);
-                    if actual == desired && r.state == Some(ResizeState::InProgress) {
-                        r.state = None;
-                        r.reason.clear();
-                    } else {
-                        drift = Some(actual);
-                    }
-                    state
-                        .metrics
-                        .pod
-                        .set_actual(&pod.namespace, &pod.name, actual);
-                }
-                Err(e) => {
-                    r.matches = None;
-                    r.error = Some(e.to_string());
-                }
-            }
-        });
-        if let Some(actual) = drift {
-            warn!(
-                pod = %pod.full_name(),
-                desired = %limits_text(&desired),
-                actual = %limits_text(&actual),
-                "pod-level resize not in effect: desired and actual differ"
-            );
+        }
+        let id = format!("pod:{}", pod.id);
+        self.read_backs()
+            .start_async(&id, follow_reads(self.shared_state(), pod, after));
+    }
+}
+
+/// The pod cgroup's memory limit as far as the model knows (the last accepted update, or the
+/// sandbox's resources, overhead included); `None`: unknown. A request below it is a decrease.
+fn known_pod_memory(state: &NodeState, pod_id: &str) -> Option<Limit> {
+    state.read_model(|m| {
+        m.pod(pod_id).and_then(|p| {
+            let limits = Limits::from_linux(p.resources.as_ref()?);
+            let extra = p
+                .overhead
+                .as_ref()
+                .map(Limits::from_linux)
+                .unwrap_or_default();
+            Some(with_overhead(&limits, &extra).memory)
+        })
+    })
+}
+
+/// Why the pod's memory usage is unknown after `read`: the read failed or ran out of its
+/// budget, or the cgroup has no usage; `None` when it is known, or when cgroup access is turned
+/// off (the operator's choice: nothing is checked then).
+fn unread_usage(read: &Result<(PodLimits, Option<u64>), PodReadError>) -> Option<String> {
+    match read {
+        Ok((_, None)) => Some("its memory usage is unreadable".to_string()),
+        Err(PodReadError::NoCgroupAccess) | Ok(_) => None,
+        Err(e) => Some(e.to_string()),
+    }
+}
+
+/// When the pod cgroup is read back after an accepted `UpdatePodSandbox`, counted from the
+/// answer: CRI-O sends no `PostUpdatePodSandbox` (1.34 to 1.37), and kubelet 1.36 writes the
+/// pod cgroup only after the call returns, so the read follows the answer and is repeated until
+/// the cgroup holds the request; drift is reported after the last.
+const POD_READ_BACK_AFTER: [Duration; 5] = [
+    Duration::from_millis(100),
+    Duration::from_millis(400),
+    Duration::from_millis(1500),
+    Duration::from_secs(3),
+    Duration::from_secs(5),
+];
+
+/// Reads the pod cgroup of `pod` at `after` (each counted from the previous read) until it
+/// holds what the pod-level record asks; stops when the record is gone or the cgroup cannot be
+/// read. Drift is reported after the last read only.
+async fn follow_reads(state: Arc<NodeState>, pod: Pod, after: &[Duration]) {
+    for (i, wait) in after.iter().enumerate() {
+        tokio::time::sleep(*wait).await;
+        let last = i + 1 == after.len();
+        if confirm_pod(&state, &pod, last).await != Some(false) {
+            return;
         }
     }
+}
+
+/// Reads `pod`'s cgroup back and records it against its pod-level record: `Some(true)` when it
+/// holds what was asked, `Some(false)` when it does not (a warning when `report_drift`), `None`
+/// when there is no record or the cgroup could not be read.
+async fn confirm_pod(state: &NodeState, pod: &Pod, report_drift: bool) -> Option<bool> {
+    let desired = state.pod_level(|m| m.get(&pod.id).map(|r| r.desired))?;
+    let read = read_pod(
+        state.cgroups.clone(),
+        None,
+        None,
+        pod.cgroup_parent.clone(),
+        NodeReserve::default(),
+    )
+    .await;
+    let mut drift = None;
+    let mut matches = None;
+    state.pod_level(|m| {
+        let Some(r) = m.get_mut(&pod.id) else { return };
+        r.updated_ms = now_ms();
+        match read.actual {
+            Ok((actual, usage)) => {
+                r.actual = Some(actual);
+                r.memory_usage = usage;
+                r.error = None;
+                r.matches = Some(actual == desired);
+                matches = r.matches;
+                if actual == desired {
+                    if r.state == Some(ResizeState::InProgress) {
+                        r.state = None;
+                        r.reason.clear();
+                    }
+                } else {
+                    drift = Some(actual);
+                }
+                state
+                    .metrics
+                    .pod
+                    .set_actual(&pod.namespace, &pod.name, actual);
+            }
+            Err(e) => {
+                r.matches = None;
+                r.error = Some(e.to_string());
+            }
+        }
+    });
+    if let (Some(actual), true) = (drift, report_drift) {
+        warn!(
+            pod = %pod.full_name(),
+            desired = %limits_text(&desired),
+            actual = %limits_text(&actual),
+            "pod-level resize not in effect: desired and actual differ"
+        );
+    }
+    matches
 }
 
 #[cfg(test)]

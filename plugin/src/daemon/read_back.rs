@@ -36,6 +36,26 @@ impl ReadBacks {
         latest.insert(id.to_owned(), handle);
     }
 
+    /// Runs `follow` (a read-back that waits between its reads, on the async workers; its reads
+    /// go off them) for `id`, without waiting for it. Owned like [`Self::start`]: abandoned at
+    /// shutdown after [`Self::settle`]'s bound, and a later one for the same `id` replaces it.
+    pub(super) fn start_async(
+        &self,
+        id: &str,
+        follow: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        let handle = self.tasks.spawn(async move {
+            follow.await;
+            Some(())
+        });
+        let mut latest = self.latest.locked();
+        latest.retain(|_, h| !h.is_finished());
+        if let Some(old) = latest.insert(id.to_owned(), handle) {
+            // An older request's follow-up: the newer one reads for it.
+            old.abort();
+        }
+    }
+
     /// Waits for container `id`'s latest read-back, if one is running. Cancellable: the
     /// caller's deadline bounds the wait.
     pub(super) async fn finish(&self, id: &str) {

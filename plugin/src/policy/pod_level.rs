@@ -10,7 +10,9 @@
 //! Infeasible, in this order: the pod cgroup's CPU limit above the node's allocatable CPU; its
 //! memory limit above allocatable memory; a container limit of the pod above the pod limit (the
 //! container could never get what it holds). Deferred: a pod cgroup memory limit below what the
-//! pod uses now (the kernel would refuse it on cgroup v1 and OOM-kill on v2). Pure: no I/O.
+//! pod uses now (the kernel would refuse it on cgroup v1 and OOM-kill on v2), and a memory
+//! limit below the last known one when the pod's usage could not be read in time
+//! ([`admit_unchecked_memory`]: never let through unchecked). Pure: no I/O.
 //!
 //! Pod owners may make a pod stricter with `resize-mode.nri-resize.io/pod: Enforce` (refuse
 //! such resizes even when the node only observes); `Observe` on an enforcing node is looser and
@@ -164,6 +166,32 @@ pub fn admit_pod_level(
         }
     }
     Admission::Fits
+}
+
+/// A pod cgroup memory limit `asked` whose check against the pod's usage could not be made
+/// (`why`: the read failed or took longer than its budget) is not let through when it may lower
+/// the limit: below `previous` (the pod cgroup's last known memory limit; `None`: unknown, which
+/// may be higher) it is Deferred, since on cgroup v2 the kernel OOM-kills inside a write below
+/// usage. Raises, equal and unlimited limits are not held back (`None`).
+pub fn admit_unchecked_memory(
+    asked: Limit,
+    previous: Option<Limit>,
+    why: &str,
+) -> Option<Admission> {
+    let Limit::Limited(limit) = asked else {
+        return None;
+    };
+    let lowers = match previous {
+        Some(Limit::Limited(before)) => limit < before,
+        Some(Limit::Unlimited) | None => true,
+    };
+    lowers.then(|| Admission::Deferred {
+        reason: format!(
+            "pod memory limit {} not checked against the pod's usage ({why}): a lower limit is \
+             not let through unchecked",
+            memory_quantity(limit)
+        ),
+    })
 }
 
 #[cfg(test)]

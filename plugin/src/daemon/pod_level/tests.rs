@@ -50,12 +50,28 @@ impl Fixture {
     fn pod_cgroup(&self, cpu_max: &str, memory_max: &str, usage: u64) {
         let dir = self.cg.path().join(POD_CG.trim_start_matches('/'));
         std::fs::create_dir_all(&dir).expect("mkdir");
-        std::fs::write(dir.join("cpu.max"), format!("{cpu_max}\n")).expect("write");
-        std::fs::write(dir.join("memory.max"), format!("{memory_max}\n")).expect("write");
-        std::fs::write(dir.join("memory.current"), format!("{usage}\n")).expect("write");
+        // Each file replaced whole, as cgroupfs shows a write: a read-back running meanwhile
+        // (after an answer) never sees one half-written.
+        for (file, text) in [
+            ("cpu.max", cpu_max.to_string()),
+            ("memory.max", memory_max.to_string()),
+            ("memory.current", usage.to_string()),
+        ] {
+            let tmp = dir.join(format!(".{file}.tmp"));
+            std::fs::write(&tmp, format!("{text}\n")).expect("write");
+            std::fs::rename(&tmp, dir.join(file)).expect("rename");
+        }
     }
 
+    /// The handlers, with no read-back after `UpdatePodSandbox` (the record is seen as the
+    /// answer left it).
     fn handler(&self, mode: Mode) -> (Arc<NodeState>, ModelHandler) {
+        let (state, h) = self.handler_reading_back(mode);
+        (state, h.with_pod_read_back(&[]))
+    }
+
+    /// The handlers as the daemon has them: the pod cgroup read back after the answer.
+    fn handler_reading_back(&self, mode: Mode) -> (Arc<NodeState>, ModelHandler) {
         let mut cfg = Config::default();
         cfg.resize.mode = mode;
         let state = NodeState::with_cgroups(
@@ -153,6 +169,71 @@ async fn an_admitted_resize_is_kept_in_the_model_and_confirmed_after_kubelet_wro
     assert!(state.pod_levels().is_empty());
     let text = state.metrics.encode().expect("encode");
     assert!(!text.contains(r#"pod="web""#), "{text}");
+}
+
+/// kubelet 1.36 writes the pod cgroup after `UpdatePodSandbox` returns, and CRI-O sends no
+/// `PostUpdatePodSandbox`: the pod cgroup is read back after the answer, again until it holds
+/// the request, and the record is confirmed without a `PostUpdatePodSandbox`.
+#[tokio::test]
+async fn the_pod_cgroup_is_read_back_after_the_answer_without_post_update() {
+    let f = Fixture::new();
+    let (state, h) = f.handler_reading_back(Mode::Enforce);
+    h.run_pod_sandbox(pod()).await.expect("run");
+    h.update_pod_sandbox(pod(), None, Some(limits(500, 128 * MI)))
+        .await
+        .expect("admitted");
+    // kubelet 1.36: the pod cgroup is written once the call has returned.
+    f.pod_cgroup("50000 100000", &(128 * MI).to_string(), 60 * MI);
+    // The read-backs run at growing intervals (the last 10 s after the answer).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let r = loop {
+        let r = record(&state);
+        if r.matches == Some(true) {
+            break r;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pod cgroup was never read back as holding the request: {r:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(r.state, None, "{r:?}");
+    assert_eq!(
+        r.actual.map(|a| limits_text(&a)).as_deref(),
+        Some("500m/128Mi")
+    );
+}
+
+/// kubelet 1.36 calls `UpdatePodSandbox` before it writes the pod cgroup: a memory limit the
+/// handler could not check against the pod's usage is refused (kubelet retries), never let
+/// through; a raise is not held back.
+#[tokio::test]
+async fn a_pod_memory_decrease_whose_usage_cannot_be_read_is_refused() {
+    let f = Fixture::new();
+    let (state, h) = f.handler(Mode::Enforce);
+    let mut p = pod();
+    p.resources = Some(limits(500, 256 * MI));
+    h.run_pod_sandbox(p.clone()).await.expect("run");
+    std::fs::remove_dir_all(f.cg.path().join(POD_CG.trim_start_matches('/'))).expect("rm");
+    let refused = h
+        .update_pod_sandbox(p.clone(), None, Some(limits(500, 128 * MI)))
+        .await
+        .expect_err("a decrease checked against nothing is refused");
+    assert!(
+        refused.0.contains("not checked against the pod's usage"),
+        "{}",
+        refused.0
+    );
+    let r = record(&state);
+    assert_eq!(r.state, Some(ResizeState::Deferred), "{r:?}");
+    assert!(r.error.is_some(), "the failed read is shown: {r:?}");
+    // The model keeps the pod as it was.
+    let kept = state.read_model(|m| m.pod("pA").cloned()).expect("pod");
+    assert_eq!(kept.resources, Some(limits(500, 256 * MI)));
+    // A raise under the same failed read goes through.
+    h.update_pod_sandbox(p, None, Some(limits(500, 512 * MI)))
+        .await
+        .expect("a raise needs no usage");
 }
 
 #[tokio::test]

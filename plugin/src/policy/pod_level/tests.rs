@@ -201,3 +201,36 @@ fn the_node_and_usage_are_judged_with_the_overhead_the_containers_without() {
     );
     assert_eq!(with_overhead(&none, &overhead), none);
 }
+
+#[test]
+fn a_lower_memory_limit_whose_usage_could_not_be_read_is_deferred() {
+    let why = "pod cgroup read took longer than 500ms";
+    for (asked, previous, held) in [
+        // Lower than the last known limit, or nothing known: held back.
+        (
+            Limit::Limited(100 * MI),
+            Some(Limit::Limited(200 * MI)),
+            true,
+        ),
+        (Limit::Limited(100 * MI), Some(Limit::Unlimited), true),
+        (Limit::Limited(100 * MI), None, true),
+        // A raise, the same limit, or no limit at all: nothing to check.
+        (
+            Limit::Limited(300 * MI),
+            Some(Limit::Limited(200 * MI)),
+            false,
+        ),
+        (
+            Limit::Limited(200 * MI),
+            Some(Limit::Limited(200 * MI)),
+            false,
+        ),
+        (Limit::Unlimited, None, false),
+    ] {
+        let verdict = admit_unchecked_memory(asked, previous, why);
+        assert_eq!(verdict.is_some(), held, "{asked:?} after {previous:?}");
+        if let Some(Admission::Deferred { reason }) = verdict {
+            assert!(reason.contains(why) && reason.contains("100Mi"), "{reason}");
+        }
+    }
+}
