@@ -134,6 +134,7 @@ const TWINS_1_7: &[&str] = &[
     "nri_resize_coexists_with_another_nri_plugin_containerd_1_7",
     "slow_cgroup_fails_open_containerd_1_7",
     "slow_usage_read_refuses_a_memory_decrease_containerd_1_7",
+    "a_container_raised_above_its_pod_cgroup_is_reported_capped_containerd_1_7",
 ];
 /// Twins named for 2, left out where every containerd is 1.7.24 (their `_1_7` twin runs).
 const TWINS_2: &[&str] = &[
@@ -150,6 +151,7 @@ const TWINS_2: &[&str] = &[
     "nri_resize_coexists_with_another_nri_plugin_containerd_2",
     "slow_cgroup_fails_open_containerd_2",
     "slow_usage_read_refuses_a_memory_decrease_containerd_2",
+    "a_container_raised_above_its_pod_cgroup_is_reported_capped_containerd_2",
 ];
 
 /// Test binaries whose VM-only tests are `#[ignore]`d (they change the machine's CPUs and

@@ -6,6 +6,8 @@
 //!
 //! [`caps`] is pure (table-tested); [`read_caps`] reads the path through [`CgroupIo`].
 
+use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -178,13 +180,32 @@ pub fn read_caps(
     own: &CgroupLimits,
     pod: &Path,
 ) -> Result<Option<Caps>, CgroupError> {
+    read_caps_cached(io, container, own, pod, &mut HashMap::new())
+}
+
+/// [`read_caps`], reading each cgroup above the container once per `seen` (one pass over many
+/// containers: a pod's containers share its cgroup).
+pub fn read_caps_cached<S: BuildHasher>(
+    io: &dyn CgroupIo,
+    container: &Path,
+    own: &CgroupLimits,
+    pod: &Path,
+    seen: &mut HashMap<PathBuf, CgroupLimits, S>,
+) -> Result<Option<Caps>, CgroupError> {
     let Some(paths) = ancestors(container, pod) else {
         return Ok(None);
     };
-    let above = paths
-        .into_iter()
-        .map(|p| io.read_limits(&p).map(|l| (p, l)))
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut above = Vec::with_capacity(paths.len());
+    for p in paths {
+        let limits = if let Some(l) = seen.get(&p) {
+            *l
+        } else {
+            let l = io.read_limits(&p)?;
+            seen.insert(p.clone(), l);
+            l
+        };
+        above.push((p, limits));
+    }
     Ok(Some(caps(own, &above, pod)))
 }
 

@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-pub use effective::{ancestors, caps, read_caps, Cap, Caps, CgroupLimits};
+pub use effective::{ancestors, caps, read_caps, read_caps_cached, Cap, Caps, CgroupLimits};
 pub use layout::CgroupLayout;
 pub use parse::flat_keyed;
 pub use path::{container_path, pod_path, resolve, ContainerCgroups};

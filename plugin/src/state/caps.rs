@@ -8,7 +8,8 @@
 //!
 //! [`Confirmation::caps`]: super::Confirmation::caps
 
-use std::path::Path;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 
 use tracing::{debug, info, warn};
 
@@ -16,8 +17,10 @@ use super::{NodeState, Observed, Target};
 use crate::cgroup::{self, Cap, Caps, CgroupIo as _, CgroupLimits};
 
 /// The observer re-reads every container's cgroup path every this many ticks (its interval:
-/// 1 s by default). A pod cgroup changes rarely; its reads cost a few files per container.
-pub const RECHECK_EVERY_TICKS: u32 = 5;
+/// 1 s by default). A pod cgroup changes rarely; a pass reads each container's limits and each
+/// cgroup above them once (two or three files each), a cost beside the observer's own reads that
+/// grows with the containers, so it is kept to every 10 s.
+pub const RECHECK_EVERY_TICKS: u32 = 10;
 
 impl NodeState {
     /// The caps on the container of `target` whose cgroup `container` holds `own`: the limits
@@ -29,12 +32,23 @@ impl NodeState {
         container: &Path,
         own: &CgroupLimits,
     ) -> Option<Caps> {
+        self.read_caps_seen(target, container, own, &mut HashMap::new())
+    }
+
+    /// [`Self::read_caps`], each cgroup above the container read once per `seen`.
+    fn read_caps_seen(
+        &self,
+        target: &Target,
+        container: &Path,
+        own: &CgroupLimits,
+        seen: &mut HashMap<PathBuf, CgroupLimits>,
+    ) -> Option<Caps> {
         let cgroups = self.cgroups.as_ref()?;
         if target.cgroup_parent.is_empty() {
             return None;
         }
         match cgroup::pod_path(&target.cgroup_parent)
-            .and_then(|pod| cgroup::read_caps(cgroups, container, own, &pod))
+            .and_then(|pod| cgroup::read_caps_cached(cgroups, container, own, &pod, seen))
         {
             Ok(caps) => caps,
             Err(e) => {
@@ -101,12 +115,14 @@ impl NodeState {
                 })
                 .collect()
         });
+        // A pod's containers share the cgroups above them: each is read once per pass.
+        let mut seen = HashMap::new();
         for (id, target, seq) in jobs {
             let caps = cgroup::container_path(&target.cgroups_path)
                 .and_then(|path| Ok((cgroups.read_limits(&path)?, path)))
                 .map_err(|e| debug!(container = %target.labels.container, error = %e, "container cgroup not re-read"))
                 .ok()
-                .and_then(|(own, path)| self.read_caps(&target, &path, &own));
+                .and_then(|(own, path)| self.read_caps_seen(&target, &path, &own, &mut seen));
             self.observed(|o| self.record_caps(o, &id, caps, seq));
         }
     }
