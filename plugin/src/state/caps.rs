@@ -102,11 +102,12 @@ impl NodeState {
             return;
         };
         let jobs: Vec<(String, Target, u64)> = self.observed(|o| {
+            // As at a confirmation: only containers whose own cgroup held what was asked.
             let ids: Vec<String> = o
                 .confirmations
-                .keys()
-                .filter(|id| o.targets.contains_key(*id))
-                .cloned()
+                .iter()
+                .filter(|(id, c)| o.targets.contains_key(*id) && c.matches != Some(false))
+                .map(|(id, _)| id.clone())
                 .collect();
             ids.into_iter()
                 .filter_map(|id| {
@@ -177,17 +178,18 @@ mod tests {
             .unwrap_or(-1)
     }
 
-    /// kubernetes/kubernetes#138760 on a v2 fixture: the confirmation holds the container's own
-    /// 512Mi (it matches what was asked) and the pod cgroup's 175Mi cap; the gauge counts it; a
-    /// recheck after the pod cgroup is raised clears it; a gone container leaves the count.
-    #[test]
-    fn a_pod_cgroup_below_the_container_caps_it_until_raised() {
+    /// A v2 fixture: pod `p1` at `/test/p1` with container `c1` under it, tracked; the pod's
+    /// and the container's `(memory.max, cpu.max)` as given.
+    fn tracked(
+        pod_files: (&str, &str),
+        c1_files: (&str, &str),
+    ) -> (tempfile::TempDir, PathBuf, std::sync::Arc<NodeState>) {
         let tmp = tempfile::tempdir().expect("tempdir");
         let pod_dir = tmp.path().join("test/p1");
-        write(&pod_dir, "memory.max", "183500800\n");
-        write(&pod_dir, "cpu.max", "max 100000\n");
-        write(&pod_dir.join("c1"), "memory.max", "536870912\n");
-        write(&pod_dir.join("c1"), "cpu.max", "10000 100000\n");
+        write(&pod_dir, "memory.max", pod_files.0);
+        write(&pod_dir, "cpu.max", pod_files.1);
+        write(&pod_dir.join("c1"), "memory.max", c1_files.0);
+        write(&pod_dir.join("c1"), "cpu.max", c1_files.1);
         let state = NodeState::with_cgroups(
             crate::config::Config::default(),
             Some(cgroup::Cgroups::V2(cgroup::V2 {
@@ -197,6 +199,18 @@ mod tests {
         let mut p = pod("p1");
         p.cgroup_parent = "/test/p1".into();
         state.track(&p, &ctr("c1", "p1", "app"));
+        (tmp, pod_dir, state)
+    }
+
+    /// kubernetes/kubernetes#138760 on a v2 fixture: the confirmation holds the container's own
+    /// 512Mi (it matches what was asked) and the pod cgroup's 175Mi cap; the gauge counts it; a
+    /// recheck after the pod cgroup is raised clears it; a gone container leaves the count.
+    #[test]
+    fn a_pod_cgroup_below_the_container_caps_it_until_raised() {
+        let (_tmp, pod_dir, state) = tracked(
+            ("183500800\n", "max 100000\n"),
+            ("536870912\n", "10000 100000\n"),
+        );
         let c = state
             .confirm("c1", Some(res(10_000, 100_000, 512 << 20)))
             .expect("confirmation");
@@ -242,26 +256,45 @@ mod tests {
     }
 
     /// A recheck that cannot read the path (pod cgroup gone) keeps what was known.
+    /// Seen in the VM tier: the confirmation after `PostCreateContainer` read the container's
+    /// new cgroup before runc wrote its limits (unlimited), under a 175Mi pod cgroup. That is
+    /// drift (desired 512Mi, actual unlimited), not a cap: no cap is recorded or counted until
+    /// its own cgroup holds what was asked, by a confirmation or by the observer's re-check.
+    #[test]
+    fn a_container_whose_own_limits_are_not_in_place_yet_is_not_capped() {
+        let (_tmp, pod_dir, state) =
+            tracked(("183500800\n", "max 100000\n"), ("max\n", "max 100000\n"));
+        let c = state
+            .confirm("c1", Some(res(10_000, 100_000, 128 << 20)))
+            .expect("confirmation");
+        assert_eq!(c.matches, Some(false), "drift: {c:?}");
+        assert_eq!(c.caps, None, "{c:?}");
+        state.recheck_caps();
+        // 0, or no series yet: nothing counted.
+        assert!(capped(&state.metrics.encode().expect("encode"), "memory") <= 0);
+        // runc wrote the limits: confirmed, and 128Mi under 175Mi is not capped.
+        write(&pod_dir.join("c1"), "memory.max", "134217728\n");
+        write(&pod_dir.join("c1"), "cpu.max", "10000 100000\n");
+        let c = state
+            .confirm("c1", Some(res(10_000, 100_000, 128 << 20)))
+            .expect("confirmation");
+        assert_eq!(c.matches, Some(true), "{c:?}");
+        assert!(c.caps.as_ref().is_some_and(|k| !k.any()), "{c:?}");
+    }
+
     #[test]
     fn an_unreadable_path_keeps_the_known_caps() {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let pod_dir = tmp.path().join("test/p1");
-        write(&pod_dir, "memory.max", "104857600\n");
-        write(&pod_dir.join("c1"), "memory.max", "max\n");
-        let state = NodeState::with_cgroups(
-            crate::config::Config::default(),
-            Some(cgroup::Cgroups::V2(cgroup::V2 {
-                root: tmp.path().to_owned(),
-            })),
+        let (_tmp, pod_dir, state) = tracked(
+            ("104857600\n", "max 100000\n"),
+            ("209715200\n", "10000 100000\n"),
         );
-        let mut p = pod("p1");
-        p.cgroup_parent = "/test/p1".into();
-        state.track(&p, &ctr("c1", "p1", "app"));
-        let c = state.confirm("c1", None).expect("confirmation");
+        let c = state
+            .confirm("c1", Some(res(10_000, 100_000, 200 << 20)))
+            .expect("confirmation");
         assert_eq!(
             c.caps.and_then(|c| c.memory).map(|m| m.effective),
             Some(100 << 20),
-            "an unlimited container under a 100Mi pod"
+            "a 200Mi container under a 100Mi pod"
         );
         std::fs::remove_file(pod_dir.join("memory.max")).expect("rm");
         std::fs::remove_dir_all(pod_dir.join("c1")).expect("rm");

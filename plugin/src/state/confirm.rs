@@ -174,13 +174,18 @@ impl NodeState {
             .and_then(|path| read(&path).map(|a| (a, path)))
         {
             Ok((actual, path)) => {
-                // The cgroups above it, up to the pod's: what caps the limits in effect.
-                caps = self.read_caps(&target, &path, &CgroupLimits::from(&actual));
                 let diff = confirmation
                     .desired
                     .as_ref()
                     .and_then(|d| differences(d, &actual, version));
                 confirmation.matches = diff.as_ref().map(Vec::is_empty);
+                // The cgroups above it, up to the pod's: what caps the limits in effect. Judged
+                // only once its own cgroup holds what was asked: before that (runc writes a new
+                // cgroup's limits after creating it; an update not yet applied) the difference
+                // is drift, reported as such, and an ancestor's lower limit says nothing.
+                if confirmation.matches != Some(false) {
+                    caps = self.read_caps(&target, &path, &CgroupLimits::from(&actual));
+                }
                 confirmation.differences = diff.unwrap_or_default();
                 confirmation.actual = Some(actual);
             }
