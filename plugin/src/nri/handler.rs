@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use super::version::{RuntimeNri, Source as NriSource};
+use super::version::RuntimeNri;
 use crate::model::{Container, EventKind, LinuxResources, Pod};
 
 /// Default per-request deadline of NRI runtimes (used until `Configure` says otherwise).
@@ -67,51 +67,21 @@ pub struct RuntimeInfo {
     pub version: String,
     /// NRI version of the runtime, as it announced it in `Configure` (NRI v0.12+; else empty).
     pub nri_version: String,
-    /// The runtime's NRI version as nri-resize determined it: announced, else inferred from the
-    /// runtime's name and version ([`super::version::detect`]).
-    #[serde(default = "unknown_nri")]
-    pub nri: RuntimeNri,
     /// Per-request deadline the runtime enforces, in milliseconds (0 when not announced).
     pub request_timeout_ms: i64,
     pub registration_timeout_ms: i64,
 }
 
-fn unknown_nri() -> RuntimeNri {
-    RuntimeNri {
-        version: None,
-        source: NriSource::Unknown,
-    }
-}
-
-impl Default for RuntimeNri {
-    fn default() -> Self {
-        unknown_nri()
-    }
-}
-
 impl RuntimeInfo {
-    /// What `Configure` said, with the runtime's NRI version determined from it.
-    pub fn new(
-        name: String,
-        version: String,
-        nri_version: String,
-        request_timeout_ms: i64,
-        registration_timeout_ms: i64,
-    ) -> Self {
-        let nri = super::version::detect(&name, &version, &nri_version);
-        RuntimeInfo {
-            name,
-            version,
-            nri_version,
-            nri,
-            request_timeout_ms,
-            registration_timeout_ms,
-        }
+    /// The runtime's NRI version as nri-resize determines it: announced, else inferred from the
+    /// runtime's name and version ([`super::version::detect`]).
+    pub fn nri(&self) -> RuntimeNri {
+        super::version::detect(&self.name, &self.version, &self.nri_version)
     }
 
     /// The runtime's NRI version and where it came from: `v0.11.0 (inferred from cri-o 1.36.3)`.
     pub fn nri_description(&self) -> String {
-        self.nri.describe(&self.name, &self.version)
+        self.nri().describe(&self.name, &self.version)
     }
 
     /// The runtime's per-request deadline: as announced, else NRI's default (2 s).

@@ -224,16 +224,16 @@ impl<H: Handler> Plugin for PluginService<H> {
         _ctx: &TtrpcContext,
         req: pb::ConfigureRequest,
     ) -> ttrpc::Result<pb::ConfigureResponse> {
-        let info = RuntimeInfo::new(
-            req.runtime_name.clone(),
-            req.runtime_version.clone(),
-            req.NRI_version.clone(),
-            req.request_timeout,
-            req.registration_timeout,
-        );
+        let info = RuntimeInfo {
+            name: req.runtime_name.clone(),
+            version: req.runtime_version.clone(),
+            nri_version: req.NRI_version.clone(),
+            request_timeout_ms: req.request_timeout,
+            registration_timeout_ms: req.registration_timeout,
+        };
         *self.request_timeout.locked() = info.request_timeout();
         let budget = self.budget();
-        info!(runtime = %info.name, version = %info.version, nri = %info.nri_description(), pod_events = info.nri.accepts_pod_events(), request_timeout_ms = info.request_timeout_ms, handler_budget_ms = budget.as_millis(), "configure");
+        info!(runtime = %info.name, version = %info.version, nri = %info.nri_description(), pod_events = info.nri().accepts_pod_events(), request_timeout_ms = info.request_timeout_ms, handler_budget_ms = budget.as_millis(), "configure");
         self.handler
             .configure(&info, &req.config)
             .await
@@ -245,7 +245,7 @@ impl<H: Handler> Plugin for PluginService<H> {
         let events = self
             .handler
             .events()
-            .for_runtime(info.nri.accepts_pod_events());
+            .for_runtime(info.nri().accepts_pod_events());
         Ok(pb::ConfigureResponse {
             events: events.mask(),
             ..Default::default()
