@@ -360,7 +360,13 @@ async fn throttling(ctrd: &Containerd, plugins: &Plugins) {
     let mut spec = PodSpec::new("throttle");
     spec.resources = Resources::limits(200_000, 0);
     let pod = Box::pin(ctrd.run_pod(spec)).await.expect("RunPodSandbox");
-    let mut c = ContainerSpec::new("busy", &["sh", "-c", "while :; do :; done"]);
+    // Pinned to one CPU: a cgroup's PSI weighs each CPU's stalled time by the time the cgroup
+    // was busy on that CPU, so a starved loop that the scheduler moves between two CPUs reads
+    // about half its real wait in a one-second window (0.45 instead of 0.9; CI's 6.12 guest).
+    let mut c = ContainerSpec::new(
+        "busy",
+        &["taskset", "-c", "0", "sh", "-c", "while :; do :; done"],
+    );
     c.resources = Resources::limits(10_000, 64 * MIB);
     let id = Box::pin(ctrd.create_container(&pod, c))
         .await
@@ -558,9 +564,10 @@ fn stalled_seconds(
     )
 }
 
-/// (e) While the busy loop runs at 0.1 CPU. On cgroup v2 every instance reads its pressure
-/// files: the cpu `some` series appears, grows over 3 s by more than half the wall time (the
-/// loop waits for CPU ~90 % of the time) and the status shows a cpu stall share; memory and io
+/// (e) While the busy loop runs at 0.1 CPU, pinned to one CPU. On cgroup v2 every instance reads
+/// its pressure files: the cpu `some` series appears, grows over 3 s by more than half the wall
+/// time (the loop waits for CPU ~90 % of the time) and the status shows a cpu stall share over
+/// half; memory and io
 /// series exist too. On cgroup v1 there is no series, and the strategy and `/readyz` say why.
 async fn pressure(ctrd: &Containerd, plugins: &Plugins, pod: &str, id: &str) {
     if ctrd.cgroups().mode() == CgroupMode::V1 {
