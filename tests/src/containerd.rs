@@ -18,6 +18,7 @@ use tonic::transport::{Channel, Endpoint, Uri};
 use crate::cgroups::CgroupTree;
 use crate::cleanup::{self, InstanceRef, BASE_PREFIX, CGROUP_PREFIX};
 use crate::images::{image_archives, BUSYBOX_IMAGE, PAUSE_IMAGE};
+use crate::seeded_root;
 use crate::util::{next_instance, require_binary, require_root, tail_lines};
 use crate::version::ContainerdVersion;
 
@@ -81,6 +82,12 @@ impl Containerd {
     /// hint if not root or a binary is missing.
     /// `$NRI_RESIZE_CONTAINERD` (see [`ContainerdVersion::forced`]) replaces `version`, loudly.
     pub async fn start(version: ContainerdVersion, opts: ContainerdOptions) -> Self {
+        Self::start_with(version, opts, true).await
+    }
+
+    /// [`Containerd::start`]; `seeded`: start from the published root with the images (made
+    /// first if there is none, see [`crate::seeded_root`]) instead of importing them.
+    async fn start_with(version: ContainerdVersion, opts: ContainerdOptions, seeded: bool) -> Self {
         static SWEEP: Once = Once::new();
         let version = match ContainerdVersion::forced() {
             Some(forced) if forced != version => {
@@ -94,20 +101,16 @@ impl Containerd {
         };
         require_root();
         let started = Instant::now();
-        require_binary(
-            &version.containerd_bin(),
-            &format!("{version} (containerd)"),
-        );
-        require_binary(&version.ctr_bin(), &format!("{version} (ctr)"));
-        require_binary(
-            &version.shim_bin(),
-            &format!("{version} (containerd-shim-runc-v2)"),
-        );
-        require_binary(Path::new("/usr/bin/runc"), "runc (/usr/bin/runc)");
+        require_binaries(version);
         SWEEP.call_once(cleanup::sweep_stale);
         let archives = tokio::task::spawn_blocking(image_archives)
             .await
             .expect("build images");
+        let seed = if seeded {
+            Box::pin(seeded_root_for(version)).await
+        } else {
+            None
+        };
 
         let pid = std::process::id();
         let (base, n) = loop {
@@ -154,18 +157,23 @@ impl Containerd {
                 .unwrap_or_else(|e| panic!("create {}/{d}: {e}", base.display()));
         }
         std::fs::write(this.config_path(), this.config_toml()).expect("write config.toml");
+        if let Some(seed) = &seed {
+            seeded_root::copy_tree(seed, &base.join("root")).unwrap_or_else(|e| panic!("{e}"));
+        }
         this.cgroups.create();
         Box::pin(this.spawn()).await;
         let up = started.elapsed();
-        for archive in [&archives.pause, &archives.busybox] {
-            Box::pin(this.import(archive)).await;
+        if seed.is_none() {
+            for archive in [&archives.pause, &archives.busybox] {
+                Box::pin(this.import(archive)).await;
+            }
         }
         for image in [PAUSE_IMAGE, BUSYBOX_IMAGE] {
             Box::pin(this.wait_image(image)).await;
         }
         // The times say where a slow test's time goes (the VM tier's guests): never asserted.
         eprintln!(
-            "harness: {} {} ({}) at {}, cgroups {} ({:?}); up in {:.1} s, images in {:.1} s",
+            "harness: {} {} ({}) at {}, cgroups {} ({:?}); up in {:.1} s, images {} in {:.1} s",
             this.runtime_name,
             this.runtime_version,
             this.version,
@@ -173,6 +181,7 @@ impl Containerd {
             this.cgroups.path(),
             this.cgroups.mode(),
             up.as_secs_f64(),
+            if seed.is_some() { "seeded" } else { "imported" },
             started.elapsed().saturating_sub(up).as_secs_f64()
         );
         this
@@ -541,6 +550,50 @@ fn cri_remove_all_pods(socket: PathBuf) {
     let _ = worker.join();
 }
 
+/// Panics with an install hint unless `version`'s binaries and runc are there.
+fn require_binaries(version: ContainerdVersion) {
+    require_binary(
+        &version.containerd_bin(),
+        &format!("{version} (containerd)"),
+    );
+    require_binary(&version.ctr_bin(), &format!("{version} (ctr)"));
+    require_binary(
+        &version.shim_bin(),
+        &format!("{version} (containerd-shim-runc-v2)"),
+    );
+    require_binary(Path::new("/usr/bin/runc"), "runc (/usr/bin/runc)");
+}
+
+/// The published root with the images for `version`; the first caller of a containerd build
+/// makes it: a private containerd imports the archives, is stopped cleanly, and its root is
+/// published. `None` (the caller imports) when it cannot be made.
+async fn seeded_root_for(version: ContainerdVersion) -> Option<PathBuf> {
+    let archives = image_archives();
+    if let Some(root) = seeded_root::published(version, archives) {
+        return Some(root);
+    }
+    let _making = seeded_root::making_lock().lock().await;
+    if let Some(root) = seeded_root::published(version, archives) {
+        return Some(root);
+    }
+    let mut maker = Box::pin(Containerd::start_with(
+        version,
+        ContainerdOptions::default(),
+        false,
+    ))
+    .await;
+    maker.channel = None;
+    if let Some(mut child) = maker.child.take() {
+        if let Ok(pid) = i32::try_from(child.id()) {
+            cleanup::terminate(pid, Duration::from_secs(30));
+        }
+        let _ = child.wait();
+    }
+    seeded_root::publish(version, archives, &maker.inst.base.join("root"));
+    drop(maker);
+    seeded_root::published(version, archives)
+}
+
 impl Drop for Containerd {
     fn drop(&mut self) {
         let panicking = std::thread::panicking();
@@ -557,14 +610,16 @@ impl Drop for Containerd {
             if child.try_wait().ok().flatten().is_none() {
                 cri_remove_all_pods(self.inst.grpc_socket.clone());
             }
+            let pods_removed = teardown.elapsed();
             if let Ok(pid) = i32::try_from(child.id()) {
                 cleanup::terminate(pid, Duration::from_secs(10));
             }
             let _ = child.wait();
             eprintln!(
-                "harness: containerd at {} stopped in {:.1} s",
+                "harness: containerd at {} stopped in {:.1} s (pods removed in {:.1} s)",
                 self.inst.base.display(),
-                teardown.elapsed().as_secs_f64()
+                teardown.elapsed().as_secs_f64(),
+                pods_removed.as_secs_f64()
             );
         }
         if panicking {

@@ -1,8 +1,9 @@
 //! Local OCI images, built without any registry and cached per machine.
 //!
 //! Two single-layer images are built once per machine under `<cache>/images` (keyed by the
-//! hash of their inputs) and imported into every containerd instance with that instance's
-//! own `ctr images import`:
+//! hash of their inputs), imported with `ctr images import` into a containerd once per
+//! containerd build, and every instance starts from a copy of that root
+//! ([`crate::seeded_root`]):
 //! * [`PAUSE_IMAGE`]: a static C program that sleeps in `pause()` and exits 0 on SIGTERM/SIGINT;
 //! * [`BUSYBOX_IMAGE`]: Debian's static `/bin/busybox` with every applet linked under
 //!   `/bin`, `/sbin`, `/usr/bin` and `/usr/sbin` (`sh`, `sleep`, `dd`, `cat`, `yes`, `head`, ...),
@@ -74,7 +75,7 @@ pub fn image_archives() -> &'static ImageArchives {
     })
 }
 
-fn sha256_hex(data: &[u8]) -> String {
+pub(crate) fn sha256_hex(data: &[u8]) -> String {
     use std::fmt::Write as _;
     Sha256::digest(data)
         .iter()

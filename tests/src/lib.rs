@@ -7,7 +7,8 @@
 //! removes it after `RemovePodSandbox`.
 //!
 //! Images come from local OCI archives (no registry): [`PAUSE_IMAGE`] (sandbox) and
-//! [`BUSYBOX_IMAGE`] (default container image).
+//! [`BUSYBOX_IMAGE`] (default container image), imported once per containerd build; every
+//! instance starts from a copy of that containerd root.
 //!
 //! Error policy: harness failures (not root, binary missing, containerd does not start,
 //! cgroup setup fails) panic with context; CRI calls return `Result<_, tonic::Status>` and
@@ -44,9 +45,11 @@ pub mod cri_pod;
 mod go_plugin;
 mod image;
 mod images;
+mod kubelet;
 mod plugin;
 mod pod;
 pub mod probe;
+mod seeded_root;
 mod util;
 mod version;
 
@@ -61,6 +64,7 @@ pub use image::{
 pub use images::{image_archives, ImageArchives, BUSYBOX_IMAGE, PAUSE_IMAGE};
 /// The CRI v1 API (types and clients) from crate `k8s-cri`.
 pub use k8s_cri::v1 as cri;
+pub use kubelet::{KubeletPodResize, KubeletResize};
 pub use plugin::{plugin_binary, resize_record, settled, PluginProcess};
 pub use pod::{ContainerSpec, Pod, PodSpec, Resources};
 pub use util::{percentile, scrape_metrics, tail_lines};

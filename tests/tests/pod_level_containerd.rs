@@ -1,11 +1,16 @@
-//! Pod-level resources (KEP-5419) resized in place against real containerd: the test plays
-//! kubelet — it writes the pod cgroup, then calls CRI `UpdatePodSandboxResources` (through a
-//! client generated from cri-api 0.36's `api.proto`) — and checks what nri-resize made of the
-//! NRI `UpdatePodSandbox` / `PostUpdatePodSandbox` that follow: the model's desired resources,
-//! the pod cgroup read back (desired vs actual), and refusals with their reason (enforce).
+//! Pod-level resources (KEP-5419) resized in place against real containerd, driven the way
+//! kubelet 1.36 drives them (`Containerd::kubelet_resize_pod`): the pod's usage checked before a
+//! memory decrease, CRI `UpdatePodSandboxResources` (a client generated from cri-api 0.36's
+//! `api.proto`) **before** the pod cgroup is written, and the call again with the previous
+//! resources when that write fails. It checks what nri-resize made of the NRI
+//! `UpdatePodSandbox` that follows: the model's desired resources, the pod cgroup read back
+//! after the answer (desired vs actual), refusals with their reason (enforce) that leave the
+//! pod cgroup as it was, the revert, and a decrease below usage that kubelet never sends.
 //!
-//! containerd 1.7 and 2.1 answer `Unimplemented`, 2.2 "not implemented yet": the test says so
-//! loudly and checks that nothing reached the plugin. `NRI_RESIZE_CONTAINERD_BIN=<dir>` runs the
+//! containerd 1.7 and 2.1 answer `Unimplemented` (kubelet goes on and writes the pod cgroup),
+//! 2.2 "not implemented yet" (kubelet stops): the test says so loudly and checks that nothing
+//! reached the plugin; the same order and the revert run over the NRI wire in
+//! `plugin/src/daemon/pod_level/tests.rs`. `NRI_RESIZE_CONTAINERD_BIN=<dir>` runs the
 //! 2.x half against another build (e.g. 2.3.4, which relays the call to NRI).
 
 use std::time::{Duration, Instant};
@@ -14,45 +19,14 @@ use nri_resize::api::{ApiClient, PodStatus};
 use nri_resize::model::PodLimits;
 use nri_resize::policy::ResizeState;
 use nri_resize::state::limits_text;
-use nri_resize_tests::cri_pod::{
-    connect_cri_v036, LinuxContainerResources, UpdatePodSandboxResourcesRequest,
-};
 use nri_resize_tests::{
-    CgroupLimits, ContainerSpec, Containerd, ContainerdOptions, ContainerdVersion, PluginProcess,
-    Pod, PodSpec, Resources,
+    CgroupLimits, ContainerSpec, Containerd, ContainerdOptions, ContainerdVersion,
+    KubeletPodResize, PluginProcess, Pod, PodSpec, Resources,
 };
 
 const MIB: i64 = 1 << 20;
 /// Holds 300 MiB of anonymous memory (the pod's usage the Deferred case needs).
 const ANON_300: &str = "dd if=/dev/zero bs=300M count=1 2>/dev/null | sleep 3600";
-
-fn cri(cpu_quota: i64, memory: i64) -> LinuxContainerResources {
-    LinuxContainerResources {
-        cpu_period: 100_000,
-        cpu_quota,
-        cpu_shares: cpu_quota * 1024 / 100_000,
-        memory_limit_in_bytes: memory,
-        ..Default::default()
-    }
-}
-
-async fn update(
-    ctrd: &Containerd,
-    pod: &Pod,
-    resources: LinuxContainerResources,
-) -> Result<(), tonic::Status> {
-    let mut client = connect_cri_v036(ctrd.cri_socket())
-        .await
-        .expect("connect to CRI");
-    client
-        .update_pod_sandbox_resources(UpdatePodSandboxResourcesRequest {
-            pod_sandbox_id: pod.id.clone(),
-            overhead: Some(cri(10_000, 16 * MIB)),
-            resources: Some(resources),
-        })
-        .await
-        .map(|_| ())
-}
 
 async fn pod_status(api: &ApiClient, name: &str) -> PodStatus {
     api.status()
@@ -94,6 +68,10 @@ async fn loaded_pod(ctrd: &Containerd, name: &str) -> Pod {
     pod
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "one pod's resizes read top to bottom: grow, refuse, revert, below usage"
+)]
 async fn pod_level_resize(version: ContainerdVersion) {
     let ctrd = Containerd::start(version, ContainerdOptions::default()).await;
     let plugin = PluginProcess::start_ready(&ctrd, "nri-resize", None).await;
@@ -101,31 +79,39 @@ async fn pod_level_resize(version: ContainerdVersion) {
     let pod = loaded_pod(&ctrd, "pod-level").await;
     let before = pod_status(&api, "pod-level").await;
     assert_eq!(model_limits(&before), "2000m/1Gi", "the pod as created");
+    let created = Resources::limits(200_000, 1024 * MIB);
+    let overhead = Resources::limits(10_000, 16 * MIB);
+    let write = |c: &Containerd, p: &Pod, l: &CgroupLimits| c.set_pod_cgroup_limits(p, l);
 
-    // kubelet: the pod cgroup first (pod limits plus the 100m / 16Mi overhead), then the
-    // runtime with the two apart.
-    let grown = CgroupLimits {
-        cpu_quota: Some(160_000),
-        cpu_period: 100_000,
-        cpu_shares: 1536,
-        memory_limit: Some(784 << 20),
+    // kubelet 1.36: the runtime first, then the pod cgroup (pod limits plus the 100m / 16Mi
+    // overhead).
+    let grown = Resources::limits(150_000, 768 * MIB);
+    let answer = ctrd
+        .kubelet_resize_pod(&pod, &created, &grown, &overhead, write)
+        .await;
+    eprintln!(
+        "containerd {}: kubelet 1.36 resize to 1500m/768Mi: {answer:?}",
+        ctrd.version()
+    );
+    let relayed = match answer {
+        KubeletPodResize::Applied {
+            unimplemented: false,
+        } => true,
+        KubeletPodResize::Applied {
+            unimplemented: true,
+        } => false,
+        // containerd 2.2 answers "not implemented yet" (not `Unimplemented`): kubelet 1.36
+        // stops there, the pod cgroup is not written.
+        KubeletPodResize::Refused(status) if status.message().contains("not implemented") => false,
+        other => panic!("kubelet 1.36 resize to 1500m/768Mi: {other:?}"),
     };
-    ctrd.set_pod_cgroup_limits(&pod, &grown)
-        .expect("write the pod cgroup as kubelet does");
-    let answer = update(&ctrd, &pod, cri(150_000, 768 * MIB)).await;
-    if let Err(status) = &answer {
+    if !relayed {
         eprintln!(
-            "\n!!!!!!!! containerd {} has no CRI UpdatePodSandboxResources ({:?}: {}): the NRI \
-             UpdatePodSandbox path is NOT exercised against this runtime. Run with \
+            "\n!!!!!!!! containerd {} has no CRI UpdatePodSandboxResources: the NRI \
+             UpdatePodSandbox path is NOT exercised against this runtime (the in-process runtime \
+             peer of plugin/src/daemon/pod_level/tests.rs exercises it in CI). Run with \
              NRI_RESIZE_CONTAINERD_BIN=<containerd >= 2.3 build> to exercise it. !!!!!!!!\n",
             ctrd.version(),
-            status.code(),
-            status.message()
-        );
-        assert!(
-            status.code() == tonic::Code::Unimplemented
-                || status.message().contains("not implemented"),
-            "an error other than 'not implemented': {status:?}"
         );
         let after = pod_status(&api, "pod-level").await;
         assert_eq!(after.pod_level, None, "nothing reached the plugin");
@@ -137,14 +123,19 @@ async fn pod_level_resize(version: ContainerdVersion) {
                 .any(|e| e.event.as_str().contains("update_pod_sandbox")),
             "{events:?}"
         );
+        below_usage_is_blocked_by_kubelet(&ctrd, &api, &pod, &grown, &overhead).await;
         return;
     }
 
-    // Admitted, relayed, and confirmed against the pod cgroup after the post-update.
+    // Admitted before the write, relayed, and confirmed by the read-back after the answer,
+    // once kubelet wrote the pod cgroup.
     let deadline = Instant::now() + Duration::from_secs(10);
     let confirmed = loop {
         let p = pod_status(&api, "pod-level").await;
-        if p.pod_level.as_ref().is_some_and(|l| l.matches.is_some()) {
+        if p.pod_level
+            .as_ref()
+            .is_some_and(|l| l.matches == Some(true))
+        {
             break p;
         }
         assert!(Instant::now() < deadline, "no read-back recorded: {p:?}");
@@ -157,51 +148,107 @@ async fn pod_level_resize(version: ContainerdVersion) {
         Some("1600m/784Mi"),
         "{level:?}"
     );
-    assert_eq!(
-        (level.matches, level.state),
-        (Some(true), None),
-        "{level:?}"
-    );
+    assert_eq!(level.state, None, "{level:?}");
     assert_eq!(
         model_limits(&confirmed),
         "1500m/768Mi",
         "the model keeps the asked limits"
     );
-    eprintln!(
-        "containerd {}: UpdatePodSandboxResources relayed; pod desired = actual = {}",
-        ctrd.version(),
-        limits_text(&level.desired)
-    );
 
-    // Refused (enforce), with the reason returned through the runtime; the model keeps 768Mi.
-    let err = update(&ctrd, &pod, cri(50_000, 768 * MIB))
-        .await
-        .expect_err("a pod CPU limit below a container's");
+    // Refused (enforce) before kubelet writes anything: the pod cgroup keeps 1600m/784Mi.
+    let answer = ctrd
+        .kubelet_resize_pod(
+            &pod,
+            &grown,
+            &Resources::limits(50_000, 768 * MIB),
+            &overhead,
+            write,
+        )
+        .await;
+    let KubeletPodResize::Refused(err) = answer else {
+        panic!("a pod CPU limit below a container's: {answer:?}");
+    };
     assert!(
         err.message()
             .contains("container app CPU limit 1000m exceeds the requested pod limit 500m"),
         "{err:?}"
+    );
+    let cgroup = ctrd.pod_cgroup_limits(&pod).expect("pod cgroup");
+    assert_eq!(
+        (cgroup.cpu_quota, cgroup.memory_limit),
+        (Some(160_000), Some(784 << 20)),
+        "the refused resize never reached the pod cgroup"
     );
     let p = pod_status(&api, "pod-level").await;
     let level = p.pod_level.clone().expect("record");
     assert_eq!(level.state, Some(ResizeState::Infeasible), "{level:?}");
     assert_eq!(model_limits(&p), "1500m/768Mi");
 
-    // A pod memory limit (plus overhead) below what the pod uses: Deferred, both quantities in
-    // the reason.
-    let err = update(&ctrd, &pod, cri(150_000, 100 * MIB))
-        .await
-        .expect_err("below usage");
-    assert!(
-        err.message().contains("above requested pod limit 116Mi"),
-        "{err:?}"
+    // The pod cgroup write fails after the plugin admitted the resize: kubelet reverts, and the
+    // plugin's records show the pod back at 1500m/768Mi.
+    let answer = ctrd
+        .kubelet_resize_pod(
+            &pod,
+            &grown,
+            &Resources::limits(180_000, 900 * MIB),
+            &overhead,
+            |_, _, _| {
+                Err(std::io::Error::other(
+                    "injected: the pod cgroup write failed",
+                ))
+            },
+        )
+        .await;
+    let KubeletPodResize::Reverted { revert, .. } = answer else {
+        panic!("a failed pod cgroup write: {answer:?}");
+    };
+    revert.expect("the revert call is admitted");
+    let p = pod_status(&api, "pod-level").await;
+    assert_eq!(
+        model_limits(&p),
+        "1500m/768Mi",
+        "back at the previous resources"
     );
-    let level = pod_status(&api, "pod-level")
-        .await
-        .pod_level
-        .expect("record");
-    assert_eq!(level.state, Some(ResizeState::Deferred), "{level:?}");
-    assert!(level.reason.starts_with("usage 3"), "{level:?}");
+    let level = p.pod_level.clone().expect("record");
+    assert_eq!(limits_text(&level.desired), "1600m/784Mi", "{level:?}");
+
+    below_usage_is_blocked_by_kubelet(&ctrd, &api, &pod, &grown, &overhead).await;
+}
+
+/// A pod memory limit (plus overhead) below what the pod uses (300 MiB): kubelet ≥ 1.34 does not
+/// call the runtime; the plugin's records do not change.
+async fn below_usage_is_blocked_by_kubelet(
+    ctrd: &Containerd,
+    api: &ApiClient,
+    pod: &Pod,
+    from: &Resources,
+    overhead: &Resources,
+) {
+    let before = pod_status(api, "pod-level").await;
+    let answer = ctrd
+        .kubelet_resize_pod(
+            pod,
+            from,
+            &Resources::limits(150_000, 100 * MIB),
+            overhead,
+            |c: &Containerd, p: &Pod, l: &CgroupLimits| c.set_pod_cgroup_limits(p, l),
+        )
+        .await;
+    let KubeletPodResize::BelowUsage { usage, limit } = answer else {
+        panic!("a pod memory limit below usage: {answer:?}");
+    };
+    assert_eq!(limit, 116 << 20);
+    assert!(usage >= 300 << 20, "usage {usage}");
+    let after = pod_status(api, "pod-level").await;
+    assert_eq!(
+        model_limits(&after),
+        model_limits(&before),
+        "the plugin saw nothing"
+    );
+    assert_eq!(
+        after.pod_level.map(|l| l.desired),
+        before.pod_level.map(|l| l.desired)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -1,14 +1,20 @@
-//! Pod-level resources (KEP-5419) resized in place. kubelet writes the pod cgroup first, then
-//! calls CRI `UpdatePodSandboxResources` ("called after the Kubelet reconfigures the pod-level
-//! cgroups ... best effort", cri-api `services.go`); containerd ≥ 2.3 relays it as NRI
-//! `UpdatePodSandbox` (a plugin error fails the CRI call, which kubelet logs) and, once its
-//! sandbox store holds the new values, `PostUpdatePodSandbox`.
+//! Pod-level resources (KEP-5419) resized in place. kubelet 1.36 calls CRI
+//! `UpdatePodSandboxResources` **before** it writes the pod cgroup (an error blocks the resize;
+//! `Unimplemented` is tolerated), writes the pod cgroup, and calls again with the previous
+//! resources if that write fails (the revert); kubelet 1.35's alpha wrote first and called
+//! after. Both check the pod's usage before lowering its memory limit and do not call at all
+//! while usage is at or above it. containerd ≥ 2.3 relays the call as NRI `UpdatePodSandbox`
+//! (a plugin error fails the CRI call) and, once its sandbox store holds the new values,
+//! `PostUpdatePodSandbox`; CRI-O relays `UpdatePodSandbox` only.
 //!
 //! On `UpdatePodSandbox` the handler reads the pod cgroup and the node (off the async workers,
 //! bounded by [`READ_BUDGET`]), admits the request ([`admit_pod_level`]) and records desired,
 //! actual and the verdict; in `enforce` mode (or when the pod's annotation tightens to it) a
-//! refused request is answered with a [`Rejection`]. On `PostUpdatePodSandbox` the pod cgroup is
-//! read back and compared with what was asked, as containers are confirmed.
+//! refused request is answered with a [`Rejection`], so that under kubelet 1.36 the pod cgroup
+//! is never written. A revert is one more `UpdatePodSandbox`: it replaces the record and the
+//! model's resources, nothing is counted twice. The pod cgroup is read back after the answer
+//! (kubelet 1.36 writes it after the call) and on `PostUpdatePodSandbox`, and compared with what
+//! was asked, as containers are confirmed.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -368,47 +368,87 @@ fn pb_pod() -> pb::PodSandbox {
     p
 }
 
+/// The handlers served over the NRI wire to an in-process runtime peer (the same mux and
+/// ttrpc parts containerd uses), configured as an NRI v0.12 runtime.
+struct Wire {
+    plugin: PluginClient,
+    cancel: CancellationToken,
+    session: tokio::task::JoinHandle<Result<crate::nri::SessionEnd, crate::nri::TransportError>>,
+    server: Server,
+}
+
+impl Wire {
+    async fn connect(h: ModelHandler) -> Self {
+        let (plugin_end, runtime_end) = tokio::io::duplex(1 << 20);
+        let (link, cancel) = (RuntimeLink::default(), CancellationToken::new());
+        let session = {
+            let (h, l, c) = (Arc::new(h), link.clone(), cancel.clone());
+            tokio::spawn(async move {
+                let id = PluginIdentity {
+                    socket: "/test".into(),
+                    name: "nri-resize".into(),
+                    idx: "42".into(),
+                };
+                crate::nri::serve_trunk(plugin_end, &id, h, &l, None, &c).await
+            })
+        };
+        let mut mux = Mux::start(runtime_end, &[PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN]);
+        let plugin = PluginClient::new(Client::new(Socket::new(
+            mux.take(PLUGIN_SERVICE_CONN).expect("conn 1"),
+        )));
+        let mut server = Server::new()
+            .add_listener(crate::nri::one_shot_listener(
+                mux.take(RUNTIME_SERVICE_CONN).expect("conn 2"),
+            ))
+            .register_service(create_runtime(Arc::new(Peer)));
+        server.start().await.expect("runtime server");
+        let conf = pb::ConfigureRequest {
+            runtime_name: "fake".into(),
+            runtime_version: "2.3".into(),
+            NRI_version: "v0.12.0".into(),
+            ..Default::default()
+        };
+        let events = plugin
+            .configure(ctx(), &conf)
+            .await
+            .expect("configure")
+            .events;
+        let bit = 1 << (crate::model::EventKind::UpdatePodSandbox as u32 - 1);
+        assert_ne!(events & bit, 0, "UpdatePodSandbox subscribed: {events:b}");
+        Self {
+            plugin,
+            cancel,
+            session,
+            server,
+        }
+    }
+
+    async fn close(mut self) {
+        self.cancel.cancel();
+        let _ = self.session.await;
+        let _ = self.server.shutdown().await;
+    }
+}
+
+fn ctx() -> ttrpc::context::Context {
+    ttrpc::context::with_timeout(5_000_000_000)
+}
+
+fn update_request(cpu_millis: i64, memory: i64) -> pb::UpdatePodSandboxRequest {
+    pb::UpdatePodSandboxRequest {
+        pod: MessageField::some(pb_pod()),
+        linux_resources: MessageField::some(pb_resources(cpu_millis, memory)),
+        overhead_linux_resources: MessageField::some(pb_resources(100, 16 << 20)),
+        ..Default::default()
+    }
+}
+
 #[tokio::test]
 async fn update_and_post_update_pod_sandbox_over_the_wire() {
     let f = Fixture::new();
     let (state, h) = f.handler(Mode::Enforce);
-    let (plugin_end, runtime_end) = tokio::io::duplex(1 << 20);
-    let (link, cancel) = (RuntimeLink::default(), CancellationToken::new());
-    let session = {
-        let (h, l, c) = (Arc::new(h), link.clone(), cancel.clone());
-        tokio::spawn(async move {
-            let id = PluginIdentity {
-                socket: "/test".into(),
-                name: "nri-resize".into(),
-                idx: "42".into(),
-            };
-            crate::nri::serve_trunk(plugin_end, &id, h, &l, None, &c).await
-        })
-    };
-    let mut mux = Mux::start(runtime_end, &[PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN]);
-    let plugin = PluginClient::new(Client::new(Socket::new(
-        mux.take(PLUGIN_SERVICE_CONN).expect("conn 1"),
-    )));
-    let mut server = Server::new()
-        .add_listener(crate::nri::one_shot_listener(
-            mux.take(RUNTIME_SERVICE_CONN).expect("conn 2"),
-        ))
-        .register_service(create_runtime(Arc::new(Peer)));
-    server.start().await.expect("runtime server");
-    let ctx = || ttrpc::context::with_timeout(5_000_000_000);
-    let conf = pb::ConfigureRequest {
-        runtime_name: "fake".into(),
-        runtime_version: "2.3".into(),
-        NRI_version: "v0.12.0".into(),
-        ..Default::default()
-    };
-    let events = plugin
-        .configure(ctx(), &conf)
-        .await
-        .expect("configure")
-        .events;
-    let bit = 1 << (crate::model::EventKind::UpdatePodSandbox as u32 - 1);
-    assert_ne!(events & bit, 0, "UpdatePodSandbox subscribed: {events:b}");
+    let wire = Wire::connect(h).await;
+    let plugin = &wire.plugin;
 
     // Refused: a pod memory limit below what the pod uses.
     f.pod_cgroup("max 100000", "max", 301 * MI);
@@ -430,14 +470,8 @@ async fn update_and_post_update_pod_sandbox_over_the_wire() {
 
     // Admitted, kubelet's write in place, then the post-update read-back.
     f.pod_cgroup("60000 100000", &(144 * MI).to_string(), 60 * MI);
-    let req = pb::UpdatePodSandboxRequest {
-        pod: MessageField::some(pb_pod()),
-        linux_resources: MessageField::some(pb_resources(500, 128 << 20)),
-        overhead_linux_resources: MessageField::some(pb_resources(100, 16 << 20)),
-        ..Default::default()
-    };
     plugin
-        .update_pod_sandbox(ctx(), &req)
+        .update_pod_sandbox(ctx(), &update_request(500, 128 << 20))
         .await
         .expect("admitted");
     let post = pb::PostUpdatePodSandboxRequest {
@@ -457,7 +491,60 @@ async fn update_and_post_update_pod_sandbox_over_the_wire() {
             .map(|r| limits_text(&PodLimits::from_linux(&r))),
         Some("500m/128Mi".into())
     );
-    cancel.cancel();
-    let _ = session.await;
-    let _ = server.shutdown().await;
+    wire.close().await;
+}
+
+/// kubelet 1.36: `UpdatePodSandbox` before the pod cgroup write; the write fails, and kubelet
+/// calls again with the previous resources. The plugin admits both, its one record of the pod
+/// ends at the previous resources and is confirmed against the pod cgroup that never changed.
+#[tokio::test]
+async fn kubelet_1_36_calls_before_writing_and_reverts_a_failed_write() {
+    let f = Fixture::new();
+    // The pod as it runs: 200m/64Mi plus the 100m/16Mi overhead in its cgroup.
+    f.pod_cgroup("30000 100000", &(80 * MI).to_string(), 40 * MI);
+    let (state, h) = f.handler_reading_back(Mode::Enforce);
+    let wire = Wire::connect(h).await;
+    let plugin = &wire.plugin;
+
+    // Admitted before kubelet writes anything: desired recorded, not confirmed yet.
+    plugin
+        .update_pod_sandbox(ctx(), &update_request(500, 128 << 20))
+        .await
+        .expect("admitted before the write");
+    let r = record(&state);
+    assert_eq!(limits_text(&r.desired), "600m/144Mi", "{r:?}");
+    assert_ne!(r.matches, Some(true), "{r:?}");
+
+    // The pod cgroup write failed; the revert.
+    plugin
+        .update_pod_sandbox(ctx(), &update_request(200, 64 << 20))
+        .await
+        .expect("the revert is admitted");
+    let r = record(&state);
+    assert_eq!(limits_text(&r.desired), "300m/80Mi", "{r:?}");
+    assert_eq!(state.pod_levels().len(), 1, "one record for the pod");
+    let model = state.read_model(|m| m.pod("pA").cloned()).expect("pod");
+    assert_eq!(
+        model
+            .resources
+            .map(|r| limits_text(&PodLimits::from_linux(&r))),
+        Some("200m/64Mi".into()),
+        "the model is back at the previous resources"
+    );
+    // The read-back after the revert's answer finds the pod cgroup where it always was.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let r = loop {
+        let r = record(&state);
+        if r.matches.is_some() {
+            break r;
+        }
+        assert!(std::time::Instant::now() < deadline, "no read-back: {r:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!((r.matches, r.state), (Some(true), None), "{r:?}");
+    assert_eq!(
+        r.actual.map(|a| limits_text(&a)).as_deref(),
+        Some("300m/80Mi")
+    );
+    wire.close().await;
 }
