@@ -13,6 +13,12 @@
 //! reclaim loop in the `memory.max` write stops early on a signal pending for runc, leaves the
 //! limit written below usage (not in force: the next allocation is the OOM kill). The counts of
 //! both paths are printed as one table.
+//!
+//! These decreases below usage are sent the way kubelet before 1.34 sent them (CRI
+//! `UpdateContainerResources` directly, `Containerd::update_container_resources`): kubelet ≥ 1.34
+//! does not send one while the container's usage is above the new limit (`tests/src/kubelet.rs`),
+//! so today they reach the runtime only when usage grew between kubelet's check and the write,
+//! or from another CRI client. The kubelet ≥ 1.34 path is in `trim_containerd`.
 
 use std::time::{Duration, Instant};
 

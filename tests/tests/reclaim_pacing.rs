@@ -21,6 +21,9 @@
 //! paced decrease keeps a limit with room for the 400 MiB set, the stall in the 5 s after, and
 //! the p99 within 2× of undisturbed, which this workload misses on both kernels (see the
 //! README).
+//!
+//! The decrease is sent as kubelet before 1.34 sent it (CRI `UpdateContainerResources` directly,
+//! usage above the new limit); kubelet ≥ 1.34 blocks it (`tests/src/kubelet.rs`).
 
 use std::time::{Duration, Instant, SystemTime};
 

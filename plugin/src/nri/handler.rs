@@ -43,7 +43,7 @@ impl EventSet {
 
     /// The set as the runtime can honour it: runtimes before NRI v0.10 reject unknown bits, so
     /// the pod-level events (12–14) are dropped unless it accepts them
-    /// ([`RuntimeNri::accepts_pod_events`](super::version::RuntimeNri::accepts_pod_events)).
+    /// (`RuntimeNri::accepts_pod_events`).
     #[must_use]
     pub fn for_runtime(self, accepts_pod_events: bool) -> Self {
         if accepts_pod_events {
@@ -74,7 +74,7 @@ pub struct RuntimeInfo {
 
 impl RuntimeInfo {
     /// The runtime's NRI version as nri-resize determines it: announced, else inferred from the
-    /// runtime's name and version ([`super::version::detect`]).
+    /// runtime's name and version (`nri::version::detect`).
     pub fn nri(&self) -> RuntimeNri {
         super::version::detect(&self.name, &self.version, &self.nri_version)
     }

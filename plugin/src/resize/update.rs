@@ -22,7 +22,7 @@ impl Engine {
     /// blocking thread, sharing the runtime's `deadline`: cgroup reads first, then at most the
     /// pod cgroup's raise; every outcome that depends on the answer reaching the runtime (a
     /// refusal recorded, a restart, a staged decrease) commits the deadline first, and acts on
-    /// nothing when the runtime was already answered fail-open ([`super::late`]).
+    /// nothing when the runtime was already answered fail-open (`resize::late`).
     pub fn on_update(
         self: &Arc<Self>,
         pod: &Pod,
