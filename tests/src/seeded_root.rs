@@ -13,8 +13,9 @@
 //! time), the image archives (their names carry their content hash) and [`FORMAT`]. A root is
 //! published by renaming a finished copy into place, so a killed run never leaves half of one;
 //! another process that publishes the same key first wins and ours is dropped. Roots of other
-//! keys for the same containerd are removed when a new one is published. The import itself is
-//! still exercised: by the instance that makes the root, and by the image suite's own imports.
+//! keys for the same containerd binary path are removed when a new one is published. The
+//! import itself is still exercised: by the instance that makes the root, and by the image
+//! suite's own imports.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -52,7 +53,18 @@ fn root_name(version: ContainerdVersion, archives: &ImageArchives) -> String {
     for archive in [&archives.pause, &archives.busybox] {
         material.extend_from_slice(archive.as_os_str().as_encoded_bytes());
     }
-    format!("{}-{}", version.label(), &sha256_hex(&material)[..16])
+    format!("{}-{}", build_prefix(version), &sha256_hex(&material)[..16])
+}
+
+/// `<version>-<hash of the binary's path>`: the roots of one containerd build (an older binary
+/// at the same path replaces them; another build beside it keeps its own).
+fn build_prefix(version: ContainerdVersion) -> String {
+    let bin = version.containerd_bin();
+    format!(
+        "{}-{}",
+        version.label(),
+        &sha256_hex(bin.as_os_str().as_encoded_bytes())[..8]
+    )
 }
 
 /// The finished root for `version` and `archives`, if one was published.
@@ -106,9 +118,9 @@ pub(crate) fn publish(version: ContainerdVersion, archives: &ImageArchives, root
     }
 }
 
-/// Removes the roots of `version` other than `keep` (an older binary or older images).
+/// Removes the roots of `version`'s build other than `keep` (an older binary or older images).
 fn remove_other_keys(dir: &Path, version: ContainerdVersion, keep: &str) {
-    let prefix = format!("{}-", version.label());
+    let prefix = format!("{}-", build_prefix(version));
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
