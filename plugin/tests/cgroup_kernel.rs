@@ -641,6 +641,28 @@ fn trim_until_converged(
     out
 }
 
+/// `memory.reclaim`'s `swappiness=` key (6.11+, what trimming asks page cache only with):
+/// accepted with 0 bytes (nothing reclaimed) from 6.11, refused with EINVAL before.
+fn kernel_takes_swappiness_from_6_11(io: &Cgroups, ctr: &Path) {
+    let release = nix::sys::utsname::uname().expect("uname");
+    let release = release.release().to_string_lossy().into_owned();
+    let version: Vec<u32> = release
+        .split(|c: char| !c.is_ascii_digit())
+        .take(2)
+        .map(|n| n.parse().expect("a kernel version"))
+        .collect();
+    let page_cache_only = io.reclaim_page_cache(ctr, 0);
+    eprintln!("kernel {release}: memory.reclaim \"0 swappiness=0\": {page_cache_only:?}");
+    if version >= vec![6, 11] {
+        assert!(page_cache_only.is_ok(), "{release} takes swappiness=");
+    } else {
+        assert!(
+            matches!(page_cache_only, Err(CgroupError::InvalidValue { .. })),
+            "{release} refuses swappiness= with EINVAL: {page_cache_only:?}"
+        );
+    }
+}
+
 /// Working-set trimming on real memcgs, side by side: a container that filled ~200 MiB of page
 /// cache once and idles (cold) is trimmed down near its anonymous memory, with the stall after
 /// every step under the target and no OOM kill; a container re-reading a 100 MiB file at random
@@ -674,9 +696,9 @@ fn trimming_takes_cold_page_cache_and_stops_at_a_hot_working_set() {
             f = f.display()
         ));
     }
-    // Cold: ~8 MB of anonymous memory (a shell variable), the file read once, then idle.
+    // Cold: the file read once, then a process holding 16 MiB of anonymous memory idles.
     cold.spawn_in_ctr(&format!(
-        "x=$(head -c 8000000 /dev/zero | tr '\\0' a); cat {} > /dev/null; exec sleep 3600",
+        "cat {} > /dev/null; exec perl -e '$x = \"a\" x (16 << 20); sleep 3600'",
         cold_file.display()
     ));
     // Hot: the file read once, then 4 KiB reads at random offsets, forever.
@@ -685,9 +707,14 @@ fn trimming_takes_cold_page_cache_and_stops_at_a_hot_working_set() {
         f = hot_file.display()
     ));
     let (cold_ctr, hot_ctr) = (PathBuf::from(cold.ctr()), PathBuf::from(hot.ctr()));
-    eventually("180 MiB of cold page cache charged", || {
-        io.memory_use(&cold_ctr).expect("usage").file >= 180 * MIB
-    });
+    kernel_takes_swappiness_from_6_11(&io, &cold_ctr);
+    eventually(
+        "180 MiB of cold page cache and the anonymous memory charged",
+        || {
+            let u = io.memory_use(&cold_ctr).expect("usage");
+            u.file >= 180 * MIB && u.anon >= 16 * MIB
+        },
+    );
     eventually("90 MiB of hot page cache charged", || {
         io.memory_use(&hot_ctr).expect("usage").file >= 90 * MIB
     });
@@ -715,8 +742,13 @@ fn trimming_takes_cold_page_cache_and_stops_at_a_hot_working_set() {
         "the cold cache went: {cold_trim:?}"
     );
     assert!(
-        working_set <= after[0].anon + after[0].shmem + 32 * MIB,
+        working_set >= 16 * MIB && working_set <= after[0].anon + after[0].shmem + 16 * MIB,
         "cold working set {working_set} near the anonymous memory: {:?}",
+        after[0]
+    );
+    assert!(
+        after[0].anon >= 16 * MIB,
+        "the anonymous memory stayed: {:?}",
         after[0]
     );
     assert!(

@@ -106,6 +106,10 @@ fn open_checkpoints(dir: &std::path::Path, state: &NodeState) -> Option<Checkpoi
 }
 
 /// Runs the daemon until `cancel` fires (or the runtime goes away with `exit_on_disconnect`).
+#[expect(
+    clippy::too_many_lines,
+    reason = "the daemon's wiring in start order, then its stop order: read top to bottom"
+)]
 pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<Exit> {
     nri::validate_idx(&opts.identity.idx)?;
     let file_config = match &opts.config_path {

@@ -102,7 +102,9 @@ mod tests {
 
     #[test]
     fn a_pod_opts_in_or_out_and_only_lowers_its_target() {
-        let rows: [(&[(&str, &str)], bool, f64, usize); 9] = [
+        // (annotations, enabled, stall target, errors)
+        type Row<'a> = (&'a [(&'a str, &'a str)], bool, f64, usize);
+        let rows: [Row<'_>; 9] = [
             (&[], false, 0.002, 0),
             (&[(TRIM_ANNOTATION, "on")], true, 0.002, 0),
             (&[(TRIM_ANNOTATION, " off ")], false, 0.002, 0),

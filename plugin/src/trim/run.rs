@@ -153,7 +153,20 @@ async fn pass(shared: &Arc<Shared>, cfg: &Config, id: &str, mut rec: Record) -> 
         },
         () = shared.cancel.cancelled() => return None,
     };
+    let (trimmed, working_set) = apply(&mut rec, outcome, &settings, cfg);
+    publish(shared, id, rec, trimmed, working_set)
+}
+
+/// Takes a turn's outcome into the record: its state and figures, and when its next turn is.
+/// Returns the bytes trimmed and the working set found, for the series.
+fn apply(
+    rec: &mut Record,
+    outcome: Outcome,
+    settings: &TrimSettings,
+    cfg: &Config,
+) -> (u64, Option<u64>) {
     let now = Instant::now();
+    let interval = cfg.trim.interval;
     let mut trimmed = 0;
     let mut working_set = None;
     match outcome {
@@ -185,7 +198,7 @@ async fn pass(shared: &Arc<Shared>, cfg: &Config, id: &str, mut rec: Record) -> 
             match turn.step {
                 None => {
                     rec.view.state = TrimState::Trimming {
-                        next_step: rec.probe.next_step(&settings),
+                        next_step: rec.probe.next_step(settings),
                     };
                 }
                 Some(TrimStep::Reclaim(_)) => {
@@ -193,7 +206,7 @@ async fn pass(shared: &Arc<Shared>, cfg: &Config, id: &str, mut rec: Record) -> 
                     rec.view.steps += 1;
                     rec.view.trimmed_bytes = rec.view.trimmed_bytes.saturating_add(trimmed);
                     rec.view.state = TrimState::Trimming {
-                        next_step: rec.probe.next_step(&settings),
+                        next_step: rec.probe.next_step(settings),
                     };
                 }
                 Some(TrimStep::Hold(reason)) => {
@@ -225,7 +238,7 @@ async fn pass(shared: &Arc<Shared>, cfg: &Config, id: &str, mut rec: Record) -> 
             }
         }
     }
-    publish(shared, id, rec, trimmed, working_set)
+    (trimmed, working_set)
 }
 
 /// What a turn on the blocking thread came to.

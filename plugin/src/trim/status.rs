@@ -2,6 +2,8 @@
 //! figures behind it. The decrease path reads the same record through
 //! [`Trimmer::state`](super::Trimmer::state).
 
+use std::fmt::Write as _;
+
 use serde::{Deserialize, Serialize};
 
 use crate::policy::{bytes_text, stall_text, Found, HoldReason};
@@ -89,14 +91,15 @@ impl ContainerTrim {
     pub fn line(&self) -> String {
         let mut line = self.state.to_string();
         if self.steps > 0 {
-            line.push_str(&format!(
+            let _ = write!(
+                line,
                 "; trimmed {} in {} step(s), stall up to {} (target {}), {} refaulted",
                 bytes_text(self.trimmed_bytes),
                 self.steps,
                 stall_text(self.worst_stall),
                 stall_text(self.max_stall.unwrap_or(0.0)),
                 bytes_text(self.refaulted_bytes),
-            ));
+            );
         }
         for e in &self.annotation_errors {
             line.push_str("; ");
