@@ -696,7 +696,8 @@ fn trimming_takes_cold_page_cache_and_stops_at_a_hot_working_set() {
             f = f.display()
         ));
     }
-    // Cold: the file read once, then a process holding 16 MiB of anonymous memory idles.
+    // Cold: the file read once, then a process holding anonymous memory (a 16 MiB string; perl
+    // keeps two copies) idles.
     cold.spawn_in_ctr(&format!(
         "cat {} > /dev/null; exec perl -e '$x = \"a\" x (16 << 20); sleep 3600'",
         cold_file.display()
