@@ -663,6 +663,23 @@ fn kernel_takes_swappiness_from_6_11(io: &Cgroups, ctr: &Path) {
     }
 }
 
+/// Prints each container's trim record, its usage after, and its trace (the test's figures).
+fn print_trims(
+    names: &[&str],
+    out: &[(nri_resize::trim::ContainerTrim, Trace)],
+    after: &[nri_resize::policy::MemoryUse],
+) {
+    for ((name, (c, trace)), use_after) in names.iter().zip(out).zip(after) {
+        eprintln!(
+            "{name}: {}\n  after: {use_after:?}\n  trace (steps, trimmed MiB, stall after the last step, state):",
+            c.line()
+        );
+        for row in trace {
+            eprintln!("    {row:?}");
+        }
+    }
+}
+
 /// Working-set trimming on real memcgs, side by side: a container that filled ~200 MiB of page
 /// cache once and idles (cold) is trimmed down near its anonymous memory, with the stall after
 /// every step under the target and no OOM kill; a container re-reading a 100 MiB file at random
@@ -723,15 +740,7 @@ fn trimming_takes_cold_page_cache_and_stops_at_a_hot_working_set() {
     eprintln!("before: cold {:?}\n        hot {:?}", before[0], before[1]);
     let out = trim_until_converged(&io, &[("cold", &cold.ctr()), ("hot", &hot.ctr())]);
     let after = [&cold_ctr, &hot_ctr].map(|c| io.memory_use(c).expect("usage"));
-    for ((name, (c, trace)), use_after) in ["cold", "hot"].iter().zip(&out).zip(after) {
-        eprintln!(
-            "{name}: {}\n  after: {use_after:?}\n  trace (steps, trimmed MiB, stall after the last step, state):",
-            c.line()
-        );
-        for row in trace {
-            eprintln!("    {row:?}");
-        }
-    }
+    print_trims(&["cold", "hot"], &out, &after);
     let (cold_trim, hot_trim) = (&out[0].0, &out[1].0);
     // Cold: trimmed down near the anonymous memory, every step harmless.
     let TrimState::Converged { working_set, found } = cold_trim.state else {

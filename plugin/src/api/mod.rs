@@ -723,6 +723,47 @@ mod tests {
     use crate::resize::Engine;
     use crate::state::NodeState;
 
+    /// `/v1/status` carries each container's trim record as the trimmer published it.
+    #[test]
+    fn the_status_carries_each_containers_trim_record() {
+        use crate::policy::Found;
+        use crate::trim::{ContainerTrim, TrimState};
+
+        let state = NodeState::new(Config::default());
+        state.write_model(|m| {
+            m.upsert_pod(Pod {
+                id: "p1".into(),
+                ..Pod::default()
+            });
+            for id in ["c1", "c2"] {
+                m.upsert_container(Container {
+                    id: id.into(),
+                    pod_id: "p1".into(),
+                    ..Container::default()
+                });
+            }
+        });
+        let trim = std::collections::HashMap::from([(
+            "c1".to_owned(),
+            ContainerTrim {
+                state: TrimState::Converged {
+                    working_set: 64 << 20,
+                    found: Found::Refaults { bytes: 1 << 20 },
+                },
+                working_set_bytes: Some(64 << 20),
+                ..ContainerTrim::default()
+            },
+        )]);
+        let status = super::status_of(&state, &RuntimeLink::default(), &trim);
+        let json = serde_json::to_value(&status).expect("json");
+        let c1 = &json["pods"][0]["containers"][0];
+        assert_eq!(c1["id"], "c1");
+        assert_eq!(c1["trim"]["state"], "converged");
+        assert_eq!(c1["trim"]["working_set_bytes"], 64 << 20);
+        assert_eq!(c1["trim"]["found"]["by"], "refaults");
+        assert!(json["pods"][0]["containers"][1].get("trim").is_none());
+    }
+
     #[tokio::test(flavor = "current_thread")]
     async fn an_update_through_the_api_is_confirmed_off_the_async_worker() {
         let root = tempfile::tempdir().expect("tempdir");
