@@ -39,38 +39,45 @@ impl Writer {
     }
 }
 
-/// Whether trimming can run on `cgroup`, and with which writer; `Err`: why not, for status.
-/// `node_has_swap` is asked only where the kernel lacks `swappiness=`.
+/// Why trimming cannot run on a cgroup.
+#[derive(Debug)]
+pub enum NotAvailable {
+    /// The node or its kernel lacks what trimming needs (for status; checked again after the
+    /// re-probe pause).
+    Node(String),
+    /// The cgroup does not read (not created yet, or gone): tried again at the next interval.
+    Cgroup(CgroupError),
+}
+
+/// Whether trimming can run on `cgroup`, and with which writer. `node_has_swap` is asked only
+/// where the kernel lacks `swappiness=`.
 pub fn writer(
     io: &dyn CgroupIo,
     cgroup: &Path,
     node_has_swap: &dyn Fn() -> bool,
-) -> Result<Writer, String> {
+) -> Result<Writer, NotAvailable> {
+    let node = |why: &str| Err(NotAvailable::Node(why.to_owned()));
     if io.version() == CgroupVersion::V1 {
-        return Err("cgroup v1 has no memory.reclaim and no pressure stall information".into());
+        return node("cgroup v1 has no memory.reclaim and no pressure stall information");
     }
     match io.memory_pressure(cgroup) {
         Ok(_) => {}
         Err(CgroupError::Unsupported { .. }) => {
-            return Err(
-                "the kernel has no PSI (memory.pressure unreadable; psi=0?): trimming cannot pace"
-                    .into(),
+            return node(
+                "the kernel has no PSI (memory.pressure unreadable; psi=0?): trimming cannot pace",
             )
         }
-        Err(e) => return Err(e.to_string()),
+        Err(e) => return Err(NotAvailable::Cgroup(e)),
     }
-    io.cache_stat(cgroup).map_err(|e| e.to_string())?;
+    io.cache_stat(cgroup).map_err(NotAvailable::Cgroup)?;
     match io.reclaim_page_cache(cgroup, 0) {
         Ok(()) => Ok(Writer::PageCacheOnly),
-        Err(CgroupError::InvalidValue { .. }) if node_has_swap() => Err(
-            "swap is on and this kernel's memory.reclaim has no swappiness= (6.11+): a step could reclaim anonymous memory"
-                .into(),
+        Err(CgroupError::InvalidValue { .. }) if node_has_swap() => node(
+            "swap is on and this kernel's memory.reclaim has no swappiness= (6.11+): a step could reclaim anonymous memory",
         ),
         Err(CgroupError::InvalidValue { .. }) => Ok(Writer::NoSwap),
-        Err(CgroupError::Unsupported { .. }) => {
-            Err("the kernel has no memory.reclaim (5.19+)".into())
-        }
-        Err(e) => Err(e.to_string()),
+        Err(CgroupError::Unsupported { .. }) => node("the kernel has no memory.reclaim (5.19+)"),
+        Err(e) => Err(NotAvailable::Cgroup(e)),
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use tracing::{info, warn};
 
-use super::probe::{self, Writer};
+use super::probe::{self, NotAvailable, Writer};
 use super::status::{ContainerTrim, TrimState};
 use super::step::{self, Readings, Turn};
 use super::{Shared, TrimTarget};
@@ -261,7 +261,8 @@ fn turn(
         Some(w) => w,
         None => match probe::writer(cgroups, &rec.target.cgroup, &node_has_swap) {
             Ok(w) => *rec.writer.insert(w),
-            Err(reason) => return Outcome::Unavailable(reason),
+            Err(NotAvailable::Node(reason)) => return Outcome::Unavailable(reason),
+            Err(NotAvailable::Cgroup(e)) => return Outcome::Failed(e),
         },
     };
     let stepped_before = rec.probe.last_step() > 0 && rec.last.is_some();

@@ -294,3 +294,23 @@ async fn a_container_stalling_on_its_own_is_held_not_trimmed() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     stalling.join().expect("the stalling thread");
 }
+
+#[tokio::test]
+async fn a_cgroup_created_after_the_container_is_trimmed_without_waiting_the_pause() {
+    // NRI's CreateContainer comes before runc creates the cgroup.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cancel = CancellationToken::new();
+    let t = Trimmer::start_with(state(tmp.path(), FAST), &cancel, || false);
+    t.watch("c1", target("late", &[(TRIM_ANNOTATION, "on")]));
+    let c = until(&t, "c1", "unavailable", |c| {
+        matches!(c.state, TrimState::Unavailable { .. })
+    })
+    .await;
+    assert!(c.line().contains("does not exist"), "{}", c.line());
+    // Made whole aside, then renamed into place, as a new cgroup appears with all its files.
+    let staged = container(&tmp.path().join("staging"), "late", 50);
+    std::fs::create_dir_all(tmp.path().join("pod")).expect("mkdir");
+    std::fs::rename(staged, tmp.path().join("pod/late")).expect("rename");
+    until(&t, "c1", "stepped", |c| c.steps >= 1).await;
+    t.shutdown().await;
+}
