@@ -8,7 +8,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::policy::{
-    bytes_quantity, cpu_text, MemoryDecreaseStrategy, PolicyDefaults, Share, VerdictThresholds,
+    bytes_quantity, cpu_text, MemoryDecreaseStrategy, PolicyDefaults, Share, TrimSettings,
+    VerdictThresholds,
 };
 
 mod serde_units;
@@ -71,6 +72,14 @@ pub enum ConfigError {
 /// [metrics]                     # docs/metrics.md
 /// cadvisor_duplicates = true    # false: leave out the per-container series cAdvisor exports too
 ///
+/// [trim]                        # working-set trimming (docs/trimming.md)
+/// enabled = false               # node default; pods opt in/out: trim.nri-resize.io/pod
+/// interval = "2s"               # between a container's steps (100ms..=1m)
+/// max_stall = 0.002             # stall share (memory or io PSI) a step may cause
+/// reprobe_after = "5m"          # pause after a working set is found (1s..=24h)
+/// min_step = "1Mi"              # first step of a probe (doubles while harmless)
+/// max_step = "64Mi"             # largest step
+///
 /// [kubelet]                     # admission's reserve from kubelet (docs/configuration.md)
 /// config_file = ""              # kubelet's KubeletConfiguration, e.g. /var/lib/kubelet/config.yaml
 /// pods_cgroup = ""              # "": /kubepods.slice or /kubepods, whichever exists
@@ -94,6 +103,78 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// Where admission's reserve is read from kubelet.
     pub kubelet: KubeletConfig,
+    /// Working-set trimming.
+    pub trim: TrimConfig,
+}
+
+/// `[trim]`: working-set trimming (docs/trimming.md). Read at every trimming interval, so the
+/// runtime's overlay takes effect without a restart.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrimConfig {
+    /// Trim every container whose pod does not opt out (`trim.nri-resize.io/pod: off`);
+    /// `false`: only pods that opt in (`on`).
+    pub enabled: bool,
+    /// The pause between two steps of a container (`"2s"`; `100ms..=1m`): the stall and
+    /// refaults a step caused are measured over it.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// The stall share (the higher of the container's memory and io PSI `some`, since the last
+    /// step) at which a probe ends: the working set is found. Pods may lower it
+    /// (`trim.nri-resize.io/max-stall`).
+    pub max_stall: Share,
+    /// After a working set is found, the container is left alone this long before the next
+    /// probe (`"5m"`; `1s..=24h`): working sets move.
+    #[serde(with = "humantime_serde")]
+    pub reprobe_after: Duration,
+    /// The first step of a probe (`"1Mi"`; at least `4Ki`).
+    #[serde(with = "serde_units::memory")]
+    pub min_step: u64,
+    /// The largest step (`"64Mi"`; `min_step..=1Gi`).
+    #[serde(with = "serde_units::memory")]
+    pub max_step: u64,
+}
+
+impl Default for TrimConfig {
+    fn default() -> Self {
+        let s = TrimSettings::default();
+        TrimConfig {
+            enabled: false,
+            interval: Duration::from_secs(2),
+            max_stall: s.max_stall,
+            reprobe_after: Duration::from_secs(300),
+            min_step: s.min_step,
+            max_step: s.max_step,
+        }
+    }
+}
+
+impl TrimConfig {
+    fn validate(&self) -> Result<(), String> {
+        let d = |d: Duration| humantime_serde::re::humantime::format_duration(d).to_string();
+        if self.interval < Duration::from_millis(100) || self.interval > Duration::from_secs(60) {
+            return Err(format!(
+                "trim.interval must be within 100ms..=1m, got {}",
+                d(self.interval)
+            ));
+        }
+        if self.reprobe_after < Duration::from_secs(1)
+            || self.reprobe_after > Duration::from_secs(86_400)
+        {
+            return Err(format!(
+                "trim.reprobe_after must be within 1s..=24h, got {}",
+                d(self.reprobe_after)
+            ));
+        }
+        if self.min_step < 4096 || self.min_step > self.max_step || self.max_step > (1 << 30) {
+            return Err(format!(
+                "trim.min_step must be at least 4Ki and trim.max_step within min_step..=1Gi, got {} and {}",
+                bytes_quantity(self.min_step),
+                bytes_quantity(self.max_step)
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// `[kubelet]`: kubelet's own reserve, read instead of `[resize]`'s where it can be
@@ -220,6 +301,7 @@ impl Default for Config {
             verdict: VerdictConfig::default(),
             metrics: MetricsConfig::default(),
             kubelet: KubeletConfig::default(),
+            trim: TrimConfig::default(),
         }
     }
 }
@@ -446,6 +528,12 @@ impl Config {
                 ),
             });
         }
+        self.trim
+            .validate()
+            .map_err(|message| ConfigError::Invalid {
+                origin: origin.to_string(),
+                message,
+            })?;
         if !(1..=1_000_000).contains(&self.journal_size) {
             return Err(ConfigError::Invalid {
                 origin: origin.to_string(),
@@ -492,6 +580,7 @@ mod tests {
             verdict: _,
             metrics: _,
             kubelet: _,
+            trim: _,
         } = Config::default();
         let mut fields = [
             "journal_size",
@@ -502,6 +591,7 @@ mod tests {
             "verdict",
             "metrics",
             "kubelet",
+            "trim",
         ];
         fields.sort_unstable();
         let mut keys = Config::top_level_keys();
@@ -751,6 +841,41 @@ mod tests {
             ("[resize]\nreserved_cpu = \"lots\"\n", "lots"),
             ("[resize]\nstep_pause = \"1500us\"\n", "millisecond"),
             ("[resize]\nstep_pause = \"2m\"\n", "at most 60s"),
+        ] {
+            let err = Config::parse(text, "t").unwrap_err().to_string();
+            assert!(err.contains(want), "{text:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn trim_table_parses_and_is_validated() {
+        let cfg = Config::parse(
+            "[trim]\nenabled = true\ninterval = \"500ms\"\nmax_stall = 0.001\nreprobe_after = \"10m\"\nmin_step = \"512Ki\"\nmax_step = \"32Mi\"\n",
+            "t",
+        )
+        .unwrap();
+        let t = &cfg.trim;
+        assert!(t.enabled);
+        assert_eq!(
+            (t.interval, t.reprobe_after, t.min_step, t.max_step),
+            (
+                Duration::from_millis(500),
+                Duration::from_secs(600),
+                512 << 10,
+                32 << 20
+            )
+        );
+        assert_eq!(t.max_stall, Share::new(0.001));
+        assert!(!Config::default().trim.enabled, "ships off");
+        let written = toml::to_string(&cfg).unwrap();
+        assert_eq!(Config::parse(&written, "again").unwrap(), cfg, "{written}");
+        for (text, want) in [
+            ("[trim]\ninterval = \"10ms\"\n", "trim.interval"),
+            ("[trim]\nreprobe_after = \"2d\"\n", "trim.reprobe_after"),
+            ("[trim]\nmin_step = \"128Mi\"\n", "trim.min_step"),
+            ("[trim]\nmax_step = \"2Gi\"\n", "trim.max_step"),
+            ("[trim]\nmax_stall = 2.0\n", "max_stall"),
+            ("[trim]\nenable = true\n", "enable"),
         ] {
             let err = Config::parse(text, "t").unwrap_err().to_string();
             assert!(err.contains(want), "{text:?}: {err}");

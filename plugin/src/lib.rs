@@ -25,3 +25,4 @@ pub mod policy;
 pub mod resize;
 pub mod state;
 pub mod sync;
+pub mod trim;

@@ -575,3 +575,224 @@ fn staged_reclaim_by_memory_high_puts_back_the_value_it_found() {
     );
     assert_eq!(io.memory_high(&ctr).expect("memory.high"), Some(400 * MIB));
 }
+
+/// What trimming reported for a container while it ran, polled every 200 ms: (steps, trimmed
+/// MiB, stall after the last step, state).
+type Trace = Vec<(u64, u64, Option<f64>, String)>;
+
+/// Runs the trimmer (`[trim]` at its defaults but a 500 ms interval) on `ctrs` (container id,
+/// cgroup) until each has converged once; returns each one's record and trace.
+fn trim_until_converged(
+    io: &Cgroups,
+    ctrs: &[(&str, &str)],
+) -> Vec<(nri_resize::trim::ContainerTrim, Trace)> {
+    use nri_resize::trim::{TrimState, TrimTarget, Trimmer};
+
+    let config =
+        nri_resize::config::Config::parse("[trim]\nenabled = true\ninterval = \"500ms\"\n", "test")
+            .expect("config");
+    let state = nri_resize::state::NodeState::with_cgroups(config, Some(io.clone()));
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let trimmer = rt.block_on(async { Trimmer::start(state, &cancel) });
+    for (id, cgroup) in ctrs {
+        trimmer.watch(
+            id,
+            TrimTarget {
+                cgroup: PathBuf::from(cgroup),
+                ..TrimTarget::default()
+            },
+        );
+    }
+    let mut traces: Vec<Trace> = vec![Vec::new(); ctrs.len()];
+    // Within the suite's VM timeout (600 s), so that a probe that never ends fails here,
+    // with its trace.
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let mut done = true;
+        for ((id, _), trace) in ctrs.iter().zip(&mut traces) {
+            let c = trimmer.state(id);
+            let row = c.as_ref().map(|c| {
+                (
+                    c.steps,
+                    c.trimmed_bytes / MIB,
+                    c.last_stall,
+                    c.state.to_string(),
+                )
+            });
+            if let Some(row) = row.filter(|r| trace.last() != Some(r)) {
+                trace.push(row);
+            }
+            done &= c.is_some_and(|c| matches!(c.state, TrimState::Converged { .. }));
+        }
+        if done {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "trimming did not converge: {traces:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let out = ctrs
+        .iter()
+        .zip(traces)
+        .map(|((id, _), t)| (trimmer.state(id).expect("a record"), t))
+        .collect();
+    rt.block_on(trimmer.shutdown());
+    out
+}
+
+/// `memory.reclaim`'s `swappiness=` key (6.11+, what trimming asks page cache only with):
+/// accepted with 0 bytes (nothing reclaimed) from 6.11, refused with EINVAL before.
+fn kernel_takes_swappiness_from_6_11(io: &Cgroups, ctr: &Path) {
+    let release = nix::sys::utsname::uname().expect("uname");
+    let release = release.release().to_string_lossy().into_owned();
+    let version: Vec<u32> = release
+        .split(|c: char| !c.is_ascii_digit())
+        .take(2)
+        .map(|n| n.parse().expect("a kernel version"))
+        .collect();
+    let page_cache_only = io.reclaim_page_cache(ctr, 0);
+    eprintln!("kernel {release}: memory.reclaim \"0 swappiness=0\": {page_cache_only:?}");
+    if version >= vec![6, 11] {
+        assert!(page_cache_only.is_ok(), "{release} takes swappiness=");
+    } else {
+        assert!(
+            matches!(page_cache_only, Err(CgroupError::InvalidValue { .. })),
+            "{release} refuses swappiness= with EINVAL: {page_cache_only:?}"
+        );
+    }
+}
+
+/// Prints each container's trim record, its usage after, and its trace (the test's figures).
+fn print_trims(
+    names: &[&str],
+    out: &[(nri_resize::trim::ContainerTrim, Trace)],
+    after: &[nri_resize::policy::MemoryUse],
+) {
+    for ((name, (c, trace)), use_after) in names.iter().zip(out).zip(after) {
+        eprintln!(
+            "{name}: {}\n  after: {use_after:?}\n  trace (steps, trimmed MiB, stall after the last step, state):",
+            c.line()
+        );
+        for row in trace {
+            eprintln!("    {row:?}");
+        }
+    }
+}
+
+/// Working-set trimming on real memcgs, side by side: a container that filled ~200 MiB of page
+/// cache once and idles (cold) is trimmed down near its anonymous memory, with the stall after
+/// every step under the target and no OOM kill; a container re-reading a 100 MiB file at random
+/// (hot) is barely touched: its probe ends at the first harm (refaults or stall) with the
+/// working set found above the file's size. cgroup v2 with PSI and `memory.reclaim`.
+#[test]
+#[ignore = "cgroup v2 only (memory.reclaim, PSI): the vm tier runs it with --include-ignored"]
+fn trimming_takes_cold_page_cache_and_stops_at_a_hot_working_set() {
+    use nri_resize::policy::Found;
+    use nri_resize::trim::TrimState;
+
+    // Declared first, dropped last: the processes in the cgroups are killed before the files go.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cold = Tree::create("trimcold");
+    let mut hot = Tree::create("trimhot");
+    let io = cold.cgroups.clone();
+    assert_eq!(io.version(), CgroupVersion::V2, "trimming is cgroup v2's");
+    let run = |cmd: &str| {
+        let ok = Command::new("sh")
+            .args(["-c", cmd])
+            .status()
+            .expect("sh")
+            .success();
+        assert!(ok, "{cmd} failed");
+    };
+    // Written outside the cgroups, their cache dropped: reading them inside charges it there.
+    let (cold_file, hot_file) = (dir.path().join("cold"), dir.path().join("hot"));
+    for (f, mib) in [(&cold_file, 200), (&hot_file, 100)] {
+        run(&format!(
+            "dd if=/dev/zero of={f} bs=1M count={mib} status=none && sync && dd if={f} iflag=nocache count=0 status=none",
+            f = f.display()
+        ));
+    }
+    // Cold: the file read once, then a process holding anonymous memory (a 16 MiB string; perl
+    // keeps two copies) idles.
+    cold.spawn_in_ctr(&format!(
+        "cat {} > /dev/null; exec perl -e '$x = \"a\" x (16 << 20); sleep 3600'",
+        cold_file.display()
+    ));
+    // Hot: the file read once, then 4 KiB reads at random offsets, forever.
+    hot.spawn_in_ctr(&format!(
+        "cat {f} > /dev/null; exec perl -e 'open(F, \"<\", $ARGV[0]) or die; my $p = int((-s F) / 4096); while (1) {{ sysseek(F, int(rand($p)) * 4096, 0); sysread(F, my $b, 4096) }}' {f}",
+        f = hot_file.display()
+    ));
+    let (cold_ctr, hot_ctr) = (PathBuf::from(cold.ctr()), PathBuf::from(hot.ctr()));
+    kernel_takes_swappiness_from_6_11(&io, &cold_ctr);
+    eventually(
+        "180 MiB of cold page cache and the anonymous memory charged",
+        || {
+            let u = io.memory_use(&cold_ctr).expect("usage");
+            u.file >= 180 * MIB && u.anon >= 16 * MIB
+        },
+    );
+    eventually("90 MiB of hot page cache charged", || {
+        io.memory_use(&hot_ctr).expect("usage").file >= 90 * MIB
+    });
+    let before = [&cold_ctr, &hot_ctr].map(|c| io.memory_use(c).expect("usage"));
+    eprintln!("before: cold {:?}\n        hot {:?}", before[0], before[1]);
+    let out = trim_until_converged(&io, &[("cold", &cold.ctr()), ("hot", &hot.ctr())]);
+    let after = [&cold_ctr, &hot_ctr].map(|c| io.memory_use(c).expect("usage"));
+    print_trims(&["cold", "hot"], &out, &after);
+    let (cold_trim, hot_trim) = (&out[0].0, &out[1].0);
+    // Cold: trimmed down near the anonymous memory, every step harmless.
+    let TrimState::Converged { working_set, found } = cold_trim.state else {
+        unreachable!("converged: {cold_trim:?}")
+    };
+    assert_eq!(found, Found::NothingLeft, "{cold_trim:?}");
+    assert!(
+        cold_trim.trimmed_bytes >= 150 * MIB,
+        "the cold cache went: {cold_trim:?}"
+    );
+    assert!(
+        working_set >= 16 * MIB && working_set <= after[0].anon + after[0].shmem + 16 * MIB,
+        "cold working set {working_set} near the anonymous memory: {:?}",
+        after[0]
+    );
+    assert!(
+        after[0].anon >= 16 * MIB,
+        "the anonymous memory stayed: {:?}",
+        after[0]
+    );
+    assert!(
+        cold_trim.worst_stall <= cold_trim.max_stall.expect("a target"),
+        "stall under the target after every step: {cold_trim:?}"
+    );
+    // Hot: the first harm ended the probe above the file, little of it trimmed.
+    let TrimState::Converged { working_set, found } = hot_trim.state else {
+        unreachable!("converged: {hot_trim:?}")
+    };
+    assert!(
+        matches!(found, Found::Refaults { .. } | Found::Stall { .. }),
+        "the hot set's probe ended by harm: {hot_trim:?}"
+    );
+    assert!(
+        working_set >= 90 * MIB,
+        "hot working set {working_set} above the file's cache: {hot_trim:?}"
+    );
+    assert!(
+        hot_trim.trimmed_bytes <= 16 * MIB,
+        "little of the hot set trimmed: {hot_trim:?}"
+    );
+    assert!(
+        after[1].file >= 80 * MIB,
+        "the hot file stays cached: {:?}",
+        after[1]
+    );
+    for tree in [&cold, &hot] {
+        let events = tree.raw("memory", &tree.ctr(), "memory.events");
+        assert!(
+            events.lines().any(|l| l == "oom_kill 0"),
+            "OOM kills while trimming: {events}"
+        );
+    }
+}

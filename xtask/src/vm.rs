@@ -174,7 +174,7 @@ pub const SUITES: &[Suite] = &[
     // CPU slot for it: not Debian's 6.12 under TCG (`NO_CPU_SLOT`: left out, named in the summary).
     Suite { name: "vm_hotplug",      package: "nri-resize", test: "vm_hotplug",      filter: "", skip: &[],          env: &[], kernels: OLDEST, timeout_s: 120 },
     Suite { name: "vm_hotplug-no-cpu-slot", package: "nri-resize", test: "vm_hotplug", filter: "", skip: NO_CPU_SLOT, env: &[], kernels: NEWEST, timeout_s: 120 },
-    Suite { name: "cgroup_kernel",   package: "nri-resize", test: "cgroup_kernel",   filter: "", skip: &[], env: &[], kernels: ALL, timeout_s: 180 },
+    Suite { name: "cgroup_kernel",   package: "nri-resize", test: "cgroup_kernel",   filter: "", skip: &[], env: &[], kernels: ALL, timeout_s: 600 },
     Suite { name: "observer_kernel", package: "nri-resize", test: "observer_kernel", filter: "", skip: &[], env: &[("NRI_RESIZE_EXPECT_THROTTLE", "fentry")], kernels: ALL, timeout_s: 420 },
     Suite { name: "capacity_kernel", package: "nri-resize", test: "capacity_kernel", filter: "", skip: &[],          env: &[], kernels: OLDEST, timeout_s: 300 },
     Suite { name: "capacity_kernel-no-cpu-slot", package: "nri-resize", test: "capacity_kernel", filter: "", skip: NO_CPU_SLOT, env: &[], kernels: NEWEST, timeout_s: 300 },

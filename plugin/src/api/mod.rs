@@ -49,6 +49,7 @@ use crate::state::{
     Confirmation, ContainerObservation, NodeState, ObserverInfo, PodLevelStatus, ResizeVerdict,
 };
 use crate::sync::{Locked as _, ReadWriteLocked as _};
+use crate::trim::{ContainerTrim, Trimmer};
 
 /// `GET /v1/status`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -93,6 +94,10 @@ pub struct ContainerStatus {
     pub container: Container,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed: Option<ContainerObserved>,
+    /// Working-set trimming: its state (`off`, `unavailable` with the reason, `trimming`,
+    /// `holding` with the reason, `converged` with the working set found) and figures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trim: Option<ContainerTrim>,
 }
 
 impl Deref for ContainerStatus {
@@ -313,7 +318,11 @@ fn observed_view(
     Some(v)
 }
 
-fn status_of(state: &NodeState, link: &RuntimeLink) -> Status {
+fn status_of(
+    state: &NodeState,
+    link: &RuntimeLink,
+    trim: &std::collections::HashMap<String, ContainerTrim>,
+) -> Status {
     let pods = state.read_model(crate::model::Model::snapshot);
     let info = state.observer_info.read_locked().clone();
     let strategies = info.as_ref().map(|i| i.strategies);
@@ -331,6 +340,7 @@ fn status_of(state: &NodeState, link: &RuntimeLink) -> Status {
                             o.observations.get(&c.id),
                             strategies,
                         ),
+                        trim: trim.get(&c.id).cloned(),
                         container: c,
                     })
                     .collect(),
@@ -408,6 +418,7 @@ struct Ctx {
     state: Arc<NodeState>,
     link: RuntimeLink,
     engine: Option<Arc<Engine>>,
+    trim: Option<Trimmer>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -423,7 +434,12 @@ fn api_err(code: StatusCode, msg: impl Into<String>) -> (StatusCode, Json<ApiErr
 }
 
 /// Builds the router (also used by tests without a socket).
-fn router(state: Arc<NodeState>, link: RuntimeLink, engine: Option<Arc<Engine>>) -> Router {
+fn router(
+    state: Arc<NodeState>,
+    link: RuntimeLink,
+    engine: Option<Arc<Engine>>,
+    trim: Option<Trimmer>,
+) -> Router {
     Router::new()
         .route("/v1/status", get(status))
         .route("/v1/events", get(events))
@@ -436,6 +452,7 @@ fn router(state: Arc<NodeState>, link: RuntimeLink, engine: Option<Arc<Engine>>)
             state,
             link,
             engine,
+            trim,
         })
 }
 
@@ -499,7 +516,8 @@ async fn resize_pod(
 }
 
 async fn status(State(ctx): State<Ctx>) -> Json<Status> {
-    Json(status_of(&ctx.state, &ctx.link))
+    let trim = ctx.trim.as_ref().map(Trimmer::states).unwrap_or_default();
+    Json(status_of(&ctx.state, &ctx.link, &trim))
 }
 
 async fn events(State(ctx): State<Ctx>, Query(q): Query<EventsQuery>) -> Json<Vec<EventRecord>> {
@@ -649,6 +667,7 @@ pub async fn serve(
     state: Arc<NodeState>,
     link: RuntimeLink,
     engine: Option<Arc<Engine>>,
+    trim: Option<Trimmer>,
     cancel: CancellationToken,
 ) -> std::io::Result<JoinHandle<std::io::Result<()>>> {
     let with_path = |e: std::io::Error| {
@@ -674,7 +693,7 @@ pub async fn serve(
     let listener = UnixListener::bind(socket).map_err(with_path)?;
     std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600)).map_err(with_path)?;
     info!(socket = %socket.display(), "status API listening");
-    let app = router(state, link, engine);
+    let app = router(state, link, engine, trim);
     let path = socket.to_path_buf();
     Ok(tokio::spawn(async move {
         let r = axum::serve(listener, app)
@@ -703,6 +722,47 @@ mod tests {
     use crate::resize::node::NodeReader;
     use crate::resize::Engine;
     use crate::state::NodeState;
+
+    /// `/v1/status` carries each container's trim record as the trimmer published it.
+    #[test]
+    fn the_status_carries_each_containers_trim_record() {
+        use crate::policy::Found;
+        use crate::trim::{ContainerTrim, TrimState};
+
+        let state = NodeState::new(Config::default());
+        state.write_model(|m| {
+            m.upsert_pod(Pod {
+                id: "p1".into(),
+                ..Pod::default()
+            });
+            for id in ["c1", "c2"] {
+                m.upsert_container(Container {
+                    id: id.into(),
+                    pod_id: "p1".into(),
+                    ..Container::default()
+                });
+            }
+        });
+        let trim = std::collections::HashMap::from([(
+            "c1".to_owned(),
+            ContainerTrim {
+                state: TrimState::Converged {
+                    working_set: 64 << 20,
+                    found: Found::Refaults { bytes: 1 << 20 },
+                },
+                working_set_bytes: Some(64 << 20),
+                ..ContainerTrim::default()
+            },
+        )]);
+        let status = super::status_of(&state, &RuntimeLink::default(), &trim);
+        let json = serde_json::to_value(&status).expect("json");
+        let c1 = &json["pods"][0]["containers"][0];
+        assert_eq!(c1["id"], "c1");
+        assert_eq!(c1["trim"]["state"], "converged");
+        assert_eq!(c1["trim"]["working_set_bytes"], 64 << 20);
+        assert_eq!(c1["trim"]["found"]["by"], "refaults");
+        assert!(json["pods"][0]["containers"][1].get("trim").is_none());
+    }
 
     #[tokio::test(flavor = "current_thread")]
     async fn an_update_through_the_api_is_confirmed_off_the_async_worker() {
@@ -759,6 +819,7 @@ mod tests {
                 state: state.clone(),
                 link: link.clone(),
                 engine,
+                trim: None,
             };
             let answer = update_resources(
                 State(ctx),

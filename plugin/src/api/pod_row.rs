@@ -78,6 +78,7 @@ pub fn pod_row(p: &PodStatus) -> Option<Row> {
         "-".into(),
         "-".into(),
         "-".into(),
+        "-".into(),
         reason,
     ])
 }
@@ -210,7 +211,7 @@ mod tests {
         let s = status(level);
         let row = pod_row(&s.pods[0]).expect("a row");
         assert_eq!(row[2], "500m/max");
-        assert_eq!(row[10], "actual differs from desired");
+        assert_eq!(row[11], "actual differs from desired");
         let mut none = s.clone();
         none.pods[0].pod_level = None;
         assert!(pod_row(&none.pods[0]).is_none());
@@ -237,7 +238,7 @@ mod tests {
             ("500m/128Mi", "400m/128Mi")
         );
         assert_eq!(
-            row[10],
+            row[11],
             "actual differs from desired: cpu: desired 500m, actual 400m; \
              memory: desired 134217728 bytes, actual 134213632 bytes"
         );

@@ -80,6 +80,7 @@ mod tests {
                         ..Container::default()
                     },
                     observed: None,
+                    trim: None,
                 })
                 .collect(),
             pod_level: None,

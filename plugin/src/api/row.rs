@@ -2,5 +2,5 @@
 //! (`pod_row.rs`) build it.
 
 /// POD, CONTAINER, DESIRED, ALLOCATED, ACTUAL, STATE, THROTTLED, RECLAIMED, STALL, VERDICT,
-/// REASON.
-pub type Row = [String; 11];
+/// TRIM, REASON.
+pub type Row = [String; 12];

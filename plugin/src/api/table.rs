@@ -7,6 +7,7 @@ use super::row::Row;
 use super::{ContainerStatus, Resizes, Status};
 use crate::model::LinuxResources;
 use crate::policy::{bytes_quantity, Verdict, UNLIMITED_BYTES};
+use crate::trim::TrimState;
 
 /// `500m/128Mi`; `-` when unknown, `max` for unlimited. Exact quantities (`68192Ki`, not a
 /// rounded `66.6Mi`): what the table shows, `nri-resize resize` and `update` accept as is.
@@ -142,6 +143,7 @@ fn rows(s: &Status, resizes: &Resizes, page_size: u64) -> Vec<Row> {
                     "-".into(),
                     "-".into(),
                     "-".into(),
+                    "-".into(),
                     String::new(),
                 ]];
             }
@@ -176,6 +178,17 @@ fn rows(s: &Status, resizes: &Resizes, page_size: u64) -> Vec<Row> {
                             reason.push_str(&r);
                         }
                     }
+                    if let Some(t) = c.trim.as_ref().filter(|t| {
+                        matches!(
+                            t.state,
+                            TrimState::Unavailable { .. } | TrimState::Holding { .. }
+                        ) || !t.annotation_errors.is_empty()
+                    }) {
+                        if !reason.is_empty() {
+                            reason.push_str("; ");
+                        }
+                        let _ = write!(reason, "trim: {}", t.line());
+                    }
                     if let Some(o) = &c.observed {
                         if o.matches == Some(false) && reason.is_empty() {
                             reason = if o.differences.is_empty() {
@@ -199,6 +212,9 @@ fn rows(s: &Status, resizes: &Resizes, page_size: u64) -> Vec<Row> {
                             || "-".to_string(),
                             |v| v.verdict.map_or("judging", Verdict::as_str).to_string(),
                         ),
+                        c.trim
+                            .as_ref()
+                            .map_or_else(|| "-".to_string(), |t| t.state.cell()),
                         reason,
                     ]
                 })
@@ -268,6 +284,7 @@ pub fn render_status(s: &Status, resizes: &Resizes, page_size: u64, now_ms: u64)
         "RECLAIMED",
         "STALL",
         "VERDICT",
+        "TRIM",
         "REASON",
     ];
     let mut widths = header.map(str::len);
@@ -307,8 +324,9 @@ mod tests {
     };
     use crate::cgroup::ActualResources;
     use crate::model::{Container, ContainerState, Pod};
-    use crate::policy::ResizeState;
+    use crate::policy::{Found, ResizeState};
     use crate::resize::ContainerResize;
+    use crate::trim::ContainerTrim;
 
     fn res(quota: i64, memory: i64) -> LinuxResources {
         crate::model::fixtures::res(quota, 100_000, memory)
@@ -382,10 +400,23 @@ mod tests {
                             }),
                             ..ContainerObserved::default()
                         }),
+                        trim: Some(ContainerTrim {
+                            state: TrimState::Converged {
+                                working_set: 42 << 20,
+                                found: Found::NothingLeft,
+                            },
+                            ..ContainerTrim::default()
+                        }),
                     },
                     ContainerStatus {
                         container: sidecar,
                         observed: None,
+                        trim: Some(ContainerTrim {
+                            state: TrimState::Unavailable {
+                                reason: "cgroup v1".into(),
+                            },
+                            ..ContainerTrim::default()
+                        }),
                     },
                 ],
                 pod_level: None,
@@ -454,6 +485,7 @@ mod tests {
             "RECLAIMED",
             "STALL",
             "VERDICT",
+            "TRIM",
             "REASON",
         ] {
             assert!(header.contains(col), "{col} in {header}");
@@ -478,6 +510,7 @@ mod tests {
                 "cpu",
                 "31%",
                 "harmful",
+                "42Mi",
                 "node",
                 "has",
                 "1",
@@ -512,7 +545,12 @@ mod tests {
                 "-",
                 "-",
                 "-",
-                "-"
+                "-",
+                "unavailable",
+                "trim:",
+                "unavailable:",
+                "cgroup",
+                "v1"
             ],
             "{text}"
         );

@@ -135,6 +135,16 @@ impl CgroupIo for Slow {
         self.pause(cgroup);
         self.inner.workingset_refaults(cgroup)
     }
+
+    fn cache_stat(&self, cgroup: &Path) -> Result<crate::policy::CacheStat, CgroupError> {
+        self.pause(cgroup);
+        self.inner.cache_stat(cgroup)
+    }
+
+    fn reclaim_page_cache(&self, cgroup: &Path, bytes: u64) -> Result<(), CgroupError> {
+        self.pause(cgroup);
+        self.inner.reclaim_page_cache(cgroup, bytes)
+    }
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@
 //! | memory breakdown | `memory.stat` `total_rss`/`total_shmem`/`total_cache` | `memory.stat` `anon`/`shmem`/`file` |
 //! | proactive reclaim | (none: lower `memory.limit_in_bytes`) | `memory.reclaim` (5.19+) |
 //! | reclaim harm (paced reclaim) | (none) | `memory.pressure`, `io.pressure`, `memory.stat` `workingset_refault_*` |
+//! | page cache only (trimming) | (none) | `memory.reclaim` with `swappiness=0` (6.11+), `memory.stat` `active_file`/`inactive_file` |
 
 mod effective;
 #[cfg(feature = "fault-injection")]
@@ -39,7 +40,7 @@ pub use parse::flat_keyed;
 pub use path::{container_path, pod_path, resolve, ContainerCgroups};
 pub use pressure::{stall_totals, StallTotals};
 
-use crate::policy::{MemoryUse, UNLIMITED_BYTES};
+use crate::policy::{CacheStat, MemoryUse, UNLIMITED_BYTES};
 
 /// Errors of cgroup resolution, reads and writes.
 #[derive(Debug, thiserror::Error)]
@@ -206,6 +207,25 @@ pub trait CgroupIo: Send + Sync + fmt::Debug {
     fn workingset_refaults(&self, _cgroup: &Path) -> Result<u64, CgroupError> {
         Err(CgroupError::Unsupported {
             what: "memory.stat workingset_refault",
+            version: self.version(),
+        })
+    }
+    /// What working-set trimming decides from: `memory.current` and the v2 `memory.stat`
+    /// breakdown of page cache (`file`, `active_file`, `inactive_file`, `shmem`, `anon`, and
+    /// `workingset_refault_file` in bytes); `Unsupported` on v1.
+    fn cache_stat(&self, _cgroup: &Path) -> Result<CacheStat, CgroupError> {
+        Err(CgroupError::Unsupported {
+            what: "memory.stat file breakdown",
+            version: self.version(),
+        })
+    }
+    /// Asks the kernel to reclaim `bytes` of page cache only: v2 `memory.reclaim` with
+    /// `swappiness=0` (6.11+; `bytes` 0 reclaims nothing and only checks that the kernel takes
+    /// the key). `InvalidValue` (EINVAL) where the kernel has no `swappiness=` key; `Again`:
+    /// it reclaimed less; `Unsupported`: no `memory.reclaim` (v1, or before 5.19).
+    fn reclaim_page_cache(&self, _cgroup: &Path, _bytes: u64) -> Result<(), CgroupError> {
+        Err(CgroupError::Unsupported {
+            what: "memory.reclaim",
             version: self.version(),
         })
     }
@@ -617,6 +637,39 @@ impl CgroupIo for V2 {
         };
         Ok(pages.saturating_mul(page_size()))
     }
+
+    fn cache_stat(&self, cgroup: &Path) -> Result<CacheStat, CgroupError> {
+        let dir = existing_dir(&self.root, cgroup)?;
+        let usage = required(&dir, "memory.current", read_u64(&dir, "memory.current")?)?;
+        let text = required(&dir, "memory.stat", read_file(&dir, "memory.stat")?)?;
+        let get = |key: &'static str| {
+            flat_keyed(&text, key).ok_or_else(|| parse_err(&dir, "memory.stat", key))
+        };
+        Ok(CacheStat {
+            usage,
+            anon: get("anon")?,
+            file: get("file")?,
+            shmem: get("shmem")?,
+            active_file: get("active_file")?,
+            inactive_file: get("inactive_file")?,
+            // `workingset_refault` before 5.9 counts anonymous refaults too: still refaults.
+            refaulted_file: flat_keyed(&text, "workingset_refault_file")
+                .or_else(|| flat_keyed(&text, "workingset_refault"))
+                .unwrap_or(0)
+                .saturating_mul(page_size()),
+        })
+    }
+
+    fn reclaim_page_cache(&self, cgroup: &Path, bytes: u64) -> Result<(), CgroupError> {
+        let dir = existing_dir(&self.root, cgroup)?;
+        if !dir.join("memory.reclaim").exists() {
+            return Err(CgroupError::Unsupported {
+                what: "memory.reclaim",
+                version: CgroupVersion::V2,
+            });
+        }
+        write_file(&dir, "memory.reclaim", &format!("{bytes} swappiness=0"))
+    }
 }
 
 impl Cgroups {
@@ -679,6 +732,14 @@ impl CgroupIo for Cgroups {
 
     fn workingset_refaults(&self, cgroup: &Path) -> Result<u64, CgroupError> {
         self.io().workingset_refaults(cgroup)
+    }
+
+    fn cache_stat(&self, cgroup: &Path) -> Result<CacheStat, CgroupError> {
+        self.io().cache_stat(cgroup)
+    }
+
+    fn reclaim_page_cache(&self, cgroup: &Path, bytes: u64) -> Result<(), CgroupError> {
+        self.io().reclaim_page_cache(cgroup, bytes)
     }
 
     fn procs(&self, cgroup: &Path) -> Result<Vec<u32>, CgroupError> {
@@ -979,5 +1040,43 @@ mod tests {
         assert!(cg.workingset_refaults(ctr).is_err());
         let (_tmp1, v1) = v1_fixture();
         assert!(v1.io_pressure(ctr).is_err() && v1.workingset_refaults(ctr).is_err());
+    }
+
+    #[test]
+    fn trimming_reads_the_cache_breakdown_and_asks_for_page_cache_only() {
+        let (tmp, cg) = v2_fixture();
+        let (dir, ctr) = (tmp.path().join("pod1/ctr"), Path::new("/pod1/ctr"));
+        write(&dir, "memory.stat", "anon 1\nfile 60\n");
+        let err = cg.cache_stat(ctr).expect_err("no shmem");
+        assert!(err.to_string().contains("shmem"), "{err}");
+        write(
+            &dir,
+            "memory.stat",
+            "anon 10\nfile 60\nshmem 5\nactive_file 20\ninactive_file 35\nworkingset_refault_file 2\n",
+        );
+        assert_eq!(
+            cg.cache_stat(ctr).expect("stat"),
+            CacheStat {
+                usage: 8192,
+                anon: 10,
+                file: 60,
+                shmem: 5,
+                active_file: 20,
+                inactive_file: 35,
+                refaulted_file: 2 * page_size(),
+            }
+        );
+        assert!(matches!(
+            cg.reclaim_page_cache(ctr, 4096),
+            Err(CgroupError::Unsupported { .. })
+        ));
+        write(&dir, "memory.reclaim", "");
+        cg.reclaim_page_cache(ctr, 4096).expect("reclaim");
+        assert_eq!(
+            std::fs::read_to_string(dir.join("memory.reclaim")).expect("read"),
+            "4096 swappiness=0"
+        );
+        let (_tmp1, v1) = v1_fixture();
+        assert!(v1.cache_stat(ctr).is_err() && v1.reclaim_page_cache(ctr, 1).is_err());
     }
 }

@@ -120,4 +120,14 @@ impl CgroupIo for OffWorkerOnly {
         self.check("workingset_refaults", cgroup);
         self.inner.workingset_refaults(cgroup)
     }
+
+    fn cache_stat(&self, cgroup: &Path) -> Result<crate::policy::CacheStat, CgroupError> {
+        self.check("cache_stat", cgroup);
+        self.inner.cache_stat(cgroup)
+    }
+
+    fn reclaim_page_cache(&self, cgroup: &Path, bytes: u64) -> Result<(), CgroupError> {
+        self.check("reclaim_page_cache", cgroup);
+        self.inner.reclaim_page_cache(cgroup, bytes)
+    }
 }

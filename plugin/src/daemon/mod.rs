@@ -14,6 +14,7 @@ mod pod_level;
 mod pod_read;
 mod read_back;
 mod reserve;
+mod trim;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -39,6 +40,7 @@ use crate::resize::node::NodeReader;
 use crate::resize::Engine;
 use crate::state::NodeState;
 use crate::sync::{Locked as _, ReadWriteLocked as _};
+use crate::trim::Trimmer;
 use bind_retry::{retry_while_in_use, Gave, BIND_RETRY_FOR};
 
 /// Exit status when the runtime connection is lost and `--exit-on-disconnect` is set.
@@ -104,6 +106,10 @@ fn open_checkpoints(dir: &std::path::Path, state: &NodeState) -> Option<Checkpoi
 }
 
 /// Runs the daemon until `cancel` fires (or the runtime goes away with `exit_on_disconnect`).
+#[expect(
+    clippy::too_many_lines,
+    reason = "the daemon's wiring in start order, then its stop order: read top to bottom"
+)]
 pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<Exit> {
     nri::validate_idx(&opts.identity.idx)?;
     let file_config = match &opts.config_path {
@@ -138,6 +144,9 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
         checkpoints,
     ));
     engine.publish_resize_states();
+    // Working-set trimming: its own task, fed the containers the handler tracks.
+    let trimmer = Trimmer::start(state.clone(), &cancel);
+    let trim_feed = trim::feed(state.clone(), trimmer.clone(), cancel.clone());
     let api_server = match retry_while_in_use(
         "status API",
         BIND_RETRY_FOR,
@@ -149,6 +158,7 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
                 state.clone(),
                 link.clone(),
                 Some(engine.clone()),
+                Some(trimmer.clone()),
                 cancel.clone(),
             )
         },
@@ -158,6 +168,7 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
         Ok(task) => task,
         Err(Gave::Up(err)) => return Err(err.into()),
         Err(Gave::Cancelled) => {
+            trimmer.shutdown().await;
             stop_metrics(metrics_server).await;
             return Ok(Exit::Stopped);
         }
@@ -194,6 +205,10 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
     cancel.cancel();
     handler.settle(Duration::from_secs(1)).await;
     engine.shutdown().await;
+    trimmer.shutdown().await;
+    if let Err(err) = trim_feed.await {
+        warn!(%err, "trimming feed task ended abnormally");
+    }
     if let Some(task) = capacity_task {
         if let Err(err) = task.await {
             warn!(%err, "capacity watcher task ended abnormally");

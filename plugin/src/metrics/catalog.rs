@@ -156,6 +156,9 @@ pub const CATALOG: &[Entry] = &[
     e("nri_resize_memory_decrease_reclaimed_bytes_total", Kind::Counter, "bytes", &[], "bytes by which memory decreases brought container usage down"),
     e("nri_resize_memory_decrease_reclaims_in_progress", Kind::Gauge, "reclaims", &[], "staged memory decreases reclaiming now"),
     e("nri_resize_memory_decrease_reclaim_duration_seconds", Kind::Histogram, "seconds", &[], "time a decrease below usage took to reclaim: inside the update (inline) or from accepting a staged decrease to its end"),
+    // Working-set trimming (docs/trimming.md).
+    experimental(e("nri_resize_container_trim_working_set_bytes", Kind::Gauge, "bytes", C, "the memory usage at which working-set trimming's last probe found the container's working set (its first sign of harm: stall over the target or refaults); not cAdvisor's `container_memory_working_set_bytes` (usage minus inactive file cache); absent until a probe converged")),
+    e("nri_resize_container_trim_trimmed_bytes_total", Kind::Counter, "bytes", C, "page cache working-set trimming reclaimed from the container"),
     // Node capacity.
     e("nri_resize_node_capacity_cpu_cores", Kind::Gauge, "cores", &[], "online CPUs of the node"),
     e("nri_resize_node_capacity_memory_bytes", Kind::Gauge, "bytes", &[], "memory of the node (`MemTotal`)"),

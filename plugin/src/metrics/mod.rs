@@ -16,6 +16,7 @@ mod reserve;
 mod restart;
 mod series;
 mod server;
+mod trim;
 mod verdict;
 
 use std::collections::HashMap;
@@ -38,6 +39,7 @@ pub use reserve::ReserveMetrics;
 pub use restart::{RestartMetrics, RestartOutcome};
 pub use series::ContainerSeries;
 pub use server::{serve, serve_with, Limits, MetricsServer, Readiness};
+pub use trim::TrimMetrics;
 pub use verdict::VerdictMetrics;
 
 use crate::cgroup::ActualResources;
@@ -109,6 +111,8 @@ pub struct Metrics {
     pub verdict: VerdictMetrics,
     /// Admission's node reserve against kubelet's.
     pub reserve: ReserveMetrics,
+    /// Working-set trimming per container.
+    pub trim: TrimMetrics,
 }
 
 impl fmt::Debug for Metrics {
@@ -281,6 +285,7 @@ impl Metrics {
             pod: PodMetrics::new(r)?,
             verdict: VerdictMetrics::new(r)?,
             reserve: ReserveMetrics::new(r)?,
+            trim: TrimMetrics::new(r)?,
             registry,
         })
     }
@@ -420,6 +425,8 @@ impl Metrics {
         self.observe("CreateContainer", 0.001, "deadline");
         self.resize_outcome("in_place");
         self.annotation_error();
+        self.trim.set_working_set(&l, 1);
+        self.trim.add_trimmed(&l, 1);
         self.resize_timer(&[(Resource::Cpu, Direction::Increase)])
             .finish("in_place");
     }

@@ -12,10 +12,11 @@ pub const POD_POLICY_ANNOTATION: &str = "resize-policy.nri-resize.io/pod";
 /// Annotation holding the pod's resize action.
 pub const ACTION_ANNOTATION: &str = "resize-action.nri-resize.io/pod";
 /// Every annotation nri-resize reads starts with one of these.
-pub const ANNOTATION_PREFIXES: [&str; 3] = [
+pub const ANNOTATION_PREFIXES: [&str; 4] = [
     "resize-policy.nri-resize.io/",
     "resize-action.nri-resize.io/",
     "memory-decrease.nri-resize.io/",
+    "trim.nri-resize.io/",
 ];
 /// Largest annotation value accepted, in bytes.
 pub const MAX_ANNOTATION_VALUE_BYTES: usize = 4096;
@@ -26,6 +27,11 @@ pub const CONTAINER_DECREASE_PREFIX: &str = "memory-decrease.nri-resize.io/conta
 pub const POD_DECREASE_ANNOTATION: &str = "memory-decrease.nri-resize.io/pod";
 /// Annotation lowering the stall ceiling of the pod's paced reclaims (`0.02`).
 pub const MAX_STALL_ANNOTATION: &str = "memory-decrease.nri-resize.io/max-stall";
+
+/// Annotation opting the pod's containers in to or out of working-set trimming (`on`, `off`).
+pub const TRIM_ANNOTATION: &str = "trim.nri-resize.io/pod";
+/// Annotation lowering the stall target of the pod's trimming (`0.1%` or `0.001`).
+pub const TRIM_MAX_STALL_ANNOTATION: &str = "trim.nri-resize.io/max-stall";
 
 /// How much of an untrusted token an error message repeats.
 const MAX_TOKEN_IN_MESSAGE: usize = 64;
@@ -93,7 +99,7 @@ pub enum AnnotationError {
         token: String,
     },
     /// An annotation under an nri-resize prefix that nri-resize does not know (a typo?).
-    #[error("unknown annotation {annotation}, expected {POD_POLICY_ANNOTATION}, {ACTION_ANNOTATION}, {CONTAINER_POLICY_PREFIX}<container>, {POD_DECREASE_ANNOTATION}, {CONTAINER_DECREASE_PREFIX}<container> or {MAX_STALL_ANNOTATION}")]
+    #[error("unknown annotation {annotation}, expected {POD_POLICY_ANNOTATION}, {ACTION_ANNOTATION}, {CONTAINER_POLICY_PREFIX}<container>, {POD_DECREASE_ANNOTATION}, {CONTAINER_DECREASE_PREFIX}<container>, {MAX_STALL_ANNOTATION}, {TRIM_ANNOTATION} or {TRIM_MAX_STALL_ANNOTATION}")]
     UnknownAnnotation {
         /// The annotation key.
         annotation: String,

@@ -85,6 +85,8 @@ mod pod_level;
 mod quantity;
 mod resize_policy;
 mod share;
+mod trim;
+mod trim_opt_in;
 mod units;
 mod validate;
 mod verdict;
@@ -96,7 +98,7 @@ pub use admission::{
 pub use annotation::{
     AnnotationError, ACTION_ANNOTATION, ANNOTATION_PREFIXES, CONTAINER_DECREASE_PREFIX,
     CONTAINER_POLICY_PREFIX, MAX_ANNOTATION_VALUE_BYTES, POD_DECREASE_ANNOTATION,
-    POD_POLICY_ANNOTATION,
+    POD_POLICY_ANNOTATION, TRIM_ANNOTATION, TRIM_MAX_STALL_ANNOTATION,
 };
 pub use decision::{changes, decide, Decision};
 pub use invariants::{check_invariants, Violation};
@@ -127,6 +129,10 @@ pub use resize_policy::{
     RestartPolicy,
 };
 pub use share::Share;
+pub use trim::{
+    stall_text, CacheStat, Found, HoldReason, Probe, TrimSettings, TrimStep, REFAULT_FLOOR,
+};
+pub use trim_opt_in::{effective_trim, parse_trim_annotation, parse_trim_max_stall, TrimChoice};
 pub use units::{
     bytes_quantity, bytes_text, cpu_quota_text, cpu_text, memory_limit_exact_text,
     memory_limit_text, parse_cpu, parse_memory, QuantityError, UNLIMITED_BYTES,

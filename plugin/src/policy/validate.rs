@@ -6,11 +6,12 @@ use std::collections::BTreeMap;
 use super::annotation::{
     sanitize_key, AnnotationError, ACTION_ANNOTATION, ANNOTATION_PREFIXES,
     CONTAINER_DECREASE_PREFIX, CONTAINER_POLICY_PREFIX, MAX_STALL_ANNOTATION,
-    POD_DECREASE_ANNOTATION, POD_POLICY_ANNOTATION,
+    POD_DECREASE_ANNOTATION, POD_POLICY_ANNOTATION, TRIM_ANNOTATION, TRIM_MAX_STALL_ANNOTATION,
 };
 use super::memory_decrease::parse_decrease_annotation;
 use super::pacing::parse_max_stall_annotation;
 use super::resize_policy::{parse_action_annotation, parse_policy_annotation};
+use super::trim_opt_in::{parse_trim_annotation, parse_trim_max_stall};
 
 /// Checks every nri-resize annotation of a pod (all containers' policies, the pod policy, the
 /// action, and unknown keys under the nri-resize prefixes). Does not apply the node floor, so
@@ -23,6 +24,10 @@ pub fn validate_annotations(annotations: &BTreeMap<String, String>) -> Vec<Annot
         }
         let result = if key == ACTION_ANNOTATION {
             parse_action_annotation(key, value).map(|_| ())
+        } else if key == TRIM_ANNOTATION {
+            parse_trim_annotation(key, value).map(|_| ())
+        } else if key == TRIM_MAX_STALL_ANNOTATION {
+            parse_trim_max_stall(key, value).map(|_| ())
         } else if key == MAX_STALL_ANNOTATION {
             parse_max_stall_annotation(key, value).map(|_| ())
         } else if key == POD_DECREASE_ANNOTATION
@@ -74,6 +79,12 @@ mod tests {
         assert_eq!(errs.len(), 4, "{msgs:#?}");
         let bad = validate_annotations(&ann(&[(MAX_STALL_ANNOTATION, "2")]));
         assert_eq!(bad.len(), 1, "{bad:?}");
+        let trim = validate_annotations(&ann(&[
+            (TRIM_ANNOTATION, "on"),
+            (TRIM_MAX_STALL_ANNOTATION, "0.1%"),
+            ("trim.nri-resize.io/pdo", "on"),
+        ]));
+        assert_eq!(trim.len(), 1, "only the typo: {trim:?}");
         assert!(msgs.iter().any(|m| m.contains("contianer.app")));
         assert!(msgs.iter().any(|m| m.contains("Nope")));
     }

@@ -111,9 +111,7 @@ fn deferred_outcome(end: &crate::policy::MemoryUse, target: u64, swap: bool) -> 
 /// Whether the node has swap (anonymous memory is then reclaimable), from `/proc/meminfo`,
 /// read on a blocking thread.
 async fn node_has_swap() -> bool {
-    use procfs::Current as _;
-    super::off_worker::off_worker(|| procfs::Meminfo::current().is_ok_and(|m| m.swap_total > 0))
-        .await
+    super::off_worker::off_worker(crate::trim::node_has_swap).await
 }
 
 impl Engine {

@@ -1,0 +1,314 @@
+//! The trimmer's task: one pass every `[trim] interval` over the containers whose turn it is,
+//! one at a time, each turn on a blocking thread; the outcome is published only if the
+//! container is still watched with the same cgroup.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tracing::{info, warn};
+
+use super::probe::{self, NotAvailable, Writer};
+use super::status::{ContainerTrim, TrimState};
+use super::step::{self, Readings, Turn};
+use super::{Shared, TrimTarget};
+use crate::cgroup::CgroupError;
+use crate::config::Config;
+use crate::policy::{
+    bytes_text, effective_trim, stall_text, Probe, TrimChoice, TrimSettings, TrimStep,
+};
+use crate::sync::{Locked as _, ReadWriteLocked as _};
+
+/// One container as the task keeps it.
+struct Record {
+    target: TrimTarget,
+    probe: Probe,
+    last: Option<Readings>,
+    /// How steps ask the kernel, once trimming was found available on the cgroup.
+    writer: Option<Writer>,
+    next_at: Instant,
+    view: ContainerTrim,
+}
+
+impl Record {
+    fn new(target: TrimTarget) -> Self {
+        Self {
+            target,
+            probe: Probe::default(),
+            last: None,
+            writer: None,
+            next_at: Instant::now(),
+            view: ContainerTrim::default(),
+        }
+    }
+
+    /// Back to the start of a probe (after it converged, or trimming went off or failed).
+    fn restart_probe(&mut self) {
+        self.probe = Probe::default();
+        self.last = None;
+    }
+}
+
+pub(super) async fn run(shared: Arc<Shared>) {
+    let mut records: HashMap<String, Record> = HashMap::new();
+    loop {
+        let cfg = shared.state.config.read_locked().clone();
+        follow_targets(&shared, &mut records);
+        let now = Instant::now();
+        let mut due: Vec<String> = records
+            .iter()
+            .filter(|(_, r)| r.next_at <= now)
+            .map(|(id, _)| id.clone())
+            .collect();
+        due.sort();
+        for id in due {
+            if shared.cancel.is_cancelled() {
+                return;
+            }
+            let Some(rec) = records.remove(&id) else {
+                continue;
+            };
+            if let Some(rec) = pass(&shared, &cfg, &id, rec).await {
+                records.insert(id, rec);
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(cfg.trim.interval) => {}
+            () = shared.cancel.cancelled() => return,
+        }
+    }
+}
+
+/// Drops the records of containers no longer watched (or watched with another cgroup or
+/// labels), takes new annotations, and adds the new containers.
+fn follow_targets(shared: &Shared, records: &mut HashMap<String, Record>) {
+    let targets = shared.targets.locked();
+    records.retain(|id, r| {
+        targets
+            .get(id)
+            .is_some_and(|t| t.cgroup == r.target.cgroup && t.labels == r.target.labels)
+    });
+    for (id, t) in targets.iter() {
+        match records.get_mut(id) {
+            Some(r) => r.target.annotations.clone_from(&t.annotations),
+            None => {
+                records.insert(id.clone(), Record::new(t.clone()));
+            }
+        }
+    }
+}
+
+/// One container's turn; `None` when it is no longer watched or the trimmer stops.
+async fn pass(shared: &Arc<Shared>, cfg: &Config, id: &str, mut rec: Record) -> Option<Record> {
+    let node = TrimChoice {
+        enabled: cfg.trim.enabled,
+        max_stall: cfg.trim.max_stall,
+    };
+    let (choice, errors) =
+        effective_trim(&rec.target.annotations, node, cfg.policy.allow_annotations);
+    let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    if errors != rec.view.annotation_errors {
+        for e in errors
+            .iter()
+            .filter(|e| !rec.view.annotation_errors.contains(e))
+        {
+            warn!(pod = %rec.target.labels.pod, namespace = %rec.target.labels.namespace, error = %e, "trimming annotation ignored");
+            shared.state.metrics.annotation_error();
+        }
+        rec.view.annotation_errors = errors;
+    }
+    let interval = cfg.trim.interval;
+    if !choice.enabled {
+        rec.view.state = TrimState::Off;
+        rec.view.max_stall = None;
+        rec.restart_probe();
+        rec.next_at = Instant::now() + interval;
+        return publish(shared, id, rec, 0, None);
+    }
+    rec.view.max_stall = Some(choice.max_stall.get());
+    let Some(cgroups) = shared.state.cgroups.clone() else {
+        rec.view.state = TrimState::Unavailable {
+            reason: "cgroup access is off".into(),
+        };
+        rec.next_at = Instant::now() + cfg.trim.reprobe_after;
+        return publish(shared, id, rec, 0, None);
+    };
+    let settings = TrimSettings {
+        max_stall: choice.max_stall,
+        min_step: cfg.trim.min_step,
+        max_step: cfg.trim.max_step,
+    };
+    let node_has_swap = shared.node_has_swap;
+    let work = tokio::task::spawn_blocking(move || {
+        let outcome = turn(&cgroups, &mut rec, &settings, node_has_swap);
+        (rec, outcome)
+    });
+    let (mut rec, outcome) = tokio::select! {
+        r = work => match r {
+            Ok(r) => r,
+            Err(err) => {
+                warn!(%err, container = id, "trimming turn failed");
+                return None;
+            }
+        },
+        () = shared.cancel.cancelled() => return None,
+    };
+    let (trimmed, working_set) = apply(&mut rec, outcome, &settings, cfg);
+    publish(shared, id, rec, trimmed, working_set)
+}
+
+/// Takes a turn's outcome into the record: its state and figures, and when its next turn is.
+/// Returns the bytes trimmed and the working set found, for the series.
+fn apply(
+    rec: &mut Record,
+    outcome: Outcome,
+    settings: &TrimSettings,
+    cfg: &Config,
+) -> (u64, Option<u64>) {
+    let now = Instant::now();
+    let interval = cfg.trim.interval;
+    let mut trimmed = 0;
+    let mut working_set = None;
+    match outcome {
+        Outcome::Unavailable(reason) => {
+            rec.view.state = TrimState::Unavailable { reason };
+            rec.restart_probe();
+            rec.next_at = now + cfg.trim.reprobe_after;
+        }
+        Outcome::Failed(err) => {
+            rec.view.state = TrimState::Unavailable {
+                reason: err.to_string(),
+            };
+            rec.restart_probe();
+            rec.writer = None;
+            rec.next_at = now + interval;
+        }
+        Outcome::Turned {
+            turn,
+            stepped_before,
+        } => {
+            if stepped_before {
+                let stall = turn.harm.stall();
+                rec.view.last_stall = Some(stall);
+                rec.view.worst_stall = rec.view.worst_stall.max(stall);
+                rec.view.refaulted_bytes =
+                    rec.view.refaulted_bytes.saturating_add(turn.harm.refaulted);
+            }
+            rec.next_at = now + interval;
+            match turn.step {
+                None => {
+                    rec.view.state = TrimState::Trimming {
+                        next_step: rec.probe.next_step(settings),
+                    };
+                }
+                Some(TrimStep::Reclaim(_)) => {
+                    trimmed = turn.trimmed;
+                    rec.view.steps += 1;
+                    rec.view.trimmed_bytes = rec.view.trimmed_bytes.saturating_add(trimmed);
+                    rec.view.state = TrimState::Trimming {
+                        next_step: rec.probe.next_step(settings),
+                    };
+                }
+                Some(TrimStep::Hold(reason)) => {
+                    rec.view.state = TrimState::Holding { reason };
+                }
+                Some(TrimStep::Converged {
+                    working_set: ws,
+                    found,
+                }) => {
+                    info!(
+                        namespace = %rec.target.labels.namespace,
+                        pod = %rec.target.labels.pod,
+                        container = %rec.target.labels.container,
+                        working_set = %bytes_text(ws),
+                        %found,
+                        trimmed = %bytes_text(rec.view.trimmed_bytes),
+                        worst_stall = %stall_text(rec.view.worst_stall),
+                        "trimming found the working set"
+                    );
+                    rec.view.state = TrimState::Converged {
+                        working_set: ws,
+                        found,
+                    };
+                    rec.view.working_set_bytes = Some(ws);
+                    working_set = Some(ws);
+                    rec.restart_probe();
+                    rec.next_at = now + cfg.trim.reprobe_after;
+                }
+            }
+        }
+    }
+    (trimmed, working_set)
+}
+
+/// What a turn on the blocking thread came to.
+enum Outcome {
+    /// Trimming cannot run on the cgroup (checked once per record, again after a pause).
+    Unavailable(String),
+    /// A read or the write failed (the container stopped?).
+    Failed(CgroupError),
+    /// `stepped_before`: the turn measured the harm of a step.
+    Turned { turn: Turn, stepped_before: bool },
+}
+
+fn turn(
+    cgroups: &crate::cgroup::Cgroups,
+    rec: &mut Record,
+    settings: &TrimSettings,
+    node_has_swap: fn() -> bool,
+) -> Outcome {
+    let writer = match rec.writer {
+        Some(w) => w,
+        None => match probe::writer(cgroups, &rec.target.cgroup, &node_has_swap) {
+            Ok(w) => *rec.writer.insert(w),
+            Err(NotAvailable::Node(reason)) => return Outcome::Unavailable(reason),
+            Err(NotAvailable::Cgroup(e)) => return Outcome::Failed(e),
+        },
+    };
+    let stepped_before = rec.probe.last_step() > 0 && rec.last.is_some();
+    match step::turn(
+        cgroups,
+        &rec.target.cgroup,
+        writer,
+        settings,
+        &mut rec.probe,
+        &mut rec.last,
+    ) {
+        Ok(turn) => Outcome::Turned {
+            turn,
+            stepped_before,
+        },
+        Err(e) => Outcome::Failed(e),
+    }
+}
+
+/// Publishes the record and its series if the container is still watched with the same cgroup
+/// (the lock order is the handle's: targets, then published).
+fn publish(
+    shared: &Shared,
+    id: &str,
+    rec: Record,
+    trimmed: u64,
+    working_set: Option<u64>,
+) -> Option<Record> {
+    let targets = shared.targets.locked();
+    if !targets
+        .get(id)
+        .is_some_and(|t| t.cgroup == rec.target.cgroup && t.labels == rec.target.labels)
+    {
+        return None;
+    }
+    let metrics = &shared.state.metrics.trim;
+    if trimmed > 0 {
+        metrics.add_trimmed(&rec.target.labels, trimmed);
+    }
+    if let Some(ws) = working_set {
+        metrics.set_working_set(&rec.target.labels, ws);
+    }
+    shared
+        .published
+        .locked()
+        .insert(id.to_owned(), rec.view.clone());
+    drop(targets);
+    Some(rec)
+}
