@@ -14,11 +14,15 @@
 //! - **Small steps, growing while harmless.** The first step is `min_step` (1 MiB); every step
 //!   that did no harm doubles the next one, up to `max_step`, as [`Pacer`](super::Pacer)
 //!   grows a staged decrease before its first hold.
-//! - **The first sign of harm ends the probe.** Harm after a step is either stall (the higher of
-//!   the container's `memory.pressure` and `io.pressure` `some` shares since the step; on
-//!   6.16+ a refault of reclaimed cache barely shows as memory stall, hence I/O too) over the
-//!   target, or refaults of more than an eighth of the last step (at least 64 KiB) within one
-//!   interval. Then the probe has found the working set: the usage before that step (what the
+//! - **The first sign of harm ends the probe.** Harm after a step is refaults of more than an
+//!   eighth of the last step (at least 64 KiB) within one interval, or stall (the higher of the
+//!   container's `memory.pressure` and `io.pressure` `some` shares since the step; on 6.16+ a
+//!   refault of reclaimed cache barely shows as memory stall, hence I/O too) over the target
+//!   while the container refaults at all. A stall with no refaults is not trimming's doing
+//!   (trimming takes only page cache, and a page it took that the workload needs comes back as
+//!   a refault): the probe holds while it lasts, neither stepping nor concluding (found in the
+//!   VM tier: a container still writing its files showed 8 % I/O stall after a 1 MiB step, and
+//!   a probe that took it for harm recorded a working set of 298Mi of which 280Mi was cold). Then the probe has found the working set: the usage before that step (what the
 //!   container needed), or the usage now if it grew past it. Nothing is reclaimed until the
 //!   next probe, a re-probe pause later (working sets move).
 //! - **Nothing left.** When less than one smallest step of droppable cache is left, the working
@@ -177,11 +181,12 @@ impl Probe {
                 });
             }
         } else {
+            let refaulted = harm.refaulted > REFAULT_FLOOR;
             let found = if harm.refaulted > REFAULT_FLOOR.max(self.last / 8) {
                 Some(Found::Refaults {
                     bytes: harm.refaulted,
                 })
-            } else if over {
+            } else if over && refaulted {
                 Some(Found::Stall { share: stall })
             } else {
                 None
@@ -191,6 +196,11 @@ impl Probe {
                     working_set: self.usage_before_last.max(now.usage),
                     found,
                 };
+            }
+            if over {
+                // Stalling, but on nothing trimming took: the workload's own (its writes, its
+                // reads of files it never had). Wait; the probe goes on once it is quiet.
+                return TrimStep::Hold(HoldReason::OwnStall { share: stall });
             }
         }
         let min_step = s.min_step.max(1);

@@ -265,7 +265,11 @@ fn turn(
             Err(NotAvailable::Cgroup(e)) => return Outcome::Failed(e),
         },
     };
-    let stepped_before = rec.probe.last_step() > 0 && rec.last.is_some();
+    // The harm this turn measures is a step's only when the last turn stepped (not after a
+    // hold: that stall is the workload's own).
+    let stepped_before = rec.probe.last_step() > 0
+        && rec.last.is_some()
+        && matches!(rec.view.state, TrimState::Trimming { .. });
     match step::turn(
         cgroups,
         &rec.target.cgroup,

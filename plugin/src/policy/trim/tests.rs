@@ -94,21 +94,36 @@ fn the_first_harm_ends_the_probe_at_the_usage_before_the_step() {
             found: Found::Refaults { bytes: 300 << 10 }
         }
     );
-    // Stall over the target, no refaults (6.16+: the I/O line shows it).
+    // Stall over the target with refaults under an eighth of the step (6.16+: the I/O line
+    // shows them).
+    let mut p = Probe::default();
+    p.decide(&s, &stat(150, 100, 100, 0), harm(0.0, 0));
+    p.decide(&s, &stat(149, 99, 99, 0), harm(0.0, 0));
+    p.decide(&s, &stat(147, 97, 97, 0), harm(0.0, 0));
+    assert_eq!(
+        p.decide(&s, &stat(143, 93, 93, 0), harm(0.003, 200 << 10)),
+        TrimStep::Converged {
+            working_set: 147 * MIB,
+            found: Found::Stall { share: 0.003 }
+        }
+    );
+    // Stall with no refaults is the workload's own: the probe holds and goes on once quiet.
     let mut p = Probe::default();
     p.decide(&s, &stat(150, 100, 100, 0), harm(0.0, 0));
     assert_eq!(
-        p.decide(&s, &stat(149, 99, 99, 0), harm(0.003, 0)),
-        TrimStep::Converged {
-            working_set: 150 * MIB,
-            found: Found::Stall { share: 0.003 }
-        }
+        p.decide(&s, &stat(149, 99, 99, 0), harm(0.08, 0)),
+        TrimStep::Hold(HoldReason::OwnStall { share: 0.08 })
+    );
+    assert_eq!(
+        p.decide(&s, &stat(149, 99, 99, 0), harm(0.0, 0)),
+        TrimStep::Reclaim(2 * MIB),
+        "the probe goes on where it was"
     );
     // A container that grew past where the step started: the usage now.
     let mut p = Probe::default();
     p.decide(&s, &stat(150, 100, 100, 0), harm(0.0, 0));
     assert!(matches!(
-        p.decide(&s, &stat(180, 99, 99, 0), harm(0.01, 0)),
+        p.decide(&s, &stat(180, 99, 99, 0), harm(0.01, 1 << 20)),
         TrimStep::Converged { working_set, .. } if working_set == 180 * MIB
     ));
 }
