@@ -4,7 +4,7 @@
 //! - `build-ebpf` build the observer's kernel programs from source
 //! - `test`       setup + every tier: format, lint, unit, kernel, containerd 1.7 and 2.x, fuzz, vm
 //! - `demo`       a private containerd + the plugin + a pod created and resized, narrated
-//! - `bench`      every benchmark, side by side with its baseline (`reclaim_pacing` in a 6.12 guest)
+//! - `bench`      every benchmark, side by side with its baseline (`reclaim_pacing`, `trim_containerd` in a 6.12 guest)
 //! - `fuzz`       run one fuzz target (default: all, 60 s each; `--runs N` for N executions each)
 //! - `manifests`  render deploy/ with kustomize and the Helm chart, lint, validate offline, test the alerts with promtool (also a tier of `test`)
 //! - `image`      the daemon as an OCI image archive (`ctr images import`-able), no Docker engine
@@ -470,25 +470,36 @@ fn bench() -> anyhow::Result<()> {
         }
         collect_rows(&table, before, name, &mut rows, &mut failed);
     }
-    // Paced reclaim needs cgroup v2's PSI: its side by side runs in the VM tier's 6.12 guest,
-    // which writes its row into the run directory (`vm::copy_bench_rows` brings it back).
-    let name = "reclaim_pacing";
-    let before = std::fs::read_to_string(&table).map_or(0, |t| t.lines().count());
-    std::env::set_var("NRI_RESIZE_BENCH_TABLE", &table);
-    eprintln!(
-        "\n==> benchmark {name}: paced reclaim vs the direct write and unpaced (VM tier, 6.12)"
-    );
-    // A failure here (setup, eBPF build, the guest) fails this benchmark, not the whole run.
-    let vm = setup(true)
-        .and_then(|()| build_ebpf())
-        .and_then(|()| vm::Options::parse(&["--kernel", "6.12", "--suite", name].map(String::from)))
-        .and_then(|opts| vm::vm_test(&root(), &opts, &mut Vec::new()));
-    std::env::remove_var("NRI_RESIZE_BENCH_TABLE");
-    if let Err(e) = vm {
-        eprintln!("!!! benchmark {name} FAILED: {e:#}");
-        failed.push(name.to_string());
+    // Paced reclaim and trimming need cgroup v2's PSI: their side by sides run in the VM tier's
+    // 6.12 guest, which writes its rows into the run directory (`vm::copy_bench_rows` brings
+    // them back).
+    for (name, what) in [
+        (
+            "reclaim_pacing",
+            "paced reclaim vs the direct write and unpaced (VM tier, 6.12)",
+        ),
+        (
+            "trim_containerd",
+            "a VPA-driven decrease through kubelet >= 1.34 with and without trimming (VM tier, 6.12)",
+        ),
+    ] {
+        let before = std::fs::read_to_string(&table).map_or(0, |t| t.lines().count());
+        std::env::set_var("NRI_RESIZE_BENCH_TABLE", &table);
+        eprintln!("\n==> benchmark {name}: {what}");
+        // A failure here (setup, eBPF build, the guest) fails this benchmark, not the whole run.
+        let vm = setup(true)
+            .and_then(|()| build_ebpf())
+            .and_then(|()| {
+                vm::Options::parse(&["--kernel", "6.12", "--suite", name].map(String::from))
+            })
+            .and_then(|opts| vm::vm_test(&root(), &opts, &mut Vec::new()));
+        std::env::remove_var("NRI_RESIZE_BENCH_TABLE");
+        if let Err(e) = vm {
+            eprintln!("!!! benchmark {name} FAILED: {e:#}");
+            failed.push(name.to_string());
+        }
+        collect_rows(&table, before, name, &mut rows, &mut failed);
     }
-    collect_rows(&table, before, name, &mut rows, &mut failed);
     let results = serde_json::json!({
         "date": command_line("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
         "commit": commit(),

@@ -122,6 +122,7 @@ const ON_1_7: &[(&str, &str)] = &[
 /// Twins named for 1.7, left out where every containerd is 2.1.9 (their `_2` twin runs).
 const TWINS_1_7: &[&str] = &[
     "smoke_containerd_1_7",
+    "vpa_decrease_with_and_without_trimming_containerd_1_7",
     "plugin_lifecycle_containerd_1_7",
     "whole_pod_resize_of_three_guaranteed_containers_containerd_1_7",
     "memory_decrease_side_by_side_containerd_1_7",
@@ -138,6 +139,7 @@ const TWINS_1_7: &[&str] = &[
 ];
 /// Twins named for 2, left out where every containerd is 1.7.24 (their `_1_7` twin runs).
 const TWINS_2: &[&str] = &[
+    "vpa_decrease_with_and_without_trimming_containerd_2",
     "smoke_containerd_2",
     "plugin_lifecycle_containerd_2",
     "whole_pod_resize_of_three_guaranteed_containers_containerd_2",
@@ -193,6 +195,9 @@ pub const SUITES: &[Suite] = &[
     Suite { name: "coexist_containerd@2.1", package: "nri-resize-tests", test: "coexist_containerd", filter: "", skip: TWINS_1_7, env: ON_2,   kernels: NEWEST, timeout_s: 600 },
     // Paced reclaim side by side with the direct write (needs v2's PSI; 98-113 s in the guest);
     // `cargo xtask bench` runs it as benchmark `reclaim_pacing`. Its 1.7 twin runs on 6.1 below.
+    // A VPA-driven decrease through kubelet ≥ 1.34 with and without working-set trimming (v2's
+    // memory.reclaim and PSI); its 1.7 twin runs on 6.1 below.
+    Suite { name: "trim_containerd@2.1",    package: "nri-resize-tests", test: "trim_containerd",    filter: "", skip: TWINS_1_7, env: ON_2,   kernels: NEWEST, timeout_s: 900 },
     Suite { name: "reclaim_pacing@2.1",     package: "nri-resize-tests", test: "reclaim_pacing",     filter: "", skip: &[],       env: ON_2,   kernels: NEWEST, timeout_s: 600 },
     // The other real-runtime suites against 1.7.24 go to 6.1's guest, which boots beside 6.12's
     // and would otherwise sit idle after its kernel-facing suites: every suite then runs against
@@ -208,6 +213,7 @@ pub const SUITES: &[Suite] = &[
     Suite { name: "pod_level_containerd@1.7", package: "nri-resize-tests", test: "pod_level_containerd", filter: "", skip: TWINS_2, env: ON_1_7, kernels: OLDEST, timeout_s: 300 },
     Suite { name: "image_containerd@1.7",   package: "nri-resize-tests", test: "image_containerd",   filter: "", skip: TWINS_2,   env: ON_1_7, kernels: OLDEST, timeout_s: 600 },
     Suite { name: "coexist_containerd@1.7", package: "nri-resize-tests", test: "coexist_containerd", filter: "", skip: TWINS_2,   env: ON_1_7, kernels: OLDEST, timeout_s: 600 },
+    Suite { name: "trim_containerd@1.7",    package: "nri-resize-tests", test: "trim_containerd",    filter: "", skip: TWINS_2,   env: ON_1_7, kernels: OLDEST, timeout_s: 900 },
     Suite { name: "reclaim_pacing@1.7",     package: "nri-resize-tests", test: "reclaim_pacing",     filter: "", skip: &[],       env: ON_1_7, kernels: OLDEST, timeout_s: 600 },
 ];
 

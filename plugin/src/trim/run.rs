@@ -15,7 +15,8 @@ use super::{Shared, TrimTarget};
 use crate::cgroup::CgroupError;
 use crate::config::Config;
 use crate::policy::{
-    bytes_text, effective_trim, stall_text, Probe, TrimChoice, TrimSettings, TrimStep,
+    bytes_text, effective_trim, stall_text, Found, Probe, TrimChoice, TrimSettings, TrimStep,
+    REFAULT_FLOOR,
 };
 use crate::sync::{Locked as _, ReadWriteLocked as _};
 
@@ -190,7 +191,10 @@ fn apply(
             if stepped_before {
                 let stall = turn.harm.stall();
                 rec.view.last_stall = Some(stall);
-                rec.view.worst_stall = rec.view.worst_stall.max(stall);
+                // A stall with nothing refaulted is the workload's own (policy/trim.rs).
+                if turn.harm.refaulted > REFAULT_FLOOR {
+                    rec.view.worst_stall = rec.view.worst_stall.max(stall);
+                }
                 rec.view.refaulted_bytes =
                     rec.view.refaulted_bytes.saturating_add(turn.harm.refaulted);
             }
@@ -216,7 +220,20 @@ fn apply(
                     working_set: ws,
                     found,
                 }) => {
-                    info!(
+                    // Nothing droppable is no finding about the workload: look again at the
+                    // next interval (a container that fills its cache later is probed then),
+                    // and say so once.
+                    let nothing_left = matches!(found, Found::NothingLeft);
+                    let said = nothing_left
+                        && matches!(
+                            rec.view.state,
+                            TrimState::Converged {
+                                found: Found::NothingLeft,
+                                ..
+                            }
+                        );
+                    if !said {
+                        info!(
                         namespace = %rec.target.labels.namespace,
                         pod = %rec.target.labels.pod,
                         container = %rec.target.labels.container,
@@ -225,7 +242,8 @@ fn apply(
                         trimmed = %bytes_text(rec.view.trimmed_bytes),
                         worst_stall = %stall_text(rec.view.worst_stall),
                         "trimming found the working set"
-                    );
+                        );
+                    }
                     rec.view.state = TrimState::Converged {
                         working_set: ws,
                         found,
@@ -233,7 +251,11 @@ fn apply(
                     rec.view.working_set_bytes = Some(ws);
                     working_set = Some(ws);
                     rec.restart_probe();
-                    rec.next_at = now + cfg.trim.reprobe_after;
+                    rec.next_at = if nothing_left {
+                        now + interval
+                    } else {
+                        now + cfg.trim.reprobe_after
+                    };
                 }
             }
         }

@@ -76,7 +76,8 @@ pub struct ContainerTrim {
     /// The stall share measured after the last step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_stall: Option<f64>,
-    /// The highest stall share measured after a step.
+    /// The highest stall share measured after a step that refaulted (a stall with nothing
+    /// refaulted is the workload's own).
     pub worst_stall: f64,
     /// Bytes refaulted in the intervals after steps.
     pub refaulted_bytes: u64,

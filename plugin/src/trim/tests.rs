@@ -314,3 +314,31 @@ async fn a_cgroup_created_after_the_container_is_trimmed_without_waiting_the_pau
     until(&t, "c1", "stepped", |c| c.steps >= 1).await;
     t.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_container_with_nothing_to_drop_is_probed_again_once_its_cache_fills() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    // Just started: no page cache yet.
+    let dir = container(tmp.path(), "late", 0);
+    let state = state(tmp.path(), FAST);
+    let cancel = CancellationToken::new();
+    let t = Trimmer::start_with(state, &cancel, || false);
+    t.watch("c1", target("late", &[(TRIM_ANNOTATION, "on")]));
+    let c = until(&t, "c1", "found nothing to drop", |c| {
+        matches!(c.state, TrimState::Converged { .. })
+    })
+    .await;
+    assert_eq!(
+        c.state,
+        TrimState::Converged {
+            working_set: 8 * MIB,
+            found: Found::NothingLeft
+        }
+    );
+    // It reads 50 MiB of files: the next interval's probe steps (not the 5-minute re-probe
+    // pause of a found working set), and the working set follows.
+    set_cache(&dir, 50, 0);
+    until(&t, "c1", "stepped on the new cache", |c| c.steps >= 1).await;
+    cancel.cancel();
+    t.shutdown().await;
+}
