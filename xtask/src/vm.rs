@@ -122,7 +122,6 @@ const ON_1_7: &[(&str, &str)] = &[
 /// Twins named for 1.7, left out where every containerd is 2.1.9 (their `_2` twin runs).
 const TWINS_1_7: &[&str] = &[
     "smoke_containerd_1_7",
-    "vpa_decrease_with_and_without_trimming_containerd_1_7",
     "plugin_lifecycle_containerd_1_7",
     "whole_pod_resize_of_three_guaranteed_containers_containerd_1_7",
     "memory_decrease_side_by_side_containerd_1_7",
@@ -136,10 +135,10 @@ const TWINS_1_7: &[&str] = &[
     "slow_cgroup_fails_open_containerd_1_7",
     "slow_usage_read_refuses_a_memory_decrease_containerd_1_7",
     "a_container_raised_above_its_pod_cgroup_is_reported_capped_containerd_1_7",
+    "vpa_decrease_with_and_without_trimming_containerd_1_7",
 ];
 /// Twins named for 2, left out where every containerd is 1.7.24 (their `_1_7` twin runs).
 const TWINS_2: &[&str] = &[
-    "vpa_decrease_with_and_without_trimming_containerd_2",
     "smoke_containerd_2",
     "plugin_lifecycle_containerd_2",
     "whole_pod_resize_of_three_guaranteed_containers_containerd_2",
@@ -154,6 +153,7 @@ const TWINS_2: &[&str] = &[
     "slow_cgroup_fails_open_containerd_2",
     "slow_usage_read_refuses_a_memory_decrease_containerd_2",
     "a_container_raised_above_its_pod_cgroup_is_reported_capped_containerd_2",
+    "vpa_decrease_with_and_without_trimming_containerd_2",
 ];
 
 /// Test binaries whose VM-only tests are `#[ignore]`d (they change the machine's CPUs and
