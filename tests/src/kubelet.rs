@@ -22,7 +22,7 @@
 use std::io;
 use std::time::Duration;
 
-use k8s_cri::v1::ContainerStatsRequest;
+use k8s_cri::v1::{ContainerStatsRequest, MemoryUsage};
 use tonic::Status;
 
 use crate::cgroups::{CgroupLimits, CgroupMode};
@@ -147,22 +147,19 @@ impl Containerd {
     /// The container's memory usage from CRI `ContainerStats` (page cache included), as
     /// kubelet's stats provider reads it; `None` if the runtime gives none.
     pub async fn container_usage(&self, id: &str) -> Option<u64> {
-        self.runtime_client()
-            .container_stats(ContainerStatsRequest {
-                container_id: id.to_owned(),
-            })
-            .await
-            .ok()?
-            .into_inner()
-            .stats?
-            .memory?
-            .usage_bytes
-            .map(|v| v.value)
+        self.memory_stats(id).await?.usage_bytes.map(|v| v.value)
     }
 
     /// The container's working set from CRI `ContainerStats` (usage minus inactive page cache:
     /// what VPA recommends from); `None` if the runtime gives none.
     pub async fn container_working_set(&self, id: &str) -> Option<u64> {
+        self.memory_stats(id)
+            .await?
+            .working_set_bytes
+            .map(|v| v.value)
+    }
+
+    async fn memory_stats(&self, id: &str) -> Option<MemoryUsage> {
         self.runtime_client()
             .container_stats(ContainerStatsRequest {
                 container_id: id.to_owned(),
@@ -171,9 +168,7 @@ impl Containerd {
             .ok()?
             .into_inner()
             .stats?
-            .memory?
-            .working_set_bytes
-            .map(|v| v.value)
+            .memory
     }
 
     /// The pod cgroup's memory usage (`memory.current` / `memory.usage_in_bytes`).
