@@ -17,6 +17,9 @@
 //!   working set found above 150 MiB), the decrease to 128Mi stays blocked, and `/v1/status`
 //!   says why with the numbers. That last step's stall is above the target by design (it is how
 //!   the edge is found); it is printed, and docs/trimming.md gives the figures.
+//! - (c) the same decrease sent the way kubelet < 1.34 sends it (no usage check) is refused by
+//!   nri-resize with the working set trimming found; the limit stays, nothing is reclaimed into
+//!   the hot set.
 //!
 //! On cgroup v1 (the host) trimming is unavailable: the status says so, and both decreases stay
 //! blocked. The figures are printed, and written as a row of the benchmark table when
@@ -319,6 +322,36 @@ async fn vpa_decrease(version: ContainerdVersion) {
     assert!(
         trim.trimmed_bytes <= 32 << 20,
         "hot: trimming stopped at the first harm, the hot set left alone: {line}"
+    );
+    // (c) A kubelet older than 1.34 sends the decrease without looking at usage: nri-resize
+    // refuses it with the working set trimming found, instead of reclaiming into the hot set.
+    let direct = ctrd
+        .update_container_resources(&hot, &to)
+        .await
+        .expect_err("hot: a decrease below the working set trimming found is refused");
+    eprintln!("(c) hot, kubelet < 1.34: {}", direct.message());
+    assert!(
+        direct.message().contains("trimming found a working set of"),
+        "hot: the refusal gives trimming's figure: {}",
+        direct.message()
+    );
+    assert_eq!(
+        ctrd.container_memory_limit(&hot),
+        512 * MIB,
+        "hot: the limit is where it was"
+    );
+    let record = api
+        .resizes()
+        .await
+        .expect("resizes")
+        .containers
+        .get(&hot)
+        .cloned();
+    assert!(
+        record
+            .as_ref()
+            .is_some_and(|r| r.reason.contains("trimming found")),
+        "hot: the resize record says why: {record:?}"
     );
     assert!(running(&ctrd, &hot).await, "hot: still runs");
     assert_eq!(oom_kills(&ctrd, &hot), 0, "hot: no OOM kill");

@@ -20,6 +20,7 @@ use crate::resize::node::NodeReader;
 use crate::resize::Engine;
 use crate::state::NodeState;
 use crate::sync::ReadWriteLocked as _;
+use crate::trim::Trimmer;
 
 /// See the module docs.
 #[derive(Debug, Clone)]
@@ -33,6 +34,8 @@ pub struct ModelHandler {
     /// When a pod's cgroup is read back after an accepted `UpdatePodSandbox` (`None`: the
     /// daemon's schedule, `POD_READ_BACK_AFTER`).
     pod_read_back_after: Option<&'static [Duration]>,
+    /// Working-set trimming: what it found bounds how low a pod's memory may go.
+    trimmer: Option<Trimmer>,
 }
 
 impl ModelHandler {
@@ -43,7 +46,19 @@ impl ModelHandler {
             node: None,
             read_backs: Arc::default(),
             pod_read_back_after: None,
+            trimmer: None,
         }
+    }
+
+    /// With working-set trimming consulted by pod-level admission.
+    #[must_use]
+    pub fn with_trimmer(mut self, trimmer: Trimmer) -> Self {
+        self.trimmer = Some(trimmer);
+        self
+    }
+
+    pub(super) fn trimmer(&self) -> Option<&Trimmer> {
+        self.trimmer.as_ref()
     }
 
     /// When the pod cgroup is read back after an accepted `UpdatePodSandbox` (`None`: the

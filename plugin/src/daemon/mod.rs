@@ -12,6 +12,7 @@ mod observe;
 mod off_worker;
 mod pod_level;
 mod pod_read;
+mod pod_reclaim;
 mod read_back;
 mod reserve;
 mod trim;
@@ -136,17 +137,21 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
         None => None,
     };
     let checkpoints = open_checkpoints(&opts.state_dir, &state);
-    let engine = Arc::new(Engine::new(
-        state.clone(),
-        link.clone(),
-        state.cgroups.clone(),
-        NodeReader::new("/"),
-        checkpoints,
-    ));
-    engine.publish_resize_states();
-    // Working-set trimming: its own task, fed the containers the handler tracks.
+    // Working-set trimming: its own task, fed the containers the handler tracks; the engine's
+    // decreases and the pod-level admission ask it what it found.
     let trimmer = Trimmer::start(state.clone(), &cancel);
     let trim_feed = trim::feed(state.clone(), trimmer.clone(), cancel.clone());
+    let engine = Arc::new(
+        Engine::new(
+            state.clone(),
+            link.clone(),
+            state.cgroups.clone(),
+            NodeReader::new("/"),
+            checkpoints,
+        )
+        .with_trimmer(trimmer.clone()),
+    );
+    engine.publish_resize_states();
     let api_server = match retry_while_in_use(
         "status API",
         BIND_RETRY_FOR,
@@ -191,7 +196,8 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
     let handler = Arc::new(
         ModelHandler::new(state.clone())
             .with_engine(engine.clone())
-            .with_node(NodeReader::new("/")),
+            .with_node(NodeReader::new("/"))
+            .with_trimmer(trimmer.clone()),
     );
     let handler_observer: Arc<dyn HandlerObserver> = state.metrics.clone();
     let exit = session_loop(

@@ -8,8 +8,11 @@
 //! `PostUpdatePodSandbox`; CRI-O relays `UpdatePodSandbox` only.
 //!
 //! On `UpdatePodSandbox` the handler reads the pod cgroup and the node (off the async workers,
-//! bounded by [`READ_BUDGET`]), admits the request ([`admit_pod_level`]) and records desired,
-//! actual and the verdict; in `enforce` mode (or when the pod's annotation tightens to it) a
+//! bounded by [`READ_BUDGET`]); on cgroup v2, where a lower memory limit is below usage and
+//! only page cache stands in the way, it reclaims that cache first ([`reclaim_pod`], bounded
+//! by its own budget, trimming of the pod's containers paused meanwhile); it admits the request
+//! ([`admit_pod_level`]: anonymous and shared memory, trimming's working sets, usage) and
+//! records desired, actual and the verdict; in `enforce` mode (or when the pod's annotation tightens to it) a
 //! refused request is answered with a [`Rejection`], so that under kubelet 1.36 the pod cgroup
 //! is never written. A revert is one more `UpdatePodSandbox`: it replaces the record and the
 //! model's resources, nothing is counted twice. The pod cgroup is read back after the answer
@@ -24,16 +27,19 @@ use tracing::{info, warn};
 
 use super::handler::ModelHandler;
 use super::pod_read::{read_pod, PodReadError};
+use super::pod_reclaim::reclaim_pod;
+use crate::cgroup::{CgroupIo as _, CgroupVersion};
 use crate::clock::now_ms;
 use crate::config::Mode;
 use crate::model::{ContainerState, LinuxResources, Pod, PodLimits};
 use crate::nri::Rejection;
 use crate::policy::{
     admit_pod_level, admit_unchecked_memory, effective_enforce, with_overhead, Admission, Limit,
-    Limits, ResizeState,
+    Limits, MemoryUse, PodMemory, ResizeState,
 };
 use crate::state::{limits_text, NodeReserve, NodeState, PodLevelStatus};
 use crate::sync::ReadWriteLocked as _;
+use crate::trim::TrimPause;
 
 impl ModelHandler {
     /// Admits an `UpdatePodSandbox` and records it; `Err` when it is refused and enforced.
@@ -73,8 +79,18 @@ impl ModelHandler {
         });
         let previous = known_pod_memory(state, &pod.id);
         let unread = unread_usage(&read.actual);
+        let (enforce, annotation) =
+            effective_enforce(cfg.resize.mode == Mode::Enforce, &pod.annotations);
+        if let Some(e) = annotation {
+            warn!(pod = %pod.full_name(), error = %e, "pod annotation ignored");
+            state.metrics.annotation_error();
+        }
+        let memory = match (&read.actual, read.memory) {
+            (Ok(_), Some(used)) => Some(self.pod_memory(pod, used, cgroup.memory, enforce).await),
+            _ => None,
+        };
         let (actual, usage, error) = match read.actual {
-            Ok((a, u)) => (Some(a), u, None),
+            Ok((a, u)) => (Some(a), memory.map(|m| m.used.usage).or(u), None),
             Err(e) => (None, None, Some(e.to_string())),
         };
         let verdict = match admit_pod_level(
@@ -82,19 +98,13 @@ impl ModelHandler {
             &asked,
             &extra,
             &containers,
-            usage,
+            memory.as_ref(),
         ) {
             Admission::Fits => unread
                 .and_then(|why| admit_unchecked_memory(cgroup.memory, previous, &why))
                 .unwrap_or(Admission::Fits),
             other => other,
         };
-        let (enforce, annotation) =
-            effective_enforce(cfg.resize.mode == Mode::Enforce, &pod.annotations);
-        if let Some(e) = annotation {
-            warn!(pod = %pod.full_name(), error = %e, "pod annotation ignored");
-            state.metrics.annotation_error();
-        }
         let status = verdict.resize_status();
         let record = PodLevelStatus {
             desired,
@@ -129,6 +139,68 @@ impl ModelHandler {
             )));
         }
         Ok(())
+    }
+
+    /// The pod's memory as admission judges it: `used` as read, what trimming found for its
+    /// containers, and — on cgroup v2, enforcing, when only page cache stands between usage and
+    /// a lower `limit` — after that cache was reclaimed inside the call ([`reclaim_pod`]).
+    async fn pod_memory(
+        &self,
+        pod: &Pod,
+        used: MemoryUse,
+        limit: Limit,
+        enforce: bool,
+    ) -> PodMemory {
+        let cgroups = self.state().cgroups.clone();
+        let mut m = PodMemory {
+            used,
+            trimmed_working_set: self.trimmed_working_set(&pod.id),
+            reclaimed: 0,
+            write_refuses: cgroups
+                .as_ref()
+                .is_some_and(|c| c.version() == CgroupVersion::V1),
+        };
+        if let (Limit::Limited(limit), Some(cg), true) = (limit, cgroups, enforce) {
+            if m.needs_reclaim(limit) {
+                // Trimming stays off the pod's containers while the pod is reclaimed.
+                let _pauses = self.pause_trimming(&pod.id);
+                let after = reclaim_pod(cg, pod.cgroup_parent.clone(), limit, m.used).await;
+                m.reclaimed = m.used.usage.saturating_sub(after.usage);
+                m.used = after;
+            }
+        }
+        m
+    }
+
+    /// The sum of the working sets trimming found for `pod_id`'s containers; `None`: it found
+    /// none (or trimming is not consulted).
+    fn trimmed_working_set(&self, pod_id: &str) -> Option<u64> {
+        let trimmer = self.trimmer()?;
+        self.pod_container_ids(pod_id)
+            .iter()
+            .filter_map(|id| trimmer.working_set(id))
+            .reduce(u64::saturating_add)
+    }
+
+    /// Trimming of `pod_id`'s containers held off until the pauses are dropped.
+    fn pause_trimming(&self, pod_id: &str) -> Vec<TrimPause> {
+        let Some(trimmer) = self.trimmer() else {
+            return Vec::new();
+        };
+        self.pod_container_ids(pod_id)
+            .iter()
+            .map(|id| trimmer.pause(id))
+            .collect()
+    }
+
+    /// The ids of `pod_id`'s containers that are not stopped.
+    fn pod_container_ids(&self, pod_id: &str) -> Vec<String> {
+        self.state().read_model(|m| {
+            m.containers()
+                .filter(|c| c.pod_id == pod_id && c.state != ContainerState::Stopped)
+                .map(|c| c.id.clone())
+                .collect()
+        })
     }
 
     /// After `PostUpdatePodSandbox`: reads the pod cgroup back and compares it with desired.

@@ -1,4 +1,5 @@
-//! One bounded read for the pod-level handlers: the pod cgroup's limits and usage, and the
+//! One bounded read for the pod-level handlers: the pod cgroup's limits, usage and its
+//! breakdown, and the
 //! node's capacity, on a blocking thread (cgroupfs and procfs reads never run on an async
 //! worker), given up after [`READ_BUDGET`] so a handler stays inside the runtime's deadline.
 
@@ -8,7 +9,7 @@ use tracing::warn;
 
 use crate::cgroup::{pod_path, CgroupError, CgroupIo, Cgroups};
 use crate::model::PodLimits;
-use crate::policy::NodeCapacity;
+use crate::policy::{MemoryUse, NodeCapacity};
 use crate::resize::node::NodeReader;
 use crate::state::NodeReserve;
 use crate::state::NodeStatus;
@@ -33,6 +34,8 @@ pub(super) enum PodReadError {
 /// One read of the pod cgroup and the node.
 pub(super) struct PodRead {
     pub actual: Result<(PodLimits, Option<u64>), PodReadError>,
+    /// The pod cgroup's usage with its breakdown (`memory.stat`); `None` when unread.
+    pub memory: Option<MemoryUse>,
     pub node: Option<NodeCapacity>,
 }
 
@@ -59,23 +62,36 @@ pub(super) async fn read_pod(
                 })
                 .map_err(PodReadError::from),
         };
+        let memory = match (&cgroups, &actual) {
+            (Some(cg), Ok(_)) => pod_path(&cgroup_parent)
+                .and_then(|p| cg.memory_use(&p))
+                .map_err(|e| warn!(error = %e, "pod memory breakdown unreadable"))
+                .ok(),
+            _ => None,
+        };
         let node = node.and_then(|n| {
             n.capacity_with(snapshot.as_ref(), reserve)
                 .map_err(|e| warn!(error = %e, "node capacity unknown for pod-level admission"))
                 .ok()
         });
-        PodRead { actual, node }
+        PodRead {
+            actual,
+            memory,
+            node,
+        }
     });
     match tokio::time::timeout(READ_BUDGET, work).await {
         Ok(Ok(read)) => read,
         Ok(Err(e)) => PodRead {
             actual: Err(PodReadError::Failed(e)),
+            memory: None,
             node: None,
         },
         Err(_) => PodRead {
             actual: Err(PodReadError::TooSlow {
                 budget: READ_BUDGET,
             }),
+            memory: None,
             node: None,
         },
     }

@@ -116,7 +116,7 @@ pub use pacing::{effective_max_stall, pacing_off_reason, parse_max_stall_annotat
 pub use planner::{plan, plan_single, simulate, Plan, PlanError, Step};
 pub use pod_level::{
     admit_pod_level, admit_unchecked_memory, cpu_quantity, effective_enforce, memory_quantity,
-    with_overhead, PodModeError, POD_MODE_ANNOTATION,
+    with_overhead, PodMemory, PodModeError, POD_MODE_ANNOTATION,
 };
 pub use quantity::{
     millis_to_shares, shares_to_millis, ContainerQuantities, Direction, Directions, Limit,

@@ -1,6 +1,7 @@
 //! Admission of a pod-level resize (KEP-5419 pod-level resources, resized in place: kubelet
-//! writes the pod cgroup, then calls CRI `UpdatePodSandboxResources`, which containerd ≥ 2.3
-//! relays as NRI `UpdatePodSandbox`).
+//! 1.36 calls CRI `UpdatePodSandboxResources` — containerd ≥ 2.3 relays it as NRI
+//! `UpdatePodSandbox` — and then writes the pod cgroup, so a refusal here keeps the write from
+//! happening).
 //!
 //! kubelet sends the pod-level limits and the pod overhead apart and writes their sum to the pod
 //! cgroup (`generateUpdatePodSandboxResourcesRequest` subtracts the overhead it added). So the
@@ -9,10 +10,13 @@
 //!
 //! Infeasible, in this order: the pod cgroup's CPU limit above the node's allocatable CPU; its
 //! memory limit above allocatable memory; a container limit of the pod above the pod limit (the
-//! container could never get what it holds). Deferred: a pod cgroup memory limit below what the
-//! pod uses now (the kernel would refuse it on cgroup v1 and OOM-kill on v2), and a memory
-//! limit below the last known one when the pod's usage could not be read in time
-//! ([`admit_unchecked_memory`]: never let through unchecked). Pure: no I/O.
+//! container could never get what it holds). Deferred ([`PodMemory`]): a pod cgroup memory
+//! limit below the pod's anonymous and shared memory (only swap frees it: the kernel
+//! would refuse the write on cgroup v1 and OOM-kill inside it on v2); one below the working set
+//! trimming found for the pod's containers; on cgroup v2, one still below usage after the
+//! handler reclaimed page cache inline (the write would have to reclaim the rest, and OOM-kills
+//! where it cannot); and a memory limit below the last known one when the pod's usage could not
+//! be read in time ([`admit_unchecked_memory`]: never let through unchecked). Pure: no I/O.
 //!
 //! Pod owners may make a pod stricter with `resize-mode.nri-resize.io/pod: Enforce` (refuse
 //! such resizes even when the node only observes); `Observe` on an enforcing node is looser and
@@ -22,6 +26,7 @@ use std::collections::BTreeMap;
 
 use super::admission::{Admission, NodeCapacity};
 use super::limits::Limits;
+use super::memory_decrease::MemoryUse;
 use super::quantity::Limit;
 
 /// The pod annotation that may turn `observe` into `enforce` for one pod (never the reverse).
@@ -96,14 +101,14 @@ pub fn with_overhead(limits: &Limits, overhead: &Limits) -> Limits {
 }
 
 /// Admits a pod-level resize to `desired` pod limits with `overhead` (unlimited when the pod has
-/// none), given the limits of the pod's running containers by name and the pod cgroup's current
-/// memory usage (`None`: unknown). See the module docs for the order of checks.
+/// none), given the limits of the pod's running containers by name and the pod cgroup's memory
+/// (`None`: unknown). See the module docs for the order of checks.
 pub fn admit_pod_level(
     node: &NodeCapacity,
     desired: &Limits,
     overhead: &Limits,
     containers: &BTreeMap<String, Limits>,
-    memory_usage: Option<u64>,
+    memory: Option<&PodMemory>,
 ) -> Admission {
     let cgroup = with_overhead(desired, overhead);
     let allocatable_cpu = node.allocatable_cpu_millis();
@@ -154,18 +159,106 @@ pub fn admit_pod_level(
             }
         }
     }
-    if let (Limit::Limited(limit), Some(usage)) = (cgroup.memory, memory_usage) {
-        if usage > limit {
-            return Admission::Deferred {
-                reason: format!(
-                    "usage {} above requested pod limit {}",
-                    memory_quantity(usage),
-                    memory_quantity(limit)
-                ),
-            };
+    if let (Limit::Limited(limit), Some(m)) = (cgroup.memory, memory) {
+        if let Some(reason) = memory_floor(limit, m) {
+            return Admission::Deferred { reason };
         }
     }
     Admission::Fits
+}
+
+/// The pod cgroup's memory when a pod-level resize is admitted, and what bounds how low its
+/// limit may go.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PodMemory {
+    /// The pod cgroup's usage and its breakdown (`memory.stat`), after any inline reclaim.
+    pub used: MemoryUse,
+    /// The sum of the working sets trimming found for the pod's containers (those it found
+    /// one for); `None`: it found none.
+    pub trimmed_working_set: Option<u64>,
+    /// Page cache reclaimed from the pod cgroup for this request before it was judged.
+    pub reclaimed: u64,
+    /// The pod cgroup's limit write itself refuses rather than OOM-kills when page cache
+    /// cannot be reclaimed in time (cgroup v1: the kernel reclaims inside the write and fails
+    /// it with `EBUSY`); on cgroup v2 the write OOM-kills, so usage must already fit.
+    pub write_refuses: bool,
+}
+
+impl PodMemory {
+    /// Whether reclaiming page cache first could admit a limit of `limit` bytes: usage is above
+    /// it on cgroup v2, and only page cache stands in the way (anonymous and shared memory fit,
+    /// and trimming found no working set above it).
+    #[must_use]
+    pub fn needs_reclaim(&self, limit: u64) -> bool {
+        !self.write_refuses
+            && self.used.usage > limit
+            && self.unreclaimable() <= limit
+            && self.trimmed_working_set.is_none_or(|ws| ws <= limit)
+    }
+
+    /// Anonymous and shared memory: only swap frees them. A breakdown that accounts for none of
+    /// the usage (no `memory.stat`) counts all of it.
+    fn unreclaimable(&self) -> u64 {
+        if self.used.anon == 0 && self.used.file == 0 {
+            self.used.usage
+        } else {
+            self.used.unreclaimable()
+        }
+    }
+}
+
+/// Why a pod cgroup memory limit of `limit` bytes must wait, given the pod's memory `m`:
+/// unreclaimable memory above it (on v2 the write would OOM-kill, on v1 fail); a working
+/// set trimming found above it (reclaiming there evicts what the containers use); or, where the
+/// write would OOM-kill, usage still above it after the inline reclaim. `None`: it may be
+/// written.
+fn memory_floor(limit: u64, m: &PodMemory) -> Option<String> {
+    let used = &m.used;
+    let unreclaimable = m.unreclaimable();
+    if unreclaimable > limit {
+        let shared = if used.shmem > 0 {
+            format!(
+                " ({} of it shared: tmpfs, shm)",
+                memory_quantity(used.shmem)
+            )
+        } else {
+            String::new()
+        };
+        return Some(format!(
+            "usage {} above requested pod limit {}: {} of anonymous memory{shared} cannot be \
+             reclaimed without swap",
+            memory_quantity(used.usage),
+            memory_quantity(limit),
+            memory_quantity(unreclaimable)
+        ));
+    }
+    if let Some(ws) = m.trimmed_working_set.filter(|ws| *ws > limit) {
+        return Some(format!(
+            "requested pod limit {} is below the working set trimming found for the pod's \
+             containers ({}; usage {}): reclaiming below it would evict memory they use",
+            memory_quantity(limit),
+            memory_quantity(ws),
+            memory_quantity(used.usage)
+        ));
+    }
+    if used.usage > limit && !m.write_refuses {
+        let reclaimed = if m.reclaimed > 0 {
+            format!(
+                " after {} of page cache was reclaimed inline",
+                memory_quantity(m.reclaimed)
+            )
+        } else {
+            String::new()
+        };
+        return Some(format!(
+            "usage {} above requested pod limit {}{reclaimed} ({} of page cache still \
+             charged); the limit is written once usage fits",
+            memory_quantity(used.usage),
+            memory_quantity(limit),
+            memory_quantity(used.usage.saturating_sub(unreclaimable))
+        ));
+    }
+    None
 }
 
 /// A pod cgroup memory limit `asked` whose check against the pod's usage could not be made

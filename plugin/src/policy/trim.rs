@@ -117,6 +117,8 @@ pub enum HoldReason {
     OwnStall { share: f64 },
     /// The container refaults this many bytes per interval on its own.
     OwnRefaults { bytes: u64 },
+    /// A memory decrease is reclaiming the container; trimming waits for it to end.
+    Decrease,
 }
 
 impl std::fmt::Display for HoldReason {
@@ -130,6 +132,7 @@ impl std::fmt::Display for HoldReason {
                 "the container refaults {} per interval on its own",
                 bytes_text(*bytes)
             ),
+            Self::Decrease => f.write_str("a memory decrease is reclaiming the container"),
         }
     }
 }

@@ -56,6 +56,7 @@ use crate::nri::RuntimeLink;
 use crate::policy::PlanOptions;
 use crate::state::NodeState;
 use crate::sync::ReadWriteLocked as _;
+use crate::trim::{TrimPause, Trimmer};
 
 /// See the module docs.
 #[derive(Debug)]
@@ -84,6 +85,9 @@ pub struct Engine {
     shutdown: tokio_util::sync::CancellationToken,
     /// The engine's background tasks; [`Engine::shutdown`] waits for them.
     tasks: tokio_util::task::TaskTracker,
+    /// Working-set trimming, asked what it found and paused while a decrease reclaims
+    /// ([`Engine::with_trimmer`]; none: trimming is not consulted).
+    trimmer: Option<Trimmer>,
 }
 
 impl Engine {
@@ -114,7 +118,21 @@ impl Engine {
             )),
             shutdown,
             tasks: tokio_util::task::TaskTracker::new(),
+            trimmer: None,
         }
+    }
+
+    /// The engine with working-set trimming: a decrease asks it for the working set it found
+    /// and pauses it on the container while reclaiming there.
+    #[must_use]
+    pub fn with_trimmer(mut self, trimmer: Trimmer) -> Self {
+        self.trimmer = Some(trimmer);
+        self
+    }
+
+    /// Holds trimming of container `id` off until the pause is dropped.
+    fn pause_trimming(&self, id: &str) -> Option<TrimPause> {
+        self.trimmer.as_ref().map(|t| t.pause(id))
     }
 
     fn config(&self) -> Config {

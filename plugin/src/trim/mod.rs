@@ -11,13 +11,15 @@
 //! container's record goes at the next pass, and the outcome of a step in flight for it is
 //! dropped). It learns containers through [`Trimmer::sync`] (the daemon feeds it) and answers
 //! what it found through [`Trimmer::state`] and [`Trimmer::working_set`]: the handle the
-//! decrease path asks.
+//! decrease path asks, and [`Trimmer::pause`]: the decrease path holds trimming of a container
+//! off while it reclaims that container itself.
 //!
 //! One pass every `[trim] interval`: each container whose turn it is, one at a time, on a
 //! blocking thread ([`step::turn`]: a few cgroupfs reads and at most one `memory.reclaim`
 //! write of at most `[trim] max_step`). The step decision itself is pure
 //! ([`Probe`](crate::policy::Probe)).
 
+mod pause;
 mod probe;
 mod run;
 mod status;
@@ -32,6 +34,7 @@ use std::sync::{Arc, Mutex};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+pub use pause::TrimPause;
 pub use probe::node_has_swap;
 pub use status::{ContainerTrim, TrimState};
 
@@ -71,6 +74,8 @@ struct Shared {
     published: Mutex<HashMap<String, ContainerTrim>>,
     task: Mutex<Option<JoinHandle<()>>>,
     node_has_swap: fn() -> bool,
+    /// Containers a memory decrease is reclaiming ([`Trimmer::pause`]).
+    pauses: pause::Pauses,
 }
 
 impl Trimmer {
@@ -94,6 +99,7 @@ impl Trimmer {
             published: Mutex::new(HashMap::new()),
             task: Mutex::new(None),
             node_has_swap,
+            pauses: pause::Pauses::default(),
         });
         let task = tokio::spawn(run::run(Arc::clone(&shared)));
         *shared.task.locked() = Some(task);
@@ -134,6 +140,7 @@ impl Trimmer {
             return;
         };
         self.shared.published.locked().remove(id);
+        self.shared.pauses.forget(id);
         // A restarted container has a new id and the same labels: its series stay.
         if !targets.values().any(|t| t.labels == gone.labels) {
             self.shared.state.metrics.trim.remove(&gone.labels);

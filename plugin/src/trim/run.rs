@@ -15,8 +15,8 @@ use super::{Shared, TrimTarget};
 use crate::cgroup::CgroupError;
 use crate::config::Config;
 use crate::policy::{
-    bytes_text, effective_trim, stall_text, Found, Probe, TrimChoice, TrimSettings, TrimStep,
-    REFAULT_FLOOR,
+    bytes_text, effective_trim, stall_text, Found, HoldReason, Probe, TrimChoice, TrimSettings,
+    TrimStep, REFAULT_FLOOR,
 };
 use crate::sync::{Locked as _, ReadWriteLocked as _};
 
@@ -127,6 +127,17 @@ async fn pass(shared: &Arc<Shared>, cfg: &Config, id: &str, mut rec: Record) -> 
         return publish(shared, id, rec, 0, None);
     }
     rec.view.max_stall = Some(choice.max_stall.get());
+    // A pause that began since the last turn disturbed what the probe measured: start over.
+    if shared.pauses.take_disturbed(id) {
+        rec.restart_probe();
+    }
+    if shared.pauses.is_paused(id) {
+        rec.view.state = TrimState::Holding {
+            reason: HoldReason::Decrease,
+        };
+        rec.next_at = Instant::now() + interval;
+        return publish(shared, id, rec, 0, None);
+    }
     let Some(cgroups) = shared.state.cgroups.clone() else {
         rec.view.state = TrimState::Unavailable {
             reason: "cgroup access is off".into(),

@@ -342,3 +342,51 @@ async fn a_container_with_nothing_to_drop_is_probed_again_once_its_cache_fills()
     cancel.cancel();
     t.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_paused_container_is_held_while_a_decrease_reclaims_and_probed_afresh_after() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = container(tmp.path(), "app", 6);
+    let state = state(tmp.path(), FAST);
+    let cancel = CancellationToken::new();
+    let t = Trimmer::start_with(state.clone(), &cancel, || false);
+    t.watch("c1", target("app", &[(TRIM_ANNOTATION, "on")]));
+    // Three steps in: the probe's steps have grown past the first size (1, 2, 4 MiB).
+    until(&t, "c1", "stepped three times", |c| c.steps >= 3).await;
+    let first = t.pause("c1");
+    let second = t.pause("c1");
+    let held = until(&t, "c1", "held for the decrease", |c| {
+        c.state
+            == TrimState::Holding {
+                reason: crate::policy::HoldReason::Decrease,
+            }
+    })
+    .await;
+    write(&dir, "memory.reclaim", "");
+    // Several intervals (100 ms each) while paused: nothing written, no step counted.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        std::fs::read_to_string(dir.join("memory.reclaim")).expect("read"),
+        "",
+        "a step was written while a decrease held trimming off"
+    );
+    assert_eq!(t.state("c1").map(|c| c.steps), Some(held.steps));
+    // Pauses nest: the first one to end does not resume trimming.
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(t.state("c1").map(|c| c.steps), Some(held.steps));
+    drop(second);
+    // Resumed with a new probe: its first step is the smallest again.
+    let after = until(&t, "c1", "stepping again", |c| c.steps > held.steps).await;
+    assert!(
+        matches!(after.state, TrimState::Trimming { .. }),
+        "{after:?}"
+    );
+    let written = std::fs::read_to_string(dir.join("memory.reclaim")).expect("read");
+    assert_eq!(
+        written,
+        format!("{MIB} swappiness=0"),
+        "the probe started over"
+    );
+    t.shutdown().await;
+}

@@ -63,6 +63,23 @@ impl Fixture {
         }
     }
 
+    /// Writes the pod cgroup's `memory.stat` and an empty `memory.reclaim` (cgroup v2).
+    fn pod_memory(&self, anon: u64, shmem: u64, file: u64) {
+        let dir = self.cg.path().join(POD_CG.trim_start_matches('/'));
+        std::fs::write(
+            dir.join("memory.stat"),
+            format!("anon {anon}\nfile {file}\nshmem {shmem}\n"),
+        )
+        .expect("write");
+        std::fs::write(dir.join("memory.reclaim"), "").expect("write");
+    }
+
+    /// What was last written to the pod cgroup's `memory.reclaim`.
+    fn reclaim_written(&self) -> String {
+        let dir = self.cg.path().join(POD_CG.trim_start_matches('/'));
+        std::fs::read_to_string(dir.join("memory.reclaim")).expect("read")
+    }
+
     /// The handlers, with no read-back after `UpdatePodSandbox` (the record is seen as the
     /// answer left it).
     fn handler(&self, mode: Mode) -> (Arc<NodeState>, ModelHandler) {
@@ -266,7 +283,10 @@ async fn enforce_refuses_and_keeps_the_model_observe_records_only() {
             .await;
         let r = record(&state);
         assert_eq!(r.state, Some(ResizeState::Deferred), "{r:?}");
-        assert_eq!(r.reason, "usage 301Mi above requested pod limit 100Mi");
+        assert_eq!(
+            r.reason,
+            "usage 301Mi above requested pod limit 100Mi: 301Mi of anonymous memory cannot be reclaimed without swap"
+        );
         assert_eq!(out.is_err(), refused, "{mode:?}: {out:?}");
         if let Err(e) = out {
             assert!(
@@ -547,4 +567,124 @@ async fn kubelet_1_36_calls_before_writing_and_reverts_a_failed_write() {
         Some("300m/80Mi")
     );
     wire.close().await;
+}
+
+#[tokio::test]
+async fn page_cache_in_the_way_of_a_pod_decrease_is_reclaimed_first_and_the_figures_say_so() {
+    let f = Fixture::new();
+    // 300Mi used: 40Mi anonymous, 260Mi page cache; the fixture's "kernel" reclaims nothing.
+    f.pod_cgroup("max 100000", "max", 300 * MI);
+    f.pod_memory(40 * MI, 0, 260 * MI);
+    for (mode, refused) in [(Mode::Observe, false), (Mode::Enforce, true)] {
+        let (state, h) = f.handler(mode);
+        h.run_pod_sandbox(pod()).await.expect("run");
+        let out = h
+            .update_pod_sandbox(pod(), None, Some(limits(500, 100 * MI)))
+            .await;
+        assert_eq!(out.is_err(), refused, "{mode:?}: {out:?}");
+        let r = record(&state);
+        assert_eq!(r.state, Some(ResizeState::Deferred), "{r:?}");
+        assert_eq!(
+            r.reason,
+            "usage 300Mi above requested pod limit 100Mi (260Mi of page cache still charged); the limit is written once usage fits"
+        );
+        // Observe changes nothing; Enforce asked the kernel for page cache, in a short pass.
+        let written = f.reclaim_written();
+        match mode {
+            Mode::Observe => assert_eq!(written, "", "observe reclaims nothing"),
+            Mode::Enforce => assert_eq!(written, (16 * MI).to_string()),
+        }
+    }
+    // Below the anonymous memory: refused without a reclaim.
+    f.pod_memory(40 * MI, 0, 260 * MI);
+    let (state, h) = f.handler(Mode::Enforce);
+    let out = h
+        .update_pod_sandbox(pod(), None, Some(limits(500, 32 * MI)))
+        .await;
+    assert!(out.is_err());
+    assert_eq!(
+        record(&state).reason,
+        "usage 300Mi above requested pod limit 32Mi: 40Mi of anonymous memory cannot be reclaimed without swap"
+    );
+    assert_eq!(f.reclaim_written(), "", "nothing to reclaim for");
+}
+
+#[tokio::test]
+async fn a_pod_decrease_below_the_working_set_trimming_found_is_refused() {
+    let f = Fixture::new();
+    f.pod_cgroup("max 100000", "max", 300 * MI);
+    f.pod_memory(40 * MI, 0, 260 * MI);
+    // The container's cgroup: 200Mi charged, no page cache left to drop, so trimming converges
+    // on a working set of 200Mi.
+    let ctr_dir = f.cg.path().join("kubepods/podA/ctr");
+    std::fs::create_dir_all(&ctr_dir).expect("mkdir");
+    for (file, text) in [
+        ("memory.current", (200 * MI).to_string()),
+        (
+            "memory.stat",
+            format!("anon {}\nfile 0\nshmem 0\nactive_file 0\ninactive_file 0\nworkingset_refault_file 0\n", 200 * MI),
+        ),
+        ("memory.pressure", "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n".to_owned()),
+        ("io.pressure", "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n".to_owned()),
+        ("memory.reclaim", String::new()),
+    ] {
+        std::fs::write(ctr_dir.join(file), text).expect("write");
+    }
+    let (state, h) = f.handler(Mode::Enforce);
+    crate::sync::ReadWriteLocked::write_locked(&state.config)
+        .trim
+        .interval = Duration::from_millis(50);
+    let cancel = CancellationToken::new();
+    let trimmer = crate::trim::Trimmer::start_with(state.clone(), &cancel, || false);
+    let h = h.with_trimmer(trimmer.clone());
+    let mut app = container("app", limits(500, 100 * MI));
+    app.cgroups_path = "/kubepods/podA/ctr".into();
+    h.create_container(pod(), app.clone())
+        .await
+        .expect("create");
+    trimmer.watch(
+        &app.id,
+        crate::trim::TrimTarget {
+            labels: crate::metrics::ContainerLabels {
+                namespace: "ns".into(),
+                pod: "web".into(),
+                container: "app".into(),
+            },
+            cgroup: "/kubepods/podA/ctr".into(),
+            annotations: [(crate::policy::TRIM_ANNOTATION.to_owned(), "on".to_owned())].into(),
+        },
+    );
+    for _ in 0..400 {
+        if trimmer.working_set(&app.id).is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(
+        trimmer.working_set(&app.id),
+        Some(200 * MI),
+        "{:?}",
+        trimmer.state(&app.id)
+    );
+    let out = h
+        .update_pod_sandbox(pod(), None, Some(limits(500, 128 * MI)))
+        .await;
+    assert!(out.is_err(), "{out:?}");
+    assert_eq!(
+        record(&state).reason,
+        "requested pod limit 128Mi is below the working set trimming found for the pod's containers (200Mi; usage 300Mi): reclaiming below it would evict memory they use"
+    );
+    assert_eq!(
+        f.reclaim_written(),
+        "",
+        "trimming's working set is not reclaimed into"
+    );
+    // Above the working set: page cache is reclaimed first (and, the fixture's kernel
+    // reclaiming nothing, the limit waits).
+    let out = h
+        .update_pod_sandbox(pod(), None, Some(limits(500, 256 * MI)))
+        .await;
+    assert!(out.is_err(), "{out:?}");
+    assert_eq!(f.reclaim_written(), (16 * MI).to_string());
+    trimmer.shutdown().await;
 }

@@ -26,6 +26,18 @@ fn containers(list: &[(&str, Option<u64>, Option<u64>)]) -> BTreeMap<String, Lim
         .collect()
 }
 
+/// A pod using `usage` bytes, all of it anonymous.
+fn used(usage: u64) -> PodMemory {
+    PodMemory {
+        used: MemoryUse {
+            usage,
+            anon: usage,
+            ..MemoryUse::default()
+        },
+        ..PodMemory::default()
+    }
+}
+
 fn reason(a: &Admission) -> (ResizeState, String) {
     let s = a.resize_status();
     (s.state, s.reason)
@@ -39,7 +51,7 @@ fn a_pod_limit_within_the_node_and_above_every_container_fits() {
         &limits(Some(1000), Some(256 * MI)),
         &Limits::default(),
         &c,
-        Some(100 * MI),
+        Some(&used(100 * MI)),
     );
     assert_eq!(a, Admission::Fits);
     // Unlimited pod limits never conflict with anything.
@@ -48,7 +60,7 @@ fn a_pod_limit_within_the_node_and_above_every_container_fits() {
         &limits(None, None),
         &Limits::default(),
         &c,
-        Some(7 * GI),
+        Some(&used(7 * GI)),
     );
     assert_eq!(a, Admission::Fits);
 }
@@ -85,7 +97,7 @@ fn table_of_refusals_in_quantities() {
             limits(None, Some(200 * MI)),
             Some(301 * MI + 1000),
             ResizeState::Deferred,
-            "usage 301Mi above requested pod limit 200Mi",
+            "usage 301Mi above requested pod limit 200Mi: 301Mi of anonymous memory cannot be reclaimed without swap",
         ),
     ];
     for (want, usage, state, text) in cases {
@@ -94,7 +106,7 @@ fn table_of_refusals_in_quantities() {
             want,
             &Limits::default(),
             &c,
-            *usage,
+            usage.map(used).as_ref(),
         ));
         assert_eq!(got, (*state, (*text).to_owned()), "{want:?}");
     }
@@ -126,7 +138,7 @@ fn the_deferred_case_needs_a_known_usage_and_infeasible_comes_first() {
         &limits(None, Some(100 * MI)),
         &Limits::default(),
         &BTreeMap::new(),
-        Some(100 * MI),
+        Some(&used(100 * MI)),
     );
     assert_eq!(a, Admission::Fits);
 }
@@ -176,7 +188,7 @@ fn the_node_and_usage_are_judged_with_the_overhead_the_containers_without() {
         &limits(None, Some(100 * MI)),
         &overhead,
         &c,
-        Some(110 * MI),
+        Some(&used(110 * MI)),
     );
     assert_eq!(a, Admission::Fits);
     let a = admit_pod_level(
@@ -184,13 +196,13 @@ fn the_node_and_usage_are_judged_with_the_overhead_the_containers_without() {
         &limits(None, Some(100 * MI)),
         &overhead,
         &c,
-        Some(120 * MI),
+        Some(&used(120 * MI)),
     );
     assert_eq!(
         reason(&a),
         (
             ResizeState::Deferred,
-            "usage 120Mi above requested pod limit 116Mi".to_owned()
+            "usage 120Mi above requested pod limit 116Mi: 120Mi of anonymous memory cannot be reclaimed without swap".to_owned()
         )
     );
     // No limit on the overhead adds nothing; an unlimited pod stays unlimited.
@@ -233,4 +245,85 @@ fn a_lower_memory_limit_whose_usage_could_not_be_read_is_deferred() {
             assert!(reason.contains(why) && reason.contains("100Mi"), "{reason}");
         }
     }
+}
+
+#[test]
+fn a_pod_decrease_is_judged_by_what_cannot_be_reclaimed_and_what_trimming_found() {
+    // 300Mi used: 60Mi anonymous, 20Mi of it tmpfs, the rest page cache.
+    let pod = |usage: u64, ws: Option<u64>, v1: bool| PodMemory {
+        used: MemoryUse {
+            usage,
+            anon: 40 * MI,
+            shmem: 20 * MI,
+            file: usage - 40 * MI,
+        },
+        trimmed_working_set: ws,
+        reclaimed: 0,
+        write_refuses: v1,
+    };
+    let admit = |limit: u64, m: &PodMemory| {
+        reason(&admit_pod_level(
+            &node(),
+            &limits(None, Some(limit)),
+            &Limits::default(),
+            &BTreeMap::new(),
+            Some(m),
+        ))
+    };
+    let deferred = |text: &str| (ResizeState::Deferred, text.to_owned());
+    // Below anonymous and shared memory: never, on either version.
+    for v1 in [false, true] {
+        assert_eq!(
+            admit(50 * MI, &pod(300 * MI, None, v1)),
+            deferred("usage 300Mi above requested pod limit 50Mi: 60Mi of anonymous memory (20Mi of it shared: tmpfs, shm) cannot be reclaimed without swap")
+        );
+    }
+    // Above it, but below the working set trimming found: reclaiming would thrash.
+    assert_eq!(
+        admit(128 * MI, &pod(300 * MI, Some(200 * MI), false)),
+        deferred("requested pod limit 128Mi is below the working set trimming found for the pod's containers (200Mi; usage 300Mi): reclaiming below it would evict memory they use")
+    );
+    // Only page cache in the way, on v2: reclaim first; still above after: wait, with figures.
+    let m = pod(300 * MI, Some(100 * MI), false);
+    assert!(m.needs_reclaim(128 * MI));
+    assert!(!pod(300 * MI, Some(200 * MI), false).needs_reclaim(128 * MI));
+    assert!(!pod(300 * MI, None, false).needs_reclaim(50 * MI));
+    assert!(
+        !pod(300 * MI, None, true).needs_reclaim(128 * MI),
+        "v1: the write refuses"
+    );
+    assert!(
+        !pod(100 * MI, None, false).needs_reclaim(128 * MI),
+        "fits already"
+    );
+    let after = PodMemory {
+        reclaimed: 100 * MI,
+        ..pod(200 * MI, Some(100 * MI), false)
+    };
+    assert_eq!(
+        admit(128 * MI, &after),
+        deferred("usage 200Mi above requested pod limit 128Mi after 100Mi of page cache was reclaimed inline (140Mi of page cache still charged); the limit is written once usage fits")
+    );
+    // Reclaimed under the limit: admitted. On v1 the write reclaims itself (or fails): admitted.
+    let fits = |limit: u64, m: &PodMemory| {
+        admit_pod_level(
+            &node(),
+            &limits(None, Some(limit)),
+            &Limits::default(),
+            &BTreeMap::new(),
+            Some(m),
+        ) == Admission::Fits
+    };
+    assert!(fits(128 * MI, &pod(120 * MI, Some(100 * MI), false)));
+    assert!(fits(128 * MI, &pod(300 * MI, None, true)));
+    // A breakdown that accounts for nothing (no memory.stat) counts all usage as anonymous.
+    let blind = PodMemory {
+        used: MemoryUse {
+            usage: 300 * MI,
+            ..MemoryUse::default()
+        },
+        ..PodMemory::default()
+    };
+    assert!(!blind.needs_reclaim(128 * MI));
+    assert_eq!(admit(128 * MI, &blind).1, "usage 300Mi above requested pod limit 128Mi: 300Mi of anonymous memory cannot be reclaimed without swap");
 }

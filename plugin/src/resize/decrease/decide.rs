@@ -149,17 +149,52 @@ impl Engine {
             bytes_text(usage.usage),
             bytes_text(target)
         );
-        if strategy == MemoryDecreaseStrategy::Reclaim
-            && cfg.resize.mode == Mode::Enforce
-            && self.reclaim_inline(ctr, target, &usage, md.inline_max, deadline)
-        {
-            return DecreaseVerdict::Direct;
+        if strategy == MemoryDecreaseStrategy::Reclaim {
+            if let Some(reason) = self.below_trimmed_working_set(ctr, target, &what) {
+                info!(container = %ctr.name, pod = %pod.full_name(), %reason, "memory decrease deferred: below the working set trimming found");
+                self.state
+                    .metrics
+                    .decrease
+                    .outcome(DecreaseOutcome::Rejected);
+                return DecreaseVerdict::Reject(reason);
+            }
+        }
+        if strategy == MemoryDecreaseStrategy::Reclaim && cfg.resize.mode == Mode::Enforce {
+            // Trimming stays off the container while the update reclaims it.
+            let _pause = self.pause_trimming(&ctr.id);
+            if self.reclaim_inline(ctr, target, &usage, md.inline_max, deadline) {
+                return DecreaseVerdict::Direct;
+            }
         }
         let verdict = DecreaseVerdict::of_strategy(strategy, &what, interim, true);
         if let Some(o) = verdict.outcome() {
             self.state.metrics.decrease.outcome(o);
         }
         verdict
+    }
+
+    /// Why a decrease of `ctr` to `target` (`what`: how far below usage) is not reclaimed: the
+    /// working set trimming found for the container is above it. Trimming stopped at the usage
+    /// where reclaiming more made the container refault or stall; reclaiming below it would
+    /// evict memory the container uses, so the decrease waits (kubelet asks again) instead of
+    /// thrashing the container until the reclaim's timeout. `None`: trimming found none, or
+    /// one that fits.
+    pub(super) fn below_trimmed_working_set(
+        &self,
+        ctr: &Container,
+        target: u64,
+        what: &str,
+    ) -> Option<String> {
+        let trim = self.trimmer.as_ref()?.state(&ctr.id)?;
+        let working_set = trim.working_set_bytes.filter(|ws| *ws > target)?;
+        let how = match trim.state {
+            crate::trim::TrimState::Converged { found, .. } => format!(" ({found})"),
+            _ => String::new(),
+        };
+        Some(format!(
+            "{what}, and trimming found a working set of {}{how}: reclaiming below it would evict memory the container uses",
+            bytes_text(working_set)
+        ))
     }
 
     /// The fast path: when what must go is page cache (anonymous and shared memory fit under
@@ -361,5 +396,148 @@ mod tests {
         let reclaim = v(MemoryDecreaseStrategy::Reclaim, false);
         assert!(matches!(reclaim, DecreaseVerdict::Interim(b) if b == 400 << 20));
         assert_eq!(reclaim.outcome(), None);
+    }
+
+    /// A decrease below the working set trimming found is refused with that figure, before any
+    /// reclaim; one above it goes on as before (here: reclaimed inline, the fixture's "kernel"
+    /// taking nothing, then staged).
+    #[tokio::test]
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one story: the fixture, trimming's finding, the two decreases"
+    )]
+    async fn a_decrease_below_the_working_set_trimming_found_is_deferred_with_it() {
+        use std::collections::BTreeMap;
+
+        use tokio_util::sync::CancellationToken;
+
+        use crate::cgroup::{Cgroups, V2};
+        use crate::config::Config;
+        use crate::metrics::ContainerLabels;
+        use crate::nri::RuntimeLink;
+        use crate::policy::TRIM_ANNOTATION;
+        use crate::resize::node::NodeReader;
+        use crate::state::NodeState;
+        use crate::trim::{TrimTarget, Trimmer};
+
+        const MI: u64 = 1 << 20;
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("pod/ctr");
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let set = |usage: u64, file: u64| {
+            // The breakdown first: a turn in between sees cache to drop, never a smaller one.
+            for (name, text) in [
+                (
+                    "memory.stat",
+                    format!(
+                        "anon {}\nfile {}\nshmem 0\nactive_file 0\ninactive_file {}\nworkingset_refault_file 0\n",
+                        (usage - file) * MI,
+                        file * MI,
+                        file * MI
+                    ),
+                ),
+                ("memory.current", (usage * MI).to_string()),
+            ] {
+                let aside = dir.join(format!("{name}.new"));
+                std::fs::write(&aside, text).expect("write");
+                std::fs::rename(&aside, dir.join(name)).expect("rename");
+            }
+        };
+        let idle = "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n";
+        for (name, text) in [
+            ("memory.pressure", idle),
+            ("io.pressure", idle),
+            ("memory.reclaim", ""),
+        ] {
+            std::fs::write(dir.join(name), text).expect("write");
+        }
+        // Nothing droppable left at 208Mi: trimming converges on that working set.
+        set(208, 0);
+        let cfg = Config::parse("[trim]\ninterval = \"100ms\"\n", "test").expect("config");
+        let state = NodeState::with_cgroups(
+            cfg,
+            Some(Cgroups::V2(V2 {
+                root: tmp.path().to_owned(),
+            })),
+        );
+        let cancel = CancellationToken::new();
+        let trimmer = Trimmer::start_with(state.clone(), &cancel, || false);
+        trimmer.watch(
+            "c",
+            TrimTarget {
+                labels: ContainerLabels {
+                    namespace: "ns".into(),
+                    pod: "p".into(),
+                    container: "app".into(),
+                },
+                cgroup: "/pod/ctr".into(),
+                annotations: BTreeMap::from([(TRIM_ANNOTATION.to_owned(), "on".to_owned())]),
+            },
+        );
+        for _ in 0..400 {
+            if trimmer.working_set("c").is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        assert_eq!(trimmer.working_set("c"), Some(208 * MI));
+        // The trimmer's task stops here: its finding stays published, and no step of its own
+        // lands in `memory.reclaim` while the decreases below are looked at.
+        trimmer.shutdown().await;
+        let engine = Engine::new(
+            state.clone(),
+            RuntimeLink::default(),
+            state.cgroups.clone(),
+            NodeReader::new("/nonexistent/nri-resize-test-node"),
+            None,
+        )
+        .with_trimmer(trimmer.clone());
+        // The cache came back since: 230Mi used, 22Mi of it page cache. (The trimmer's probe of
+        // `memory.reclaim` is wiped.)
+        set(230, 22);
+        std::fs::write(dir.join("memory.reclaim"), "").expect("write");
+        let pod = Pod {
+            id: "p".into(),
+            namespace: "ns".into(),
+            name: "p".into(),
+            ..Pod::default()
+        };
+        let ctr = Container {
+            id: "c".into(),
+            pod_id: "p".into(),
+            name: "app".into(),
+            cgroups_path: "/pod/ctr".into(),
+            ..Container::default()
+        };
+        let limit = |mib: u64| LinuxResources {
+            memory: Some(MemoryResources {
+                limit: Some(i64::try_from(mib * MI).expect("fits")),
+                ..MemoryResources::default()
+            }),
+            ..LinuxResources::default()
+        };
+        let deadline = Deadline::after(Duration::from_secs(2));
+        let verdict = engine.decide_decrease(&pod, &ctr, &limit(512), &limit(128), &deadline);
+        let DecreaseVerdict::Reject(reason) = verdict else {
+            panic!("a decrease below the working set found goes on");
+        };
+        assert_eq!(
+            reason,
+            "usage 230Mi above requested limit 128Mi, and trimming found a working set of 208Mi (no droppable page cache left): reclaiming below it would evict memory the container uses"
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.join("memory.reclaim")).expect("read"),
+            "",
+            "nothing reclaimed"
+        );
+        // Above the working set: reclaimed inline (asked of the kernel), then staged.
+        let verdict = engine.decide_decrease(&pod, &ctr, &limit(512), &limit(216), &deadline);
+        assert!(matches!(verdict, DecreaseVerdict::Interim(_)), "staged");
+        assert!(
+            !std::fs::read_to_string(dir.join("memory.reclaim"))
+                .expect("read")
+                .is_empty(),
+            "the inline reclaim asked the kernel"
+        );
     }
 }

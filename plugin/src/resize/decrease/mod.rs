@@ -33,6 +33,7 @@ use crate::metrics::DecreaseOutcome;
 use crate::model::{limited_bytes, LinuxResources, MemoryResources};
 use crate::policy::mib;
 use crate::sync::Locked as _;
+use crate::trim::TrimPause;
 
 /// A staged decrease in flight.
 #[derive(Debug)]
@@ -47,6 +48,8 @@ pub(in crate::resize) struct ReclaimHandle {
     /// The decrease is having the runtime apply a limit right now (see
     /// [`Engine::supersede_unless_applying`]).
     applying: bool,
+    /// Trimming of the container stays off while the handle lives (held for its `Drop`).
+    trim_pause: Option<TrimPause>,
 }
 
 impl ReclaimHandle {
@@ -65,7 +68,14 @@ impl ReclaimHandle {
             interim,
             generation,
             applying: false,
+            trim_pause: None,
         }
+    }
+
+    /// The handle, holding `pause` (trimming of the container) for as long as it lives.
+    pub(super) fn pausing(mut self, pause: Option<TrimPause>) -> Self {
+        self.trim_pause = pause;
+        self
     }
 }
 

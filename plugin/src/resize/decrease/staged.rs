@@ -92,7 +92,8 @@ impl Engine {
                 pod_id.clone(),
                 (target, interim),
                 generation,
-            ),
+            )
+            .pausing(self.pause_trimming(&ctr.id)),
         );
         if let Some(old) = replaced {
             old.cancel.cancel();

@@ -14,6 +14,7 @@ use crate::metrics::DecreaseOutcome;
 use crate::model::{Container, Pod};
 use crate::policy::{
     bytes_text, effective_decrease_strategy, not_reclaimable_reason, plan_decrease, DecreasePlan,
+    MemoryDecreaseStrategy,
 };
 use crate::resize::executor::{StepError, StepFailure};
 use crate::resize::reclaim::{reclaim_to, ReclaimJob, ReclaimOutcome};
@@ -59,6 +60,15 @@ impl Engine {
             bytes_text(usage.usage),
             bytes_text(target)
         );
+        if strategy == MemoryDecreaseStrategy::Reclaim {
+            if let Some(reason) = self.below_trimmed_working_set(ctr, target, &what) {
+                self.state
+                    .metrics
+                    .decrease
+                    .outcome(DecreaseOutcome::Rejected);
+                return Err(StepFailure::Deferred(reason));
+            }
+        }
         let verdict = DecreaseVerdict::of_strategy(strategy, &what, interim, false);
         if let Some(o) = verdict.outcome() {
             self.state.metrics.decrease.outcome(o);
@@ -80,7 +90,8 @@ impl Engine {
                 pod.id.clone(),
                 (target, interim),
                 generation,
-            ),
+            )
+            .pausing(self.pause_trimming(&ctr.id)),
         );
         self.state.metrics.decrease.started();
         // Dropped before the outcome is counted (the resize's task stopped at shutdown): the

@@ -1,0 +1,88 @@
+//! Page cache reclaimed from a pod cgroup inside `UpdatePodSandbox` (cgroup v2), before a pod
+//! memory limit below the pod's usage is admitted. kubelet 1.36 writes the pod cgroup right
+//! after the call returns; on cgroup v2 a `memory.max` below usage makes the kernel reclaim
+//! inside that write and OOM-kill in the pod when it cannot get under it. So where what must go
+//! is page cache (admission has checked that anonymous and shared memory fit, and that trimming
+//! found no working set above the limit), the handler asks `memory.reclaim` for the difference
+//! in small passes within [`RECLAIM_BUDGET`], on a blocking thread; the limit is admitted only
+//! if usage then fits. What was reclaimed stays reclaimed: when kubelet asks again, less is left.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::{info, warn};
+
+use crate::cgroup::{pod_path, CgroupError, CgroupIo as _, Cgroups};
+use crate::policy::{bytes_text, reclaim_request, MemoryUse};
+
+/// How long the handler may spend reclaiming a pod cgroup (on top of its read budget; both
+/// together stay well inside containerd's 2 s plugin deadline).
+pub const RECLAIM_BUDGET: Duration = Duration::from_millis(500);
+
+/// The most one `memory.reclaim` pass asks for: a pass is one write the kernel returns from
+/// only when done, so it is kept short enough for the budget to be checked between passes.
+const CHUNK: u64 = 16 << 20;
+
+/// Reclaims page cache from the pod cgroup under `cgroup_parent` until its usage is at most
+/// `limit` or [`RECLAIM_BUDGET`] is spent; returns the memory as it stands after (`start` when
+/// the result is not known in time: the caller then judges the request as if nothing went).
+pub(super) async fn reclaim_pod(
+    cgroups: Cgroups,
+    cgroup_parent: String,
+    limit: u64,
+    start: MemoryUse,
+) -> MemoryUse {
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopped = Arc::clone(&stop);
+    let parent = cgroup_parent.clone();
+    let work = tokio::task::spawn_blocking(move || {
+        let path = pod_path(&parent)?;
+        let started = Instant::now();
+        let mut used = start;
+        while used.usage > limit
+            && started.elapsed() < RECLAIM_BUDGET
+            && !stopped.load(Ordering::Relaxed)
+        {
+            let ask = reclaim_request(used.usage, limit).min(CHUNK);
+            match cgroups.reclaim(&path, ask) {
+                // EAGAIN: the kernel got less than asked; what it got shows in the usage.
+                Ok(()) | Err(CgroupError::Again { .. }) => {}
+                Err(e) => return Err(e),
+            }
+            let now = cgroups.memory_use(&path)?;
+            let progressed = now.usage < used.usage;
+            used = now;
+            if !progressed {
+                break;
+            }
+        }
+        Ok::<_, CgroupError>(used)
+    });
+    // The thread checks the budget between passes; one pass past it is given a little more.
+    let outcome = tokio::time::timeout(RECLAIM_BUDGET + Duration::from_millis(100), work).await;
+    let used = match outcome {
+        Ok(Ok(Ok(used))) => used,
+        Ok(Ok(Err(e))) => {
+            warn!(%cgroup_parent, error = %e, "pod page cache reclaim failed");
+            return start;
+        }
+        Ok(Err(e)) => {
+            warn!(%cgroup_parent, error = %e, "pod page cache reclaim thread failed");
+            return start;
+        }
+        Err(_) => {
+            stop.store(true, Ordering::Relaxed);
+            warn!(%cgroup_parent, "pod page cache reclaim ran past its budget; stopped");
+            return start;
+        }
+    };
+    info!(
+        %cgroup_parent,
+        limit = %bytes_text(limit),
+        reclaimed = %bytes_text(start.usage.saturating_sub(used.usage)),
+        usage = %bytes_text(used.usage),
+        "pod page cache reclaimed inside UpdatePodSandbox"
+    );
+    used
+}
