@@ -85,9 +85,19 @@ impl ModelHandler {
             warn!(pod = %pod.full_name(), error = %e, "pod annotation ignored");
             state.metrics.annotation_error();
         }
-        let memory = match (&read.actual, read.memory) {
-            (Ok(_), Some(used)) => Some(self.pod_memory(pod, used, cgroup.memory, enforce).await),
+        // Without the breakdown (`memory.stat` unread) the usage alone is judged, all of it as
+        // memory that cannot be reclaimed: never less careful than before the breakdown.
+        let used = match (&read.actual, read.memory) {
+            (Ok(_), Some(used)) => Some(used),
+            (Ok((_, Some(usage))), None) => Some(MemoryUse {
+                usage: *usage,
+                ..MemoryUse::default()
+            }),
             _ => None,
+        };
+        let memory = match used {
+            Some(used) => Some(self.pod_memory(pod, used, cgroup.memory, enforce).await),
+            None => None,
         };
         let (actual, usage, error) = match read.actual {
             Ok((a, u)) => (Some(a), memory.map(|m| m.used.usage).or(u), None),

@@ -196,10 +196,15 @@ impl PodMemory {
             && self.trimmed_working_set.is_none_or(|ws| ws <= limit)
     }
 
-    /// Anonymous and shared memory: only swap frees them. A breakdown that accounts for none of
-    /// the usage (no `memory.stat`) counts all of it.
+    /// Whether the breakdown accounts for none of the usage (no `memory.stat`).
+    fn blind(&self) -> bool {
+        self.used.anon == 0 && self.used.file == 0 && self.used.usage > 0
+    }
+
+    /// Anonymous and shared memory: only swap frees them. Without a breakdown ([`Self::blind`])
+    /// all of the usage counts.
     fn unreclaimable(&self) -> u64 {
-        if self.used.anon == 0 && self.used.file == 0 {
+        if self.blind() {
             self.used.usage
         } else {
             self.used.unreclaimable()
@@ -215,6 +220,14 @@ impl PodMemory {
 fn memory_floor(limit: u64, m: &PodMemory) -> Option<String> {
     let used = &m.used;
     let unreclaimable = m.unreclaimable();
+    if unreclaimable > limit && m.blind() {
+        return Some(format!(
+            "usage {} above requested pod limit {}: memory.stat gives no breakdown, so all of it \
+             counts as memory that cannot be reclaimed",
+            memory_quantity(used.usage),
+            memory_quantity(limit)
+        ));
+    }
     if unreclaimable > limit {
         let shared = if used.shmem > 0 {
             format!(

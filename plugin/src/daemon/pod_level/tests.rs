@@ -285,7 +285,7 @@ async fn enforce_refuses_and_keeps_the_model_observe_records_only() {
         assert_eq!(r.state, Some(ResizeState::Deferred), "{r:?}");
         assert_eq!(
             r.reason,
-            "usage 301Mi above requested pod limit 100Mi: 301Mi of anonymous memory cannot be reclaimed without swap"
+            "usage 301Mi above requested pod limit 100Mi: memory.stat gives no breakdown, so all of it counts as memory that cannot be reclaimed"
         );
         assert_eq!(out.is_err(), refused, "{mode:?}: {out:?}");
         if let Err(e) = out {
@@ -687,4 +687,26 @@ async fn a_pod_decrease_below_the_working_set_trimming_found_is_refused() {
     assert!(out.is_err(), "{out:?}");
     assert_eq!(f.reclaim_written(), (16 * MI).to_string());
     trimmer.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_pod_whose_memory_stat_cannot_be_read_is_judged_by_its_usage_alone() {
+    let f = Fixture::new();
+    f.pod_cgroup("max 100000", "max", 300 * MI);
+    // A directory where memory.stat should be: reading it fails (EISDIR).
+    let dir = f.cg.path().join(POD_CG.trim_start_matches('/'));
+    std::fs::create_dir_all(dir.join("memory.stat")).expect("mkdir");
+    let (state, h) = f.handler(Mode::Enforce);
+    let out = h
+        .update_pod_sandbox(pod(), None, Some(limits(500, 100 * MI)))
+        .await;
+    assert!(out.is_err(), "{out:?}");
+    assert_eq!(
+        record(&state).reason,
+        "usage 300Mi above requested pod limit 100Mi: memory.stat gives no breakdown, so all of it counts as memory that cannot be reclaimed"
+    );
+    // A raise needs no breakdown.
+    h.update_pod_sandbox(pod(), None, Some(limits(500, 512 * MI)))
+        .await
+        .expect("a raise is admitted");
 }
