@@ -12,9 +12,9 @@
 //! only page cache stands in the way, it reclaims that cache first ([`reclaim_pod`], bounded
 //! by its own budget, trimming of the pod's containers paused meanwhile); it admits the request
 //! ([`admit_pod_level`]: anonymous and shared memory, trimming's working sets, usage) and
-//! records desired, actual and the verdict; in `enforce` mode (or when the pod's annotation tightens to it) a
-//! refused request is answered with a [`Rejection`], so that under kubelet 1.36 the pod cgroup
-//! is never written. A revert is one more `UpdatePodSandbox`: it replaces the record and the
+//! records desired, actual and the verdict; in `enforce` mode (or when the pod's annotation
+//! tightens to it) a refused request is answered with a [`Rejection`], so that under kubelet
+//! 1.36 the pod cgroup is never written. A revert is one more `UpdatePodSandbox`: it replaces the record and the
 //! model's resources, nothing is counted twice. The pod cgroup is read back after the answer
 //! (kubelet 1.36 writes it after the call) and on `PostUpdatePodSandbox`, and compared with what
 //! was asked, as containers are confirmed.
@@ -162,9 +162,20 @@ impl ModelHandler {
         enforce: bool,
     ) -> PodMemory {
         let cgroups = self.state().cgroups.clone();
+        let trimmer = self.trimmer();
+        let ids = if trimmer.is_some() {
+            self.pod_container_ids(&pod.id)
+        } else {
+            Vec::new()
+        };
         let mut m = PodMemory {
             used,
-            trimmed_working_set: self.trimmed_working_set(&pod.id),
+            // The sum of the working sets trimming found for the pod's containers.
+            trimmed_working_set: trimmer.and_then(|t| {
+                ids.iter()
+                    .filter_map(|id| t.working_set(id))
+                    .reduce(u64::saturating_add)
+            }),
             reclaimed: 0,
             write_refuses: cgroups
                 .as_ref()
@@ -173,34 +184,15 @@ impl ModelHandler {
         if let (Limit::Limited(limit), Some(cg), true) = (limit, cgroups, enforce) {
             if m.needs_reclaim(limit) {
                 // Trimming stays off the pod's containers while the pod is reclaimed.
-                let _pauses = self.pause_trimming(&pod.id);
+                let _pauses: Vec<TrimPause> = trimmer
+                    .map(|t| ids.iter().map(|id| t.pause(id)).collect())
+                    .unwrap_or_default();
                 let after = reclaim_pod(cg, pod.cgroup_parent.clone(), limit, m.used).await;
                 m.reclaimed = m.used.usage.saturating_sub(after.usage);
                 m.used = after;
             }
         }
         m
-    }
-
-    /// The sum of the working sets trimming found for `pod_id`'s containers; `None`: it found
-    /// none (or trimming is not consulted).
-    fn trimmed_working_set(&self, pod_id: &str) -> Option<u64> {
-        let trimmer = self.trimmer()?;
-        self.pod_container_ids(pod_id)
-            .iter()
-            .filter_map(|id| trimmer.working_set(id))
-            .reduce(u64::saturating_add)
-    }
-
-    /// Trimming of `pod_id`'s containers held off until the pauses are dropped.
-    fn pause_trimming(&self, pod_id: &str) -> Vec<TrimPause> {
-        let Some(trimmer) = self.trimmer() else {
-            return Vec::new();
-        };
-        self.pod_container_ids(pod_id)
-            .iter()
-            .map(|id| trimmer.pause(id))
-            .collect()
     }
 
     /// The ids of `pod_id`'s containers that are not stopped.

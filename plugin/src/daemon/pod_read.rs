@@ -1,7 +1,7 @@
 //! One bounded read for the pod-level handlers: the pod cgroup's limits, usage and its
-//! breakdown, and the
-//! node's capacity, on a blocking thread (cgroupfs and procfs reads never run on an async
-//! worker), given up after [`READ_BUDGET`] so a handler stays inside the runtime's deadline.
+//! breakdown, and the node's capacity, on a blocking thread (cgroupfs and procfs reads never
+//! run on an async worker), given up after [`READ_BUDGET`] so a handler stays inside the
+//! runtime's deadline.
 
 use std::time::Duration;
 

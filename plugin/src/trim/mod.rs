@@ -15,7 +15,7 @@
 //! off while it reclaims that container itself.
 //!
 //! One pass every `[trim] interval`: each container whose turn it is, one at a time, on a
-//! blocking thread ([`step::turn`]: a few cgroupfs reads and at most one `memory.reclaim`
+//! blocking thread (`step::turn`: a few cgroupfs reads and at most one `memory.reclaim`
 //! write of at most `[trim] max_step`). The step decision itself is pure
 //! ([`Probe`](crate::policy::Probe)).
 
