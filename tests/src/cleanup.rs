@@ -55,11 +55,12 @@ fn alive(pid: i32) -> bool {
         .unwrap_or(false)
 }
 
-/// Is `pid` a containerd started with a config inside `base`?
+/// Is `pid` a containerd (or CRI-O) started with a config inside `base`?
 pub(crate) fn is_our_containerd(pid: i32, base: &Path) -> bool {
     let base = base.to_string_lossy();
     cmdline(pid).is_some_and(|c| {
-        c.first().is_some_and(|a| a.ends_with("containerd"))
+        c.first()
+            .is_some_and(|a| a.ends_with("containerd") || a.ends_with("crio"))
             && c.iter().any(|a| a.starts_with(base.as_ref()))
     })
 }

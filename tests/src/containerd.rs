@@ -1,4 +1,5 @@
-//! A private containerd instance run as a child process of the test.
+//! A private containerd instance run as a child process of the test (or a private CRI-O,
+//! by hand: see [`crate::crio`]).
 
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
@@ -17,6 +18,7 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::cgroups::CgroupTree;
 use crate::cleanup::{self, InstanceRef, BASE_PREFIX, CGROUP_PREFIX};
+use crate::crio::{CrioBuild, CrioSettings, CRIO_BIN_ENV};
 use crate::images::{image_archives, BUSYBOX_IMAGE, PAUSE_IMAGE};
 use crate::seeded_root;
 use crate::util::{next_instance, require_binary, require_root, tail_lines};
@@ -57,9 +59,14 @@ impl Default for ContainerdOptions {
 /// Layout of the base dir `/tmp/nrt-<pid>-<n>/`: `config.toml`, `containerd.log`,
 /// `c.sock` (CRI/gRPC), `c.sock.ttrpc`, `nri.sock`, `root/`, `state/`, `runc/` (runc `--root`),
 /// `nri/plugins`, `nri/conf.d` (empty: no system NRI plugin runs), `pods/` (container logs).
+///
+/// With `$NRI_RESIZE_CRIO_BIN` set, the instance is a private CRI-O in the same layout instead
+/// (its `config.toml` is CRI-O's), standing in for containerd 2.x: see [`crate::crio`].
 #[derive(Debug)]
 pub struct Containerd {
     version: ContainerdVersion,
+    /// The CRI-O build this instance runs instead of containerd.
+    crio: Option<CrioBuild>,
     opts: ContainerdOptions,
     inst: InstanceRef,
     child: Option<Child>,
@@ -89,6 +96,7 @@ impl Containerd {
     /// first if there is none, see [`crate::seeded_root`]) instead of importing them.
     async fn start_with(version: ContainerdVersion, opts: ContainerdOptions, seeded: bool) -> Self {
         static SWEEP: Once = Once::new();
+        let crio = CrioBuild::from_env();
         let version = match ContainerdVersion::forced() {
             Some(forced) if forced != version => {
                 eprintln!(
@@ -99,14 +107,29 @@ impl Containerd {
             }
             _ => version,
         };
+        if let Some(crio) = &crio {
+            eprintln!(
+                "harness: {CRIO_BIN_ENV}={}: running CRI-O where the test names {version}",
+                crio.dir().display()
+            );
+        }
+        // CRI-O stands in for containerd 2.x: what a test expects of 2.x it expects of CRI-O.
+        let version = if crio.is_some() {
+            ContainerdVersion::V2
+        } else {
+            version
+        };
         require_root();
         let started = Instant::now();
-        require_binaries(version);
+        match &crio {
+            Some(crio) => crio.require(),
+            None => require_binaries(version),
+        }
         SWEEP.call_once(cleanup::sweep_stale);
         let archives = tokio::task::spawn_blocking(image_archives)
             .await
             .expect("build images");
-        let seed = if seeded {
+        let seed = if seeded && crio.is_none() {
             Box::pin(seeded_root_for(version)).await
         } else {
             None
@@ -130,6 +153,7 @@ impl Containerd {
         };
         let mut this = Self {
             version,
+            crio,
             opts,
             inst,
             child: None,
@@ -160,10 +184,17 @@ impl Containerd {
         if let Some(seed) = &seed {
             seeded_root::copy_tree(seed, &base.join("root")).unwrap_or_else(|e| panic!("{e}"));
         }
+        if this.crio.is_some() {
+            CrioBuild::write_files(&base)
+                .unwrap_or_else(|e| panic!("write CRI-O's files below {}: {e}", base.display()));
+            for (archive, name) in CrioBuild::images(&archives.pause, &archives.busybox) {
+                CrioBuild::import(&base, archive, name).await;
+            }
+        }
         this.cgroups.create();
         Box::pin(this.spawn()).await;
         let up = started.elapsed();
-        if seed.is_none() {
+        if seed.is_none() && this.crio.is_none() {
             for archive in [&archives.pause, &archives.busybox] {
                 Box::pin(this.import(archive)).await;
             }
@@ -176,20 +207,39 @@ impl Containerd {
             "harness: {} {} ({}) at {}, cgroups {} ({:?}); up in {:.1} s, images {} in {:.1} s",
             this.runtime_name,
             this.runtime_version,
-            this.version,
+            this.describe(),
             this.inst.base.display(),
             this.cgroups.path(),
             this.cgroups.mode(),
             up.as_secs_f64(),
-            if seed.is_some() { "seeded" } else { "imported" },
+            if seed.is_some() {
+                "seeded"
+            } else if this.crio.is_some() {
+                "copied by skopeo"
+            } else {
+                "imported"
+            },
             started.elapsed().saturating_sub(up).as_secs_f64()
         );
         this
     }
 
-    /// Which containerd this is.
+    /// Which containerd this is (CRI-O stands in for [`ContainerdVersion::V2`]).
     pub fn containerd_version(&self) -> ContainerdVersion {
         self.version
+    }
+
+    /// True when the instance is CRI-O (`$NRI_RESIZE_CRIO_BIN`), not containerd.
+    pub fn is_crio(&self) -> bool {
+        self.crio.is_some()
+    }
+
+    /// What runs, for messages: `containerd 2`, or `CRI-O (<build dir>)`.
+    fn describe(&self) -> String {
+        match &self.crio {
+            Some(crio) => format!("CRI-O ({})", crio.dir().display()),
+            None => self.version.to_string(),
+        }
     }
 
     /// `runtime_version` from the CRI `Version` RPC (e.g. `1.7.24~ds1`, `2.1.9+unknown`).
@@ -197,7 +247,7 @@ impl Containerd {
         &self.runtime_version
     }
 
-    /// `runtime_name` from the CRI `Version` RPC (`containerd`).
+    /// `runtime_name` from the CRI `Version` RPC (`containerd`, `cri-o`).
     pub fn runtime_name(&self) -> &str {
         &self.runtime_name
     }
@@ -276,8 +326,16 @@ impl Containerd {
     }
 
     fn config_toml(&self) -> String {
-        let b = self.inst.base.display();
         let o = &self.opts;
+        if let Some(crio) = &self.crio {
+            return crio.config_toml(&CrioSettings {
+                base: &self.inst.base,
+                log_level: &o.log_level,
+                registration_timeout: o.nri_registration_timeout,
+                request_timeout: o.nri_request_timeout,
+            });
+        }
+        let b = self.inst.base.display();
         let common = format!(
             "root = \"{b}/root\"\nstate = \"{b}/state\"\n\n[grpc]\n  address = \"{b}/c.sock\"\n\n\
              [ttrpc]\n  address = \"{b}/c.sock.ttrpc\"\n\n[debug]\n  level = \"{lvl}\"\n",
@@ -351,22 +409,31 @@ impl Containerd {
             .open(self.log_path())
             .unwrap_or_else(|e| panic!("open {}: {e}", self.log_path().display()));
         let log2 = log.try_clone().expect("clone log fd");
+        let (bin_dir, bin) = match &self.crio {
+            Some(crio) => (crio.dir().to_owned(), crio.crio_bin()),
+            None => (self.version.bin_dir(), self.version.containerd_bin()),
+        };
         let path = format!(
             "{}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            self.version.bin_dir().display()
+            bin_dir.display()
         );
-        let child = Command::new(self.version.containerd_bin())
-            .arg("--config")
-            .arg(self.config_path())
+        let mut cmd = Command::new(&bin);
+        cmd.env_clear();
+        if self.crio.is_some() {
+            cmd.args(CrioBuild::args(&self.inst.base))
+                .envs(CrioBuild::env(&self.inst.base));
+        } else {
+            cmd.arg("--config").arg(self.config_path());
+        }
+        let child = cmd
             .current_dir(&self.inst.base)
-            .env_clear()
             .env("PATH", path)
             .env("HOME", &self.inst.base)
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log2)
             .spawn()
-            .unwrap_or_else(|e| panic!("spawn {}: {e}", self.version.containerd_bin().display()));
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()));
         std::fs::write(
             self.inst.base.join("containerd.pid"),
             child.id().to_string(),
@@ -386,7 +453,7 @@ impl Containerd {
                 self.child = None;
                 panic!(
                     "{} exited during startup ({status}); last 50 lines of {}:\n{}",
-                    self.version,
+                    self.describe(),
                     self.log_path().display(),
                     self.log_tail(50)
                 );
@@ -394,7 +461,7 @@ impl Containerd {
             assert!(
                     Instant::now() <= deadline,
                     "{} did not answer CRI Version within {:?} (last error: {last_err}); last 50 lines of {}:\n{}",
-                    self.version,
+                    self.describe(),
                     self.opts.start_timeout,
                     self.log_path().display(),
                     self.log_tail(50)
@@ -481,7 +548,7 @@ impl Containerd {
                 other => assert!(
                     Instant::now() < deadline,
                     "{}: image {image} not visible through CRI after import ({other:?}); log:\n{}",
-                    self.version,
+                    self.describe(),
                     self.log_tail(50)
                 ),
             }
@@ -601,7 +668,8 @@ impl Drop for Containerd {
         self.channel = None;
         if self.child.is_some() {
             eprintln!(
-                "harness: containerd at {} ran {:.1} s",
+                "harness: {} at {} ran {:.1} s",
+                self.describe(),
                 self.inst.base.display(),
                 self.started.elapsed().as_secs_f64()
             );
@@ -616,7 +684,8 @@ impl Drop for Containerd {
             }
             let _ = child.wait();
             eprintln!(
-                "harness: containerd at {} stopped in {:.1} s (pods removed in {:.1} s)",
+                "harness: {} at {} stopped in {:.1} s (pods removed in {:.1} s)",
+                self.describe(),
                 self.inst.base.display(),
                 teardown.elapsed().as_secs_f64(),
                 pods_removed.as_secs_f64()
@@ -642,7 +711,7 @@ impl Drop for Containerd {
             }
             eprintln!(
                 "harness: test panicked; {}{kept}, last 50 lines of its log:\n{}",
-                self.version,
+                self.describe(),
                 self.log_tail(50)
             );
         }

@@ -42,6 +42,7 @@ mod cgroups;
 mod cleanup;
 mod containerd;
 pub mod cri_pod;
+mod crio;
 mod go_plugin;
 mod image;
 mod images;
@@ -56,6 +57,7 @@ mod version;
 pub use cgroups::{shares_to_weight, weight_to_shares, CgroupLimits, CgroupMode, CgroupTree};
 pub use cleanup::shim_pids;
 pub use containerd::{connect, Containerd, ContainerdOptions};
+pub use crio::CRIO_BIN_ENV;
 pub use go_plugin::{go_plugin_binary, GoPlugin, GoPluginMode};
 pub use image::{
     daemon_image_archive, free_port, http_get, AsDeployed, DaemonContainer, DAEMON_IMAGE,

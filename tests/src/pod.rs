@@ -475,9 +475,12 @@ impl Containerd {
     }
 
     /// Directory of the container's cgroup in the hierarchy of `controller` (ignored on v2),
-    /// if it exists. Container cgroups are `<pod cgroup>/<container id>` (cgroupfs driver).
+    /// if it exists. Container cgroups are `<pod cgroup>/<container id>` (containerd's
+    /// cgroupfs driver) or `<pod cgroup>/crio-<container id>` (CRI-O's).
     pub fn container_cgroup_dir(&self, id: &str, controller: &str) -> Option<PathBuf> {
-        self.cgroups.find_dir(controller, id)
+        self.cgroups
+            .find_dir(controller, id)
+            .or_else(|| self.cgroups.find_dir(controller, &format!("crio-{id}")))
     }
 
     /// The container's memory limit in bytes (`memory.limit_in_bytes` / `memory.max`; `-1`:

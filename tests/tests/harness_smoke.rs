@@ -65,8 +65,14 @@ async fn start_sleeper(ctrd: &Containerd, pod: &Pod) -> String {
         .container_cgroup_dir(&id, "cpu")
         .expect("container cgroup");
     eprintln!("harness: container cgroup {}", dir.display());
+    // containerd's cgroupfs driver names the container's cgroup by its id, CRI-O's `crio-<id>`.
+    let leaf = if ctrd.is_crio() {
+        format!("crio-{id}")
+    } else {
+        id.clone()
+    };
     assert!(
-        dir.ends_with(format!("pod{}/{id}", pod.uid)),
+        dir.ends_with(format!("pod{}/{leaf}", pod.uid)),
         "unexpected cgroup dir {}",
         dir.display()
     );
@@ -108,7 +114,8 @@ async fn tear_down(ctrd: &Containerd, pod: &Pod, id: &str) {
 async fn smoke(version: ContainerdVersion) {
     let mut ctrd = Containerd::start(version, ContainerdOptions::default()).await;
     eprintln!(
-        "harness: containerd {} ({version}), log {}",
+        "harness: {} {} ({version}), log {}",
+        ctrd.runtime_name(),
         ctrd.version(),
         ctrd.log_path().display()
     );
