@@ -2,7 +2,8 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use k8s_cri::v1::{
@@ -55,15 +56,25 @@ impl Resources {
         }
     }
 
-    /// As CRI `LinuxContainerResources`.
+    /// As CRI `LinuxContainerResources`, the way kubelet sends them with swap off (its
+    /// default, `ConfigureNoSwap`): where the kernel has the swap controller, the memory+swap
+    /// limit equals the memory limit on cgroup v1, and `memory.swap.max` is 0 on v2.
     pub fn to_cri(&self) -> LinuxContainerResources {
-        LinuxContainerResources {
+        let mut r = LinuxContainerResources {
             cpu_period: self.cpu_period,
             cpu_quota: self.cpu_quota,
             cpu_shares: self.cpu_shares,
             memory_limit_in_bytes: self.memory_limit,
             ..Default::default()
+        };
+        match swap_controller() {
+            Some(CgroupMode::V1) => r.memory_swap_limit_in_bytes = r.memory_limit_in_bytes,
+            Some(CgroupMode::V2) => {
+                r.unified.insert("memory.swap.max".into(), "0".into());
+            }
+            None => {}
         }
+        r
     }
 
     /// From CRI `LinuxContainerResources` (other fields are ignored).
@@ -544,6 +555,23 @@ impl Containerd {
             });
         crate::cgroups::read_trim(&dir.join(file)).unwrap_or_else(|e| panic!("{e}"))
     }
+}
+
+/// The cgroup layout when the kernel has the swap controller (kubelet's
+/// `swapControllerAvailable`: `memory.memsw.*` on v1, `memory.swap.max` below the root on v2).
+fn swap_controller() -> Option<CgroupMode> {
+    static SWAP: OnceLock<Option<CgroupMode>> = OnceLock::new();
+    *SWAP.get_or_init(|| match CgroupMode::detect() {
+        CgroupMode::V1 => Path::new("/sys/fs/cgroup/memory/memory.memsw.usage_in_bytes")
+            .exists()
+            .then_some(CgroupMode::V1),
+        CgroupMode::V2 => std::fs::read_dir("/sys/fs/cgroup")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| e.path().join("memory.swap.max").exists())
+            .then_some(CgroupMode::V2),
+    })
 }
 
 /// `labels` with the ones kubelet sets on every pod sandbox, and with `container`, on every

@@ -183,7 +183,7 @@ async fn lifecycle(version: ContainerdVersion) {
     plugin.wait_ready(READY).await;
     let api = plugin.api();
     let st = api.status().await.expect("status");
-    assert_eq!(st.runtime.name.as_deref(), Some("containerd"));
+    assert_eq!(st.runtime.name.as_deref(), Some(ctrd.runtime_name()));
     assert_eq!(st.runtime.version.as_deref(), Some(ctrd.version()));
 
     // A pod and a container, created with resources, labels and annotations.

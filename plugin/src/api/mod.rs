@@ -540,12 +540,17 @@ async fn update_resources(
     UrlPath(id): UrlPath<String>,
     Json(resources): Json<LinuxResources>,
 ) -> ApiResult<UpdateResult> {
-    if ctx.state.read_model(|m| m.container(&id).is_none()) {
+    let Some(current) = ctx
+        .state
+        .read_model(|m| m.container(&id).map(|c| c.resources.clone().unwrap_or_default()))
+    else {
         return Err(api_err(
             StatusCode::NOT_FOUND,
             format!("no container {id:?} known to the plugin"),
         ));
-    }
+    };
+    // The swap limit moves with a memory limit that leaves it alone (see `with_swap_following`).
+    let resources = current.with_swap_following(&resources);
     let update = ContainerUpdate {
         container_id: id.clone(),
         resources: resources.clone(),

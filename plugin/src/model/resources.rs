@@ -126,6 +126,37 @@ impl LinuxResources {
         Some(quota.saturating_mul(1000) / period)
     }
 
+    /// `update` (for a container that holds `self` now) with its swap limit moved along with
+    /// the memory limit it sets, where `update` leaves swap alone and `self` has a bounded one.
+    ///
+    /// The OCI swap limit is memory + swap. kubelet sets it equal to the memory limit on
+    /// cgroup v1 (swap off), and CRI-O does on every container where the kernel has the swap
+    /// controller. The runtime merges an update into the container's spec, so a new memory
+    /// limit alone would sit above the old memory + swap limit: the kernel refuses that on v1
+    /// (`EINVAL`), and runc only orders the two writes when it gets both. The allowance above
+    /// the memory limit (0 for swap off) is kept.
+    #[must_use]
+    pub fn with_swap_following(&self, update: &LinuxResources) -> LinuxResources {
+        let mut out = update.clone();
+        let Some(m) = out.memory.as_mut() else {
+            return out;
+        };
+        let (Some(limit), None) = (m.limit.filter(|l| *l > 0), m.swap) else {
+            return out;
+        };
+        let current = self.memory.as_ref();
+        let (Some(old_limit), Some(old_swap)) = (
+            current.and_then(|c| c.limit).filter(|l| *l > 0),
+            current.and_then(|c| c.swap).filter(|s| *s > 0),
+        ) else {
+            return out;
+        };
+        if old_swap >= old_limit {
+            m.swap = Some(limit.saturating_add(old_swap - old_limit));
+        }
+        out
+    }
+
     /// Overlays the fields `update` specifies onto `self`, as the runtime applies an update.
     pub fn merge(&mut self, update: &LinuxResources) {
         if let Some(u) = &update.cpu {
@@ -178,6 +209,55 @@ fn merge_opt<T: Copy>(dst: &mut Option<T>, src: Option<T>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn memory(limit: Option<i64>, swap: Option<i64>) -> LinuxResources {
+        LinuxResources {
+            memory: Some(MemoryResources {
+                limit,
+                swap,
+                ..MemoryResources::default()
+            }),
+            ..LinuxResources::default()
+        }
+    }
+
+    #[test]
+    fn swap_follows_a_new_memory_limit_keeping_its_allowance() {
+        const MIB: i64 = 1 << 20;
+        // kubelet's swap off on cgroup v1, and CRI-O everywhere: memory + swap = memory.
+        let off = memory(Some(128 * MIB), Some(128 * MIB));
+        let raised = off.with_swap_following(&memory(Some(256 * MIB), None));
+        assert_eq!(raised, memory(Some(256 * MIB), Some(256 * MIB)));
+        let lowered = off.with_swap_following(&memory(Some(64 * MIB), None));
+        assert_eq!(lowered, memory(Some(64 * MIB), Some(64 * MIB)));
+        // A swap allowance above the limit moves with it.
+        let allowance = memory(Some(128 * MIB), Some(192 * MIB));
+        assert_eq!(
+            allowance.with_swap_following(&memory(Some(256 * MIB), None)),
+            memory(Some(256 * MIB), Some(320 * MIB))
+        );
+        // Left alone: an update that sets swap itself, one without a memory limit, a container
+        // with unlimited or no swap limit, or no memory limit to measure the allowance from.
+        let explicit = memory(Some(256 * MIB), Some(-1));
+        assert_eq!(off.with_swap_following(&explicit), explicit);
+        let cpu_only = LinuxResources {
+            cpu: Some(CpuResources {
+                quota: Some(50_000),
+                ..CpuResources::default()
+            }),
+            ..LinuxResources::default()
+        };
+        assert_eq!(off.with_swap_following(&cpu_only), cpu_only);
+        let to = memory(Some(256 * MIB), None);
+        for current in [
+            memory(Some(128 * MIB), Some(-1)),
+            memory(Some(128 * MIB), None),
+            memory(None, Some(128 * MIB)),
+            LinuxResources::default(),
+        ] {
+            assert_eq!(current.with_swap_following(&to), to, "{current:?}");
+        }
+    }
 
     #[test]
     fn merge_overlays_only_specified_fields() {

@@ -38,6 +38,12 @@ impl Engine {
         // Work resumed at `Synchronize` can get here before the runtime answered
         // `RegisterPlugin` (which gives the link its client): wait for it, briefly.
         self.link.wait_connected(CONNECT_WAIT).await;
+        // The swap limit moves with the memory limit (see `with_swap_following`).
+        let resources = self.state.read_model(|m| {
+            m.container(id)
+                .and_then(|c| c.resources.as_ref())
+                .map_or_else(|| resources.clone(), |now| now.with_swap_following(resources))
+        });
         let failed = self
             .link
             .update_containers(
@@ -53,7 +59,7 @@ impl Engine {
         if !failed.is_empty() {
             return Err(UpdateError::NotUpdated);
         }
-        self.state.write_model(|m| m.apply_resources(id, resources));
+        self.state.write_model(|m| m.apply_resources(id, &resources));
         Ok(())
     }
 }
