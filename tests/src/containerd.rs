@@ -96,29 +96,7 @@ impl Containerd {
     /// first if there is none, see [`crate::seeded_root`]) instead of importing them.
     async fn start_with(version: ContainerdVersion, opts: ContainerdOptions, seeded: bool) -> Self {
         static SWEEP: Once = Once::new();
-        let crio = CrioBuild::from_env();
-        let version = match ContainerdVersion::forced() {
-            Some(forced) if forced != version => {
-                eprintln!(
-                    "harness: NRI_RESIZE_CONTAINERD={}: running {forced} where the test names {version}",
-                    forced.label()
-                );
-                forced
-            }
-            _ => version,
-        };
-        if let Some(crio) = &crio {
-            eprintln!(
-                "harness: {CRIO_BIN_ENV}={}: running CRI-O where the test names {version}",
-                crio.dir().display()
-            );
-        }
-        // CRI-O stands in for containerd 2.x: what a test expects of 2.x it expects of CRI-O.
-        let version = if crio.is_some() {
-            ContainerdVersion::V2
-        } else {
-            version
-        };
+        let (version, crio) = runtime_for(version);
         require_root();
         let started = Instant::now();
         match &crio {
@@ -184,6 +162,8 @@ impl Containerd {
         if let Some(seed) = &seed {
             seeded_root::copy_tree(seed, &base.join("root")).unwrap_or_else(|e| panic!("{e}"));
         }
+        // CRI-O's storage takes the images before CRI-O starts (nothing else holds it then).
+        let copied = Instant::now();
         if this.crio.is_some() {
             CrioBuild::write_files(&base)
                 .unwrap_or_else(|e| panic!("write CRI-O's files below {}: {e}", base.display()));
@@ -191,6 +171,7 @@ impl Containerd {
                 CrioBuild::import(&base, archive, name).await;
             }
         }
+        let copied = copied.elapsed();
         this.cgroups.create();
         Box::pin(this.spawn()).await;
         let up = started.elapsed();
@@ -202,26 +183,30 @@ impl Containerd {
         for image in [PAUSE_IMAGE, BUSYBOX_IMAGE] {
             Box::pin(this.wait_image(image)).await;
         }
-        // The times say where a slow test's time goes (the VM tier's guests): never asserted.
-        eprintln!(
-            "harness: {} {} ({}) at {}, cgroups {} ({:?}); up in {:.1} s, images {} in {:.1} s",
-            this.runtime_name,
-            this.runtime_version,
-            this.describe(),
-            this.inst.base.display(),
-            this.cgroups.path(),
-            this.cgroups.mode(),
-            up.as_secs_f64(),
-            if seed.is_some() {
-                "seeded"
-            } else if this.crio.is_some() {
-                "copied by skopeo"
-            } else {
-                "imported"
-            },
-            started.elapsed().saturating_sub(up).as_secs_f64()
-        );
+        let how = match (&seed, &this.crio) {
+            (Some(_), _) => "seeded",
+            (None, Some(_)) => "copied by skopeo",
+            (None, None) => "imported",
+        };
+        let images = started.elapsed().saturating_sub(up) + copied;
+        this.say_up(up.saturating_sub(copied), images, how);
         this
+    }
+
+    /// Says how long the instance took to come up and to hold its images: where a slow test's
+    /// time goes (the VM tier's guests), never asserted.
+    fn say_up(&self, up: Duration, images: Duration, how: &str) {
+        eprintln!(
+            "harness: {} {} ({}) at {}, cgroups {} ({:?}); up in {:.1} s, images {how} in {:.1} s",
+            self.runtime_name,
+            self.runtime_version,
+            self.describe(),
+            self.inst.base.display(),
+            self.cgroups.path(),
+            self.cgroups.mode(),
+            up.as_secs_f64(),
+            images.as_secs_f64()
+        );
     }
 
     /// Which containerd this is (CRI-O stands in for [`ContainerdVersion::V2`]).
@@ -554,6 +539,32 @@ impl Containerd {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+}
+
+/// What runs where a test names containerd `version`: the version `$NRI_RESIZE_CONTAINERD`
+/// forces, or a CRI-O build (`$NRI_RESIZE_CRIO_BIN`) standing in for containerd 2.x (what a
+/// test expects of 2.x it expects of CRI-O); either is said on the test's output.
+fn runtime_for(version: ContainerdVersion) -> (ContainerdVersion, Option<CrioBuild>) {
+    let version = match ContainerdVersion::forced() {
+        Some(forced) if forced != version => {
+            eprintln!(
+                "harness: NRI_RESIZE_CONTAINERD={}: running {forced} where the test names {version}",
+                forced.label()
+            );
+            forced
+        }
+        _ => version,
+    };
+    match CrioBuild::from_env() {
+        Some(crio) => {
+            eprintln!(
+                "harness: {CRIO_BIN_ENV}={}: running CRI-O where the test names {version}",
+                crio.dir().display()
+            );
+            (ContainerdVersion::V2, Some(crio))
+        }
+        None => (version, None),
     }
 }
 

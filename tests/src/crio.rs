@@ -71,10 +71,16 @@ impl CrioBuild {
     /// Panics with an install hint unless the build and what it runs with are there.
     pub(crate) fn require(&self) {
         require_binary(&self.crio_bin(), &format!("CRI-O ({CRIO_BIN_ENV}/crio)"));
-        require_binary(&self.pinns_bin(), &format!("CRI-O's pinns ({CRIO_BIN_ENV}/pinns)"));
+        require_binary(
+            &self.pinns_bin(),
+            &format!("CRI-O's pinns ({CRIO_BIN_ENV}/pinns)"),
+        );
         require_binary(Path::new("/usr/bin/conmon"), "conmon (/usr/bin/conmon)");
         require_binary(Path::new("/usr/bin/runc"), "runc (/usr/bin/runc)");
-        require_in_path("skopeo", "skopeo (to put the test images into CRI-O's storage)");
+        require_in_path(
+            "skopeo",
+            "skopeo (to put the test images into CRI-O's storage)",
+        );
     }
 
     /// The instance's `crio.conf`; every path CRI-O would otherwise take from the host is

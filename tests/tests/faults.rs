@@ -2,7 +2,7 @@
 //! applied twice:
 //!
 //! - the plugin killed (SIGKILL) in the middle of a staged memory decrease resumes it from its checkpoint
-//!   after a restart and reaches the desired limit (the whole-pod case is in `resize_containerd`);
+//!   after a restart and reaches the desired limit (the whole-pod case is in `resize_runtime`);
 //! - a container removed while its reclaim is pending: one clear line, no retry storm, the daemon
 //!   serves on;
 //! - the state directory unusable or holding a corrupt checkpoint: a clear error, the daemon still
@@ -15,7 +15,7 @@
 //!   lives;
 //! - SIGTERM during a staged decrease; `mode = "Observe"` with a checkpoint.
 //!
-//! (A plugin frozen past the runtime's deadline is `nri_containerd::frozen_plugin_fails_open`;
+//! (A plugin frozen past the runtime's deadline is `nri_runtime::frozen_plugin_fails_open`;
 //! eBPF refused is the polling instance of `observer_containerd`.)
 
 use std::time::{Duration, Instant};

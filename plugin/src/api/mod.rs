@@ -540,10 +540,10 @@ async fn update_resources(
     UrlPath(id): UrlPath<String>,
     Json(resources): Json<LinuxResources>,
 ) -> ApiResult<UpdateResult> {
-    let Some(current) = ctx
-        .state
-        .read_model(|m| m.container(&id).map(|c| c.resources.clone().unwrap_or_default()))
-    else {
+    let Some(current) = ctx.state.read_model(|m| {
+        m.container(&id)
+            .map(|c| c.resources.clone().unwrap_or_default())
+    }) else {
         return Err(api_err(
             StatusCode::NOT_FOUND,
             format!("no container {id:?} known to the plugin"),

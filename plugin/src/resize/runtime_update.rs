@@ -42,7 +42,10 @@ impl Engine {
         let resources = self.state.read_model(|m| {
             m.container(id)
                 .and_then(|c| c.resources.as_ref())
-                .map_or_else(|| resources.clone(), |now| now.with_swap_following(resources))
+                .map_or_else(
+                    || resources.clone(),
+                    |now| now.with_swap_following(resources),
+                )
         });
         let failed = self
             .link
@@ -59,7 +62,8 @@ impl Engine {
         if !failed.is_empty() {
             return Err(UpdateError::NotUpdated);
         }
-        self.state.write_model(|m| m.apply_resources(id, &resources));
+        self.state
+            .write_model(|m| m.apply_resources(id, &resources));
         Ok(())
     }
 }

@@ -12,6 +12,9 @@
 //! reached the plugin; the same order and the revert run over the NRI wire in
 //! `plugin/src/daemon/pod_level/tests.rs`. `NRI_RESIZE_CONTAINERD_BIN=<dir>` runs the
 //! 2.x half against another build (e.g. 2.3.4, which relays the call to NRI).
+//!
+//! The runtime is containerd (1.7.24 and 2.x); with `NRI_RESIZE_CRIO_BIN=<dir>` the harness
+//! runs a CRI-O build in its place (by hand: no CRI-O package reaches these machines).
 
 use std::time::{Duration, Instant};
 
@@ -90,7 +93,8 @@ async fn pod_level_resize(version: ContainerdVersion) {
         .kubelet_resize_pod(&pod, &created, &grown, &overhead, write)
         .await;
     eprintln!(
-        "containerd {}: kubelet 1.36 resize to 1500m/768Mi: {answer:?}",
+        "{} {}: kubelet 1.36 resize to 1500m/768Mi: {answer:?}",
+        ctrd.runtime_name(),
         ctrd.version()
     );
     let relayed = match answer {
@@ -107,10 +111,11 @@ async fn pod_level_resize(version: ContainerdVersion) {
     };
     if !relayed {
         eprintln!(
-            "\n!!!!!!!! containerd {} has no CRI UpdatePodSandboxResources: the NRI \
+            "\n!!!!!!!! {} {} has no CRI UpdatePodSandboxResources: the NRI \
              UpdatePodSandbox path is NOT exercised against this runtime (the in-process runtime \
              peer of plugin/src/daemon/pod_level/tests.rs exercises it in CI). Run with \
              NRI_RESIZE_CONTAINERD_BIN=<containerd >= 2.3 build> to exercise it. !!!!!!!!\n",
+            ctrd.runtime_name(),
             ctrd.version(),
         );
         let after = pod_status(&api, "pod-level").await;

@@ -4,6 +4,9 @@
 //! a plugin-initiated update (NRI `UpdateContainers`) reaches the container's cgroup and the
 //! runtime's `ContainerStatus`; after a plugin restart and after a containerd restart the
 //! plugin's model equals the runtime's state.
+//!
+//! The runtime is containerd (1.7.24 and 2.x); with `NRI_RESIZE_CRIO_BIN=<dir>` the harness
+//! runs a CRI-O build in its place (by hand: no CRI-O package reaches these machines).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -493,6 +496,23 @@ async fn events_total(api: &ApiClient) -> BTreeMap<String, f64> {
 /// `UpdatePodSandbox` / `PostUpdatePodSandbox` need CRI `UpdatePodSandboxResources` and are
 /// covered by the pod-resources suite. The handler budget follows the runtime's announced
 /// request timeout (NRI v0.8+, containerd 2.0+): 3/4 of it.
+/// The NRI version the plugin took for the runtimes whose version is known; others are shown.
+/// CRI-O 1.36 (NRI v0.11) does not announce it either (`NRI_RESIZE_CRIO_BIN`, by hand).
+fn assert_nri_version(ctrd: &Containerd, nri: &str) {
+    match (ctrd.runtime_name(), ctrd.version()) {
+        ("containerd", "1.7.24~ds1") => {
+            assert_eq!(nri, "v0.6.1 (inferred from containerd 1.7.24~ds1)");
+        }
+        ("containerd", "2.1.9+unknown") => {
+            assert_eq!(nri, "v0.8.0 (inferred from containerd 2.1.9+unknown)");
+        }
+        ("cri-o", v) if v.starts_with("1.36.") => {
+            assert_eq!(nri, format!("v0.11.0 (inferred from cri-o {v})"));
+        }
+        (name, other) => eprintln!("=== {name} {other}: NRI {nri}"),
+    }
+}
+
 async fn every_event_of_a_pods_life(version: ContainerdVersion) {
     let opts = ContainerdOptions {
         nri_request_timeout: Duration::from_secs(4),
@@ -513,11 +533,7 @@ async fn every_event_of_a_pods_life(version: ContainerdVersion) {
     // (NRI v0.12+ does): the plugin knows it from the runtime's name and release, as the
     // runtime spells them in `Configure`. Other builds (`NRI_RESIZE_CONTAINERD_BIN`) are shown.
     let nri = st.runtime.nri_version.clone().unwrap_or_default();
-    match ctrd.version() {
-        "1.7.24~ds1" => assert_eq!(nri, "v0.6.1 (inferred from containerd 1.7.24~ds1)"),
-        "2.1.9+unknown" => assert_eq!(nri, "v0.8.0 (inferred from containerd 2.1.9+unknown)"),
-        other => eprintln!("=== containerd {other}: NRI {nri}"),
-    }
+    assert_nri_version(&ctrd, &nri);
     // containerd 1.7 (NRI v0.6) announces no timeout: the plugin assumes NRI's default 2 s.
     let (timeout, budget) = if version == ContainerdVersion::V1_7 {
         (2000, 1500)

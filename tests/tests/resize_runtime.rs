@@ -5,6 +5,9 @@
 //! middle of a resize that resumes from its checkpoint, and a CLI killed in the middle of one
 //! (the resize is the daemon's, not the request's), and a container raised above its pod cgroup
 //! reported as capped by it (kubernetes/kubernetes#138760).
+//!
+//! The runtime is containerd (1.7.24 and 2.x); with `NRI_RESIZE_CRIO_BIN=<dir>` the harness
+//! runs a CRI-O build in its place (by hand: no CRI-O package reaches these machines).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
