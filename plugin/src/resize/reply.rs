@@ -29,6 +29,26 @@ pub(super) fn interim_reply(desired: &LinuxResources, target: u64, interim: u64)
     }
 }
 
+/// Whether the runtime holding `allocated` is what answering `desired` (kubelet's request merged
+/// over the container) with a kept limit `kept` for `target` left: the same update asked again.
+///
+/// The memory limit and a swap limit that follows it are compared as [`interim_reply`] writes
+/// them. `unified` keys the runtime's view of the container does not carry are not compared:
+/// containerd's (NRI's `FromOCILinuxResources`) drops `unified` altogether, while kubelet's
+/// request carries `memory.swap.max = 0` on cgroup v2 with swap off.
+pub(super) fn answered_already(
+    desired: &LinuxResources,
+    allocated: &LinuxResources,
+    target: u64,
+    kept: u64,
+) -> bool {
+    let mut same = desired.clone();
+    same.merge(&interim_reply(desired, target, kept));
+    same.unified
+        .retain(|k, _| allocated.unified.contains_key(k));
+    same == *allocated
+}
+
 /// A resize that needs a restart keeps the container as it is: the fields the request changes
 /// (from `allocated` to `desired`) get their `allocated` values back; nothing else is set.
 pub(super) fn keep_reply(allocated: &LinuxResources, desired: &LinuxResources) -> LinuxResources {
@@ -38,6 +58,43 @@ pub(super) fn keep_reply(allocated: &LinuxResources, desired: &LinuxResources) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_repeat_is_told_from_a_newer_update_as_the_runtime_reports_the_container() {
+        const MI: i64 = 1 << 20;
+        let mem = |limit: i64, swap: Option<i64>| MemoryResources {
+            limit: Some(limit),
+            swap,
+            ..MemoryResources::default()
+        };
+        let with = |m: MemoryResources, unified: &[(&str, &str)]| LinuxResources {
+            memory: Some(m),
+            unified: unified
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            ..LinuxResources::default()
+        };
+        let (target, kept) = (100 * MI as u64, 317 * MI as u64);
+        // cgroup v2, containerd: kubelet's request carries `memory.swap.max`, the container's
+        // view has no `unified` at all.
+        let swap_off = [("memory.swap.max", "0")];
+        let asked = with(mem(100 * MI, None), &swap_off);
+        let holds = with(mem(317 * MI, None), &[]);
+        assert!(answered_already(&asked, &holds, target, kept));
+        // cgroup v1 (kubelet), and CRI-O: memory+swap = memory, moved with the kept limit.
+        let asked = with(mem(100 * MI, Some(100 * MI)), &[]);
+        let holds = with(mem(317 * MI, Some(317 * MI)), &[]);
+        assert!(answered_already(&asked, &holds, target, kept));
+        // Newer updates: another limit kept, another swap allowance, a `unified` value the
+        // runtime does report differently.
+        assert!(!answered_already(&asked, &holds, target, 300 * MI as u64));
+        let more_swap = with(mem(100 * MI, Some(150 * MI)), &[]);
+        assert!(!answered_already(&more_swap, &holds, target, kept));
+        let asked = with(mem(100 * MI, None), &[("memory.high", "max")]);
+        let holds = with(mem(317 * MI, None), &[("memory.high", "200000000")]);
+        assert!(!answered_already(&asked, &holds, target, kept));
+    }
     use crate::model::{CpuResources, HugepageLimit};
 
     const MI: i64 = 1 << 20;

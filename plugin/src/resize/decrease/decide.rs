@@ -11,12 +11,13 @@ use super::{memory_limit, Engine};
 use crate::cgroup::{container_path, CgroupIo};
 use crate::config::Mode;
 use crate::metrics::DecreaseOutcome;
-use crate::model::{Container, LinuxResources, MemoryResources, Pod};
+use crate::model::{Container, LinuxResources, Pod};
 use crate::nri::{Deadline, Rejection};
 use crate::policy::{
     bytes_text, effective_decrease_strategy, mib, plan_decrease, DecreasePlan,
     MemoryDecreaseStrategy, ResizeState,
 };
+use crate::resize::reply::answered_already;
 use crate::sync::Locked as _;
 
 /// The most one pass of the inline reclaim asks for.
@@ -297,15 +298,8 @@ impl Engine {
     ) -> Option<Rejection> {
         let asked = memory_limit(requested);
         let subject = format!("{}/{}", pod.full_name(), ctr.name);
-        let same_but_memory = |kept: u64| {
-            let mut same = desired.clone();
-            same.memory
-                .get_or_insert_with(MemoryResources::default)
-                .limit = Some(i64::try_from(kept).unwrap_or(i64::MAX));
-            same == *allocated
-        };
         if let Some((interim, target)) = self.reclaim_in_flight(&ctr.id) {
-            if asked == Some(target) && same_but_memory(interim) {
+            if asked == Some(target) && answered_already(desired, allocated, target, interim) {
                 let progress = self
                     .containers
                     .locked()
@@ -332,7 +326,7 @@ impl Engine {
         let kept = memory_limit(allocated)?;
         if asked != Some(deferred)
             || deferred >= kept
-            || !same_but_memory(kept)
+            || !answered_already(desired, allocated, deferred, kept)
             || self.config().resize.mode != Mode::Enforce
         {
             return None;
@@ -361,6 +355,7 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::MemoryResources;
 
     #[test]
     fn an_inline_pass_is_sized_to_end_within_the_time_left() {
