@@ -4,7 +4,8 @@
 //! processes, each with its own temp dir, sockets, runc root, NRI socket and cgroup tree, and
 //! drives pods and containers through CRI exactly as kubelet's cgroupfs driver does: the
 //! harness creates and limits the pod cgroup `/<tree>/pod<uid>` before `RunPodSandbox` and
-//! removes it after `RemovePodSandbox`.
+//! removes it after `RemovePodSandbox`. By hand, `NRI_RESIZE_CRIO_BIN=<dir>` runs a CRI-O build
+//! in the same layout wherever a test starts containerd (`crio.rs`).
 //!
 //! Images come from local OCI archives (no registry): [`PAUSE_IMAGE`] (sandbox) and
 //! [`BUSYBOX_IMAGE`] (default container image), imported once per containerd build; every
