@@ -104,8 +104,10 @@ const OLDEST: &[&str] = &["6.1"];
 /// the binary built on the host.
 const ON_2: &[(&str, &str)] = &[
     ("NRI_RESIZE_CONTAINERD", "2"),
-    // Debian's 6.1 and 6.12 throttle through `fentry` (`observer_containerd` asserts it).
+    // Debian's 6.1 and 6.12 throttle through `fentry` and count reclaim through `fexit` (no
+    // memcg tracepoint): `observer_containerd` and `image_containerd` assert it.
     ("NRI_RESIZE_EXPECT_THROTTLE", "fentry"),
+    ("NRI_RESIZE_EXPECT_RECLAIM", "fexit"),
     ("NRI_RESIZE_BIN", "{root}/target/vm/nri-resize"),
     (
         "NRI_RESIZE_IMAGE_ARCHIVE",
@@ -115,8 +117,10 @@ const ON_2: &[(&str, &str)] = &[
 /// The same with containerd 1.7.24.
 const ON_1_7: &[(&str, &str)] = &[
     ("NRI_RESIZE_CONTAINERD", "1.7"),
-    // Debian's 6.1 and 6.12 throttle through `fentry` (`observer_containerd` asserts it).
+    // Debian's 6.1 and 6.12 throttle through `fentry` and count reclaim through `fexit` (no
+    // memcg tracepoint): `observer_containerd` and `image_containerd` assert it.
     ("NRI_RESIZE_EXPECT_THROTTLE", "fentry"),
+    ("NRI_RESIZE_EXPECT_RECLAIM", "fexit"),
     ("NRI_RESIZE_BIN", "{root}/target/vm/nri-resize"),
     (
         "NRI_RESIZE_IMAGE_ARCHIVE",
@@ -163,9 +167,7 @@ const TWINS_2: &[&str] = &[
 /// Tests that are not twins, of suites whose guest runs are split between the two guests:
 /// these run against 1.7.24 in 6.1's guest only; the rest ([`SPLIT_TO_2`]) against 2.1.9 in
 /// 6.12's only. Each still runs once on cgroup v2 and, on the host, on v1; the twins (what
-/// differs between containerd versions) run in both guests. Suites that face the kernel
-/// (memory decrease, reclaim pacing, trimming, the observer) are not split: they run in full
-/// on both kernels.
+/// differs between containerd versions) run in both guests.
 const SPLIT_TO_1_7: &[&str] = &[
     "a_cli_killed_mid_resize_leaves_the_resize_running_and_the_next_one_runs",
     "kubelet_style_update_that_fails_on_v1_without_ordering_succeeds",
@@ -210,46 +212,35 @@ pub const SUITES: &[Suite] = &[
     Suite { name: "vm_hotplug",      package: "nri-resize", test: "vm_hotplug",      filter: "", skip: &[],          env: &[], kernels: OLDEST, timeout_s: 120 },
     Suite { name: "vm_hotplug-no-cpu-slot", package: "nri-resize", test: "vm_hotplug", filter: "", skip: &[NO_CPU_SLOT], env: &[], kernels: NEWEST, timeout_s: 120 },
     Suite { name: "cgroup_kernel",   package: "nri-resize", test: "cgroup_kernel",   filter: "", skip: &[], env: &[], kernels: ALL, timeout_s: 600 },
-    Suite { name: "observer_kernel", package: "nri-resize", test: "observer_kernel", filter: "", skip: &[], env: &[("NRI_RESIZE_EXPECT_THROTTLE", "fentry")], kernels: ALL, timeout_s: 420 },
+    Suite { name: "observer_kernel", package: "nri-resize", test: "observer_kernel", filter: "", skip: &[], env: &[("NRI_RESIZE_EXPECT_THROTTLE", "fentry"), ("NRI_RESIZE_EXPECT_RECLAIM", "fexit")], kernels: ALL, timeout_s: 420 },
     Suite { name: "capacity_kernel", package: "nri-resize", test: "capacity_kernel", filter: "", skip: &[],          env: &[], kernels: OLDEST, timeout_s: 300 },
     Suite { name: "capacity_kernel-no-cpu-slot", package: "nri-resize", test: "capacity_kernel", filter: "", skip: &[NO_CPU_SLOT], env: &[], kernels: NEWEST, timeout_s: 300 },
-    // Memory decrease is kernel-facing too (reclaim, OOM inside the write): every kernel runs
-    // it once, against 2.1.9 here and against 1.7.24 on 6.1 below.
+    // Every test of the real-runtime suites runs once on cgroup v2, in one guest against one
+    // containerd (a pair of twins counts as one test): 6.12's guest against 2.1.9, 6.1's
+    // against 1.7.24, each suite where the two guests end close to each other. The host runs
+    // every test against both versions on cgroup v1. Memory decrease faces the kernel (reclaim,
+    // OOM inside the write) and the core suites differ most between NRI versions: those run in
+    // both guests, against both versions (the split suites' other tests in one guest only).
     Suite { name: "memory_decrease@2.1",    package: "nri-resize-tests", test: "memory_decrease",    filter: "", skip: &[TWINS_1_7], env: ON_2,   kernels: NEWEST, timeout_s: 900 },
-    // The smoke test of a containerd suite on 6.1; every real-runtime suite on 6.12.
-    Suite { name: "nri_runtime@2.1-smoke", package: "nri-resize-tests", test: "nri_runtime", filter: "plugin_lifecycle_containerd_2", skip: &[], env: ON_2, kernels: &["6.1"], timeout_s: 300 },
-    Suite { name: "harness_smoke@2.1",      package: "nri-resize-tests", test: "harness_smoke",      filter: "", skip: &[TWINS_1_7], env: ON_2,   kernels: NEWEST, timeout_s: 300 },
+    // Containerd 2.1.9 on 6.1's kernel too.
+    Suite { name: "nri_runtime@2.1-smoke", package: "nri-resize-tests", test: "nri_runtime", filter: "plugin_lifecycle_containerd_2", skip: &[], env: ON_2, kernels: OLDEST, timeout_s: 300 },
     Suite { name: "nri_runtime@2.1",     package: "nri-resize-tests", test: "nri_runtime",     filter: "", skip: &[TWINS_1_7], env: ON_2,   kernels: NEWEST, timeout_s: 600 },
     Suite { name: "resize_runtime@2.1",  package: "nri-resize-tests", test: "resize_runtime",  filter: "", skip: &[TWINS_1_7, SPLIT_TO_1_7], env: ON_2,   kernels: NEWEST, timeout_s: 900 },
     Suite { name: "faults@2.1",             package: "nri-resize-tests", test: "faults",             filter: "", skip: &[TWINS_1_7, SPLIT_TO_1_7], env: ON_2,   kernels: NEWEST, timeout_s: 900 },
-    Suite { name: "observer_containerd@2.1", package: "nri-resize-tests", test: "observer_containerd", filter: "", skip: &[TWINS_1_7], env: ON_2, kernels: NEWEST, timeout_s: 900 },
-    Suite { name: "pod_level_runtime@2.1", package: "nri-resize-tests", test: "pod_level_runtime", filter: "", skip: &[TWINS_1_7], env: ON_2, kernels: NEWEST, timeout_s: 300 },
-    Suite { name: "image_containerd@2.1",   package: "nri-resize-tests", test: "image_containerd",   filter: "", skip: &[TWINS_1_7], env: ON_2,   kernels: NEWEST, timeout_s: 600 },
-    Suite { name: "coexist_containerd@2.1", package: "nri-resize-tests", test: "coexist_containerd", filter: "", skip: &[TWINS_1_7], env: ON_2,   kernels: NEWEST, timeout_s: 600 },
-    // Paced reclaim side by side with the direct write (needs v2's PSI; 98-113 s in the guest);
-    // `cargo xtask bench` runs it as benchmark `reclaim_pacing`. Its 1.7 twin runs on 6.1 below.
-    // A VPA-driven decrease through kubelet ≥ 1.34 with and without working-set trimming (v2's
-    // memory.reclaim and PSI); its 1.7 twin runs on 6.1 below.
-    Suite { name: "trim_containerd@2.1",    package: "nri-resize-tests", test: "trim_containerd",    filter: "", skip: &[TWINS_1_7], env: ON_2,   kernels: NEWEST, timeout_s: 900 },
+    // Paced reclaim side by side with the direct write (needs v2's PSI; ~100 s in the guest),
+    // and a VPA-driven decrease through kubelet ≥ 1.34 with and without working-set trimming
+    // (v2's memory.reclaim and PSI): `cargo xtask bench` runs both here, as benchmarks.
     Suite { name: "reclaim_pacing@2.1",     package: "nri-resize-tests", test: "reclaim_pacing",     filter: "", skip: &[],       env: ON_2,   kernels: NEWEST, timeout_s: 600 },
-    // The other real-runtime suites against 1.7.24 go to 6.1's guest, which boots beside 6.12's
-    // and would otherwise sit idle after its kernel-facing suites: every suite then runs against
-    // both containerd versions on cgroup v2 without lengthening the tier.
-    // The whole-pod and memory-decrease suites against 1.7.24 too (6.12's guest runs every
-    // suite against 2.1.9 and had grown past the tier's budget with them; 6.1's had room).
-    // The short pod-level and coexistence suites against 1.7.24 run in 6.12's guest: with them
-    // there the two guests end within a minute of each other (6.1's was 3 minutes longer).
+    Suite { name: "trim_containerd@2.1",    package: "nri-resize-tests", test: "trim_containerd",    filter: "", skip: &[TWINS_1_7], env: ON_2,   kernels: NEWEST, timeout_s: 900 },
     Suite { name: "nri_runtime@1.7",     package: "nri-resize-tests", test: "nri_runtime",     filter: "", skip: &[TWINS_2],   env: ON_1_7, kernels: OLDEST, timeout_s: 600 },
     Suite { name: "resize_runtime@1.7",  package: "nri-resize-tests", test: "resize_runtime",  filter: "", skip: &[TWINS_2, SPLIT_TO_2],   env: ON_1_7, kernels: OLDEST, timeout_s: 900 },
     Suite { name: "memory_decrease@1.7",    package: "nri-resize-tests", test: "memory_decrease",    filter: "", skip: &[TWINS_2],   env: ON_1_7, kernels: OLDEST, timeout_s: 900 },
-    Suite { name: "harness_smoke@1.7",      package: "nri-resize-tests", test: "harness_smoke",      filter: "", skip: &[TWINS_2],   env: ON_1_7, kernels: OLDEST, timeout_s: 300 },
     Suite { name: "faults@1.7",             package: "nri-resize-tests", test: "faults",             filter: "", skip: &[TWINS_2, SPLIT_TO_2],   env: ON_1_7, kernels: OLDEST, timeout_s: 900 },
     Suite { name: "observer_containerd@1.7", package: "nri-resize-tests", test: "observer_containerd", filter: "", skip: &[TWINS_2], env: ON_1_7, kernels: OLDEST, timeout_s: 900 },
-    Suite { name: "pod_level_runtime@1.7", package: "nri-resize-tests", test: "pod_level_runtime", filter: "", skip: &[TWINS_2], env: ON_1_7, kernels: NEWEST, timeout_s: 300 },
     Suite { name: "image_containerd@1.7",   package: "nri-resize-tests", test: "image_containerd",   filter: "", skip: &[TWINS_2],   env: ON_1_7, kernels: OLDEST, timeout_s: 600 },
-    Suite { name: "coexist_containerd@1.7", package: "nri-resize-tests", test: "coexist_containerd", filter: "", skip: &[TWINS_2],   env: ON_1_7, kernels: NEWEST, timeout_s: 600 },
-    Suite { name: "trim_containerd@1.7",    package: "nri-resize-tests", test: "trim_containerd",    filter: "", skip: &[TWINS_2],   env: ON_1_7, kernels: OLDEST, timeout_s: 900 },
-    Suite { name: "reclaim_pacing@1.7",     package: "nri-resize-tests", test: "reclaim_pacing",     filter: "", skip: &[],       env: ON_1_7, kernels: OLDEST, timeout_s: 600 },
+    Suite { name: "harness_smoke@1.7",      package: "nri-resize-tests", test: "harness_smoke",      filter: "", skip: &[TWINS_2],   env: ON_1_7, kernels: OLDEST, timeout_s: 300 },
+    Suite { name: "pod_level_runtime@1.7", package: "nri-resize-tests", test: "pod_level_runtime", filter: "", skip: &[TWINS_2], env: ON_1_7, kernels: OLDEST, timeout_s: 300 },
+    Suite { name: "coexist_containerd@1.7", package: "nri-resize-tests", test: "coexist_containerd", filter: "", skip: &[TWINS_2],   env: ON_1_7, kernels: OLDEST, timeout_s: 600 },
 ];
 
 /// A Debian kernel the tier boots.
@@ -459,7 +450,7 @@ pub fn run(
         started: tier_started,
     } = built;
     let mut failures = Vec::new();
-    let tier_deadline = Instant::now() + opts.budget;
+    let tier_deadline = tier_started + opts.budget;
     // The kernels boot side by side, one QEMU each: a guest is one host thread
     // (`tcg,thread=single`), so two guests keep both of these machines' cores busy.
     let per_kernel: Vec<(Vec<String>, Vec<String>)> = std::thread::scope(|scope| {
@@ -1798,9 +1789,9 @@ mod tests {
                 "{name} names no test of a split suite"
             );
         }
-        // Every real-runtime suite (each integration test target of `tests/`) but the soak and
-        // the offline manifest checks runs against containerd 2.1.9 on 6.12: in full, or with
-        // the split suites' 1.7 share left to 6.1's guest.
+        // Every test of every real-runtime suite (each integration test target of `tests/` but
+        // the soak and the offline manifest checks) runs in a guest, on cgroup v2: a pair of
+        // twins counts as one test, run by either twin.
         let mut targets: Vec<String> = std::fs::read_dir(&dir)
             .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
             .filter_map(|e| {
@@ -1811,45 +1802,53 @@ mod tests {
             .collect();
         targets.sort();
         assert!(targets.len() >= 8, "{targets:?}");
-        let split = |test: &str| SPLIT_SUITES.contains(&test);
-        for test in &targets {
-            let allowed_2: &[&[&str]] = if split(test) {
-                &[TWINS_1_7, SPLIT_TO_1_7]
-            } else {
-                &[TWINS_1_7]
-            };
+        let runs = |s: &Suite, test: &str| {
+            test.contains(s.filter) && !s.skip.iter().copied().flatten().any(|k| test.contains(k))
+        };
+        let base = |t: &str| {
+            t.trim_end_matches("_containerd_1_7")
+                .trim_end_matches("_containerd_2")
+                .to_string()
+        };
+        for target in &targets {
+            let source = std::fs::read_to_string(dir.join(format!("{target}.rs"))).unwrap();
+            let tests: Vec<&str> = source
+                .split("#[tokio::test")
+                .skip(1)
+                .chain(source.split("#[test]").skip(1))
+                .filter_map(|t| t.split_once("fn ")?.1.split_once('(').map(|(n, _)| n))
+                .collect();
+            assert!(!tests.is_empty(), "{target}: no tests found");
+            let suites: Vec<&Suite> = SUITES.iter().filter(|s| s.test == target).collect();
+            for t in &tests {
+                assert!(
+                    tests
+                        .iter()
+                        .filter(|u| base(u) == base(t))
+                        .any(|u| suites.iter().any(|s| runs(s, u))),
+                    "{target}::{t} runs in no guest (nor does its twin)"
+                );
+            }
+            // Suites other than the core ones run in one guest only (the tier's time).
+            let full = suites.iter().filter(|s| s.filter.is_empty()).count();
+            let core = ["nri_runtime", "resize_runtime", "faults", "memory_decrease"];
             assert!(
-                SUITES.iter().any(|s| s.test == test
-                    && s.filter.is_empty()
-                    && s.skip.iter().all(|l| allowed_2.contains(l))
-                    && s.kernels.contains(&"6.12")
-                    && s.env.contains(&("NRI_RESIZE_CONTAINERD", "2"))),
-                "{test} does not run on 6.12 against containerd 2"
-            );
-            // ... and against 1.7.24 on a cgroup v2 guest (6.12 for the core suites, 6.1 else).
-            let allowed_1_7: &[&[&str]] = if split(test) {
-                &[TWINS_2, SPLIT_TO_2]
-            } else {
-                &[TWINS_2]
-            };
-            assert!(
-                SUITES.iter().any(|s| s.test == test
-                    && s.filter.is_empty()
-                    && s.skip.iter().all(|l| allowed_1_7.contains(l))
-                    && s.env.contains(&("NRI_RESIZE_CONTAINERD", "1.7"))),
-                "{test} does not run against containerd 1.7"
+                core.contains(&target.as_str()) || full == 1,
+                "{target} runs in {full} guests"
             );
         }
-        // The core suites against 1.7.24 (NRI v0.6) on cgroup v2 run on 6.1's guest, the 2.1.9
-        // ones on 6.12's (the guests split the work evenly); memory decrease runs on both.
-        for (core, kernel) in [
-            ("nri_runtime", "6.1"),
-            ("resize_runtime", "6.1"),
-            ("memory_decrease", "6.1"),
-        ] {
-            assert!(SUITES.iter().any(|s| s.test == core
-                && s.kernels.contains(&kernel)
-                && s.env.contains(&("NRI_RESIZE_CONTAINERD", "1.7"))));
+        // The core suites run against both containerd versions on cgroup v2 (NRI v0.6 and
+        // v0.8), memory decrease on both kernels.
+        for core in ["nri_runtime", "resize_runtime", "memory_decrease"] {
+            for (version, kernel) in [("1.7", "6.1"), ("2", "6.12")] {
+                assert!(
+                    SUITES.iter().any(|s| s.test == core
+                        && s.filter.is_empty()
+                        && s.kernels.contains(&kernel)
+                        && s.env.contains(&("NRI_RESIZE_CONTAINERD", version))),
+                    "{core} does not run against containerd {version} on {kernel}"
+                );
+            }
         }
     }
 }

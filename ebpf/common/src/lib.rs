@@ -37,6 +37,15 @@ pub mod names {
     /// `tp_btf/count_memcg_events` program: the same counts from the raw tracepoint, which
     /// skips filling the classic record on every event (every page fault of the node).
     pub const PROG_MEMCG_EVENTS_BTF: &str = "count_memcg_events_btf";
+    /// `fexit/try_to_free_mem_cgroup_pages` programs: memcg-targeted reclaim (a lowered limit,
+    /// `memory.high`, `memory.reclaim`) per target memcg, where the memcg tracepoint is missing.
+    /// One per parameter count of the function (4, 5, 6: index = count - 4), since the return
+    /// value's slot in the context follows the parameters.
+    pub const PROG_MEMCG_RECLAIM_FEXIT: [&str; 3] = [
+        "memcg_reclaim_fexit4",
+        "memcg_reclaim_fexit5",
+        "memcg_reclaim_fexit6",
+    ];
     /// `tracepoint/vmscan/mm_vmscan_memcg_reclaim_begin` program.
     pub const PROG_RECLAIM_BEGIN: &str = "memcg_reclaim_begin";
     /// `tracepoint/vmscan/mm_vmscan_memcg_reclaim_end` program.
@@ -170,6 +179,12 @@ pub struct ReclaimCounters {
     pub direct_reclaim_ns: u64,
     /// Pages those reclaim passes reclaimed.
     pub direct_reclaimed_pages: u64,
+    /// Calls of `try_to_free_mem_cgroup_pages` that targeted this memcg (`fexit` strategy):
+    /// reclaim to bring it under a limit it was lowered to, its `memory.high`, or a
+    /// `memory.reclaim` request, whichever task ran it.
+    pub memcg_reclaim_calls: u64,
+    /// Pages those calls reclaimed (their return values), from the memcg and its descendants.
+    pub memcg_reclaimed_pages: u64,
 }
 
 /// A task in memcg direct reclaim.
@@ -276,6 +291,9 @@ pub struct ObserverConfig {
     pub cpuhp_enter: CpuhpLayout,
     /// Layout of the `cpuhp/cpuhp_exit` record.
     pub cpuhp_exit: CpuhpLayout,
+    /// Number of parameters of `try_to_free_mem_cgroup_pages` on the running kernel (4 on 6.1,
+    /// 5 on 6.12): which `fexit` program user space loads. 0 where the function is not traced.
+    pub memcg_reclaim_params: u32,
 }
 
 impl ObserverConfig {
@@ -319,6 +337,7 @@ impl ObserverConfig {
             idx: 0,
             ret: NO_FIELD,
         },
+        memcg_reclaim_params: 0,
     };
 }
 
@@ -370,11 +389,11 @@ const _: () = assert!(core::mem::size_of::<ThrottleCounters>() == 16);
 const _: () = assert!(core::mem::size_of::<ThrottleStart>() == 24);
 const _: () =
     assert!(core::mem::size_of::<ThrottlePending>() == THROTTLE_PENDING_PIDS_PER_SLOT as usize);
-const _: () = assert!(core::mem::size_of::<ReclaimCounters>() == 8 * (RECLAIM_SLOTS + 3));
+const _: () = assert!(core::mem::size_of::<ReclaimCounters>() == 8 * (RECLAIM_SLOTS + 5));
 const _: () = assert!(core::mem::size_of::<ReclaimStart>() == 24);
 const _: () = assert!(core::mem::size_of::<OomCounters>() == 16);
 const _: () = assert!(core::mem::size_of::<CpuHotplugEvent>() == 32);
 const _: () = assert!(core::mem::size_of::<MemcgEventsLayout>() == 16);
 const _: () = assert!(core::mem::size_of::<CpuhpLayout>() == 16);
 const _: () =
-    assert!(core::mem::size_of::<ObserverConfig>() == 4 * (18 + 4 + RECLAIM_SLOTS + 1 + 4 + 4));
+    assert!(core::mem::size_of::<ObserverConfig>() == 4 * (18 + 4 + RECLAIM_SLOTS + 1 + 4 + 4 + 1));

@@ -23,9 +23,9 @@
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel},
-    macros::{btf_tracepoint, fentry, map, tracepoint},
+    macros::{btf_tracepoint, fentry, fexit, map, tracepoint},
     maps::{Array, HashMap, LruPerCpuHashMap, RingBuf},
-    programs::{BtfTracePointContext, FEntryContext, TracePointContext},
+    programs::{BtfTracePointContext, FEntryContext, FExitContext, TracePointContext},
     EbpfContext, Global,
 };
 use aya_log_ebpf::warn;
@@ -419,6 +419,44 @@ pub fn count_memcg_events_btf(ctx: BtfTracePointContext) -> u32 {
 fn css_cgroup_of(css: u64) -> Result<CgroupKey, Error> {
     let cfg = config()?;
     css_cgroup(&cfg, css, cfg.memory_hierarchy)
+}
+
+/// `fexit/try_to_free_mem_cgroup_pages(struct mem_cgroup *memcg, unsigned long nr_pages, ...)`:
+/// every reclaim aimed at one memcg — to bring it under a limit that was lowered, over its
+/// `memory.high`, or for a `memory.reclaim` request — returns here with the pages it reclaimed.
+/// The reclaim a resize causes, counted against the memcg it targeted, on the kernels without
+/// the `memcg/count_memcg_events` tracepoint (before 6.14) that allow BPF trampolines.
+///
+/// The return value follows the parameters in an fexit context, and their number changed
+/// (4 on 6.1, 5 on 6.12): one program per count, each reading a constant slot (the verifier
+/// refuses a context read at a computed offset, which is what one program with a `match` on
+/// the count compiles to). User space loads the one the kernel's BTF calls for.
+macro_rules! memcg_reclaim_fexit {
+    ($name:ident, $params:literal) => {
+        #[fexit(function = "try_to_free_mem_cgroup_pages")]
+        pub fn $name(ctx: FExitContext) -> u32 {
+            let reclaimed: u64 = ctx.arg($params);
+            if let Err(e) = memcg_reclaimed(ctx.arg(0), reclaimed) {
+                if !matches!(e, Error::Unconfigured) {
+                    warn!(&ctx, "memcg_reclaim_fexit: error {}", e.code());
+                }
+            }
+            0
+        }
+    };
+}
+memcg_reclaim_fexit!(memcg_reclaim_fexit4, 4);
+memcg_reclaim_fexit!(memcg_reclaim_fexit5, 5);
+memcg_reclaim_fexit!(memcg_reclaim_fexit6, 6);
+
+/// One `try_to_free_mem_cgroup_pages` call on `memcg` returned `reclaimed` pages.
+#[inline(always)]
+fn memcg_reclaimed(memcg: u64, reclaimed: u64) -> Result<(), Error> {
+    let key = css_cgroup_of(memcg + u64::from(conf!(memcg_css)))?;
+    update_counters(&RECLAIM, &key, |c| {
+        c.memcg_reclaim_calls += 1;
+        c.memcg_reclaimed_pages += reclaimed;
+    })
 }
 
 /// `vmscan/mm_vmscan_memcg_reclaim_begin`: the current task enters memcg direct reclaim.

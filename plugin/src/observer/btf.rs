@@ -195,13 +195,53 @@ impl KernelBtf {
         let Some(param) = proto.parameters.get(index) else {
             return Ok(false);
         };
+        Ok(self.pointee_struct(param, &typedef)?.as_deref() == Some(wanted))
+    }
+
+    /// The name of the struct a parameter points to; `None` for a parameter of another type.
+    fn pointee_struct(
+        &self,
+        param: &dyn btf_rs::BtfType,
+        context: &str,
+    ) -> Result<Option<String>, ObserverError> {
+        let chained = |t: &dyn btf_rs::BtfType| {
+            self.btf
+                .resolve_chained_type(t)
+                .map_err(|e| Self::err(format!("{context}: {e}")))
+        };
         let Type::Ptr(ptr) = chained(param)? else {
-            return Ok(false);
+            return Ok(None);
         };
         Ok(match chained(&ptr)? {
-            Type::Struct(s) => self.btf.resolve_name(&s).is_ok_and(|n| n == wanted),
-            _ => false,
+            Type::Struct(s) => self.btf.resolve_name(&s).ok(),
+            _ => None,
         })
+    }
+
+    /// The parameters of the kernel function `name` (a target for fentry and fexit), each as
+    /// the name of the struct it points to (`None` for a parameter of another type).
+    /// Functions change prototypes across kernels: `try_to_free_mem_cgroup_pages` takes 4
+    /// parameters on 6.1 and 5 on 6.12 (`swappiness` came in between).
+    pub fn function_params(&self, name: &str) -> Result<Vec<Option<String>>, ObserverError> {
+        let types = self
+            .btf
+            .resolve_types_by_name(name)
+            .map_err(|e| Self::err(format!("function {name}: {e}")))?;
+        let Some(Type::Func(func)) = types.into_iter().find(|t| matches!(t, Type::Func(_))) else {
+            return Err(Self::err(format!("no function {name}")));
+        };
+        let Type::FuncProto(proto) = self
+            .btf
+            .resolve_chained_type(&func)
+            .map_err(|e| Self::err(format!("function {name}: {e}")))?
+        else {
+            return Err(Self::err(format!("function {name} has no prototype")));
+        };
+        proto
+            .parameters
+            .iter()
+            .map(|p| self.pointee_struct(p, name))
+            .collect()
     }
 
     /// Whether the kernel has a function called `name` (a target for fentry).

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use aya::maps::{Map, MapData, PerCpuHashMap, RingBuf};
-use aya::programs::{BtfTracePoint, FEntry, Program, TracePoint};
+use aya::programs::{BtfTracePoint, FEntry, FExit, Program, TracePoint};
 use aya::{Ebpf, EbpfLoader};
 use aya_log::EbpfLogger;
 use nri_resize_ebpf_common::{
@@ -72,6 +72,9 @@ struct Resolved {
     /// `tp_btf/count_memcg_events`: its first argument a `struct mem_cgroup *`, `mem_cgroup::css`.
     memcg_events_btf: Result<(), ProbeError>,
     reclaim_end: Result<(), ProbeError>,
+    /// `fexit/try_to_free_mem_cgroup_pages`: the function, its first parameter a
+    /// `struct mem_cgroup *`, `mem_cgroup::css`.
+    memcg_reclaim_fexit: Result<(), ProbeError>,
     cpuhp: Result<(), ProbeError>,
     /// `oom/mark_victim` passes the victim's `task_struct` (6.8+; before, only its pid).
     mark_victim_task: Result<(), ProbeError>,
@@ -183,6 +186,26 @@ fn resolve(
         c.memcg_css = btf.offset("mem_cgroup", "css")?;
         Ok(())
     });
+    let memcg_reclaim_fexit = task_chain.clone().and_then(|()| {
+        const FUNCTION: &str = "try_to_free_mem_cgroup_pages";
+        let params = btf.function_params(FUNCTION)?;
+        if params.first().and_then(Option::as_deref) != Some("mem_cgroup") {
+            return Err(ObserverError::BtfLookup(format!(
+                "{FUNCTION} does not take a struct mem_cgroup * first"
+            ))
+            .into());
+        }
+        if !(4..=names::PROG_MEMCG_RECLAIM_FEXIT.len() + 3).contains(&params.len()) {
+            return Err(ObserverError::BtfLookup(format!(
+                "{FUNCTION} takes {} parameters (the programs know 4 to 6)",
+                params.len()
+            ))
+            .into());
+        }
+        c.memcg_reclaim_params = u32::try_from(params.len()).unwrap_or(u32::MAX);
+        c.memcg_css = btf.offset("mem_cgroup", "css")?;
+        Ok(())
+    });
     let reclaim_end = format("vmscan", "mm_vmscan_memcg_reclaim_end").and_then(|fields| {
         c.reclaim_end_nr_reclaimed = offset_of(&fields, "nr_reclaimed")?;
         Ok(())
@@ -220,6 +243,7 @@ fn resolve(
         memcg_events,
         memcg_events_btf,
         reclaim_end,
+        memcg_reclaim_fexit,
         cpuhp,
     }
 }
@@ -285,6 +309,7 @@ impl Drop for KernelSide {
                         Program::TracePoint(p) => p.unload(),
                         Program::BtfTracePoint(p) => p.unload(),
                         Program::FEntry(p) => p.unload(),
+                        Program::FExit(p) => p.unload(),
                         _ => Ok(()),
                     };
                     if let Err(e) = unloaded {
@@ -424,14 +449,31 @@ impl KernelSide {
         Ok(sum)
     }
 
+    /// What the `strategy`'s programs counted for a memcg.
     pub(super) fn reclaim(
         &self,
         key: &CgroupKey,
+        strategy: ReclaimStrategy,
         buf: &mut Vec<u64>,
     ) -> Result<Reclaim, ObserverError> {
         const WORDS: usize = size_of::<ReclaimCounters>() / 8;
         let mut sum = [0u64; WORDS];
         self.lookup_sum(names::RECLAIM_MAP, key, buf, &mut sum)?;
+        let timing = (
+            Some(sum[RECLAIM_SLOTS]),
+            Some(sum[RECLAIM_SLOTS + 1]),
+            Some(sum[RECLAIM_SLOTS + 2]),
+        );
+        if strategy == ReclaimStrategy::Fexit {
+            // Reclaim aimed at this memcg; kswapd's and the scans are not seen.
+            return Ok(Reclaim {
+                pgsteal_direct: Some(sum[RECLAIM_SLOTS + 4]),
+                direct_reclaim_count: timing.0,
+                direct_reclaim_ns: timing.1,
+                direct_reclaimed_pages: timing.2,
+                ..Reclaim::default()
+            });
+        }
         let events = &sum[..RECLAIM_SLOTS];
         let slot = |s: ReclaimSlot| Some(events[s as usize]);
         Ok(Reclaim {
@@ -441,9 +483,9 @@ impl KernelSide {
             pgsteal_direct: slot(ReclaimSlot::PgstealDirect),
             pgpgin: slot(ReclaimSlot::Pgpgin),
             pgpgout: slot(ReclaimSlot::Pgpgout),
-            direct_reclaim_count: Some(sum[RECLAIM_SLOTS]),
-            direct_reclaim_ns: Some(sum[RECLAIM_SLOTS + 1]),
-            direct_reclaimed_pages: Some(sum[RECLAIM_SLOTS + 2]),
+            direct_reclaim_count: timing.0,
+            direct_reclaim_ns: timing.1,
+            direct_reclaimed_pages: timing.2,
         })
     }
 
@@ -584,7 +626,7 @@ fn attach_throttle(
     throttle
 }
 
-/// Reclaim: memcg tracepoints, then memory.stat.
+/// Reclaim: memcg tracepoints, then `fexit` on the memcg reclaim entry, then memory.stat.
 fn attach_reclaim(
     ebpf: &mut Ebpf,
     r: &Resolved,
@@ -626,40 +668,54 @@ fn attach_reclaim(
                 }
                 classic
             });
-        match attached {
-            Ok(()) => {
-                // Time in direct reclaim is a bonus: without it the counters still hold.
-                let timing = r
-                    .task_chain
-                    .clone()
-                    .and(r.reclaim_end.clone())
-                    .and_then(|()| {
-                        attach_tracepoint(
-                            ebpf,
-                            names::PROG_RECLAIM_BEGIN,
-                            "vmscan",
-                            "mm_vmscan_memcg_reclaim_begin",
-                        )?;
-                        attach_tracepoint(
-                            ebpf,
-                            names::PROG_RECLAIM_END,
-                            "vmscan",
-                            "mm_vmscan_memcg_reclaim_end",
-                        )
-                    });
-                if let Err(reason) = timing {
-                    fallback(
-                        fallbacks,
-                        names::PROG_RECLAIM_BEGIN,
-                        &reason,
-                        &"no direct reclaim time",
-                    );
-                }
-            }
-            Err(reason) => {
-                reclaim = ReclaimStrategy::MemoryStatPolling;
-                fallback(fallbacks, names::PROG_MEMCG_EVENTS, &reason, &reclaim);
-            }
+        if let Err(reason) = attached {
+            reclaim = ReclaimStrategy::Fexit;
+            fallback(fallbacks, names::PROG_MEMCG_EVENTS, &reason, &reclaim);
+        }
+    }
+    if reclaim == ReclaimStrategy::Fexit {
+        // The program for the function's parameter count (checked to be 4 to 6 by `resolve`).
+        let params = r.config.memcg_reclaim_params as usize;
+        let program = names::PROG_MEMCG_RECLAIM_FEXIT
+            .get(params.wrapping_sub(4))
+            .copied()
+            .unwrap_or(names::PROG_MEMCG_RECLAIM_FEXIT[0]);
+        let attached = r
+            .memcg_reclaim_fexit
+            .clone()
+            .and_then(|()| attach_fexit(ebpf, program, "try_to_free_mem_cgroup_pages", aya_btf));
+        if let Err(reason) = attached {
+            reclaim = ReclaimStrategy::MemoryStatPolling;
+            fallback(fallbacks, program, &reason, &reclaim);
+        }
+    }
+    if reclaim != ReclaimStrategy::MemoryStatPolling {
+        // Time in direct reclaim is a bonus: without it the counters still hold.
+        let timing = r
+            .task_chain
+            .clone()
+            .and(r.reclaim_end.clone())
+            .and_then(|()| {
+                attach_tracepoint(
+                    ebpf,
+                    names::PROG_RECLAIM_BEGIN,
+                    "vmscan",
+                    "mm_vmscan_memcg_reclaim_begin",
+                )?;
+                attach_tracepoint(
+                    ebpf,
+                    names::PROG_RECLAIM_END,
+                    "vmscan",
+                    "mm_vmscan_memcg_reclaim_end",
+                )
+            });
+        if let Err(reason) = timing {
+            fallback(
+                fallbacks,
+                names::PROG_RECLAIM_BEGIN,
+                &reason,
+                &"no direct reclaim time",
+            );
         }
     }
     reclaim
@@ -739,6 +795,22 @@ fn attach_fentry(
     btf: &aya::Btf,
 ) -> Result<(), ProbeError> {
     let p: &mut FEntry = ebpf
+        .program_mut(program)
+        .ok_or(ProbeError::NoProgram { program })?
+        .try_into()
+        .map_err(ProbeError::program_type)?;
+    p.load(function, btf).map_err(ProbeError::load)?;
+    p.attach().map_err(ProbeError::attach)?;
+    Ok(())
+}
+
+fn attach_fexit(
+    ebpf: &mut Ebpf,
+    program: &'static str,
+    function: &str,
+    btf: &aya::Btf,
+) -> Result<(), ProbeError> {
+    let p: &mut FExit = ebpf
         .program_mut(program)
         .ok_or(ProbeError::NoProgram { program })?
         .try_into()

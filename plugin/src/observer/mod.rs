@@ -87,6 +87,11 @@ pub enum ThrottleStrategy {
 pub enum ReclaimStrategy {
     /// `memcg/count_memcg_events` (+ `vmscan/mm_vmscan_memcg_reclaim_{begin,end}` when available).
     MemcgTracepoints,
+    /// `fexit/try_to_free_mem_cgroup_pages` (+ the `vmscan` timing tracepoints): pages
+    /// reclaimed by reclaim aimed at the memcg (a lowered limit, `memory.high`,
+    /// `memory.reclaim`), reported as direct pgsteal; kswapd's share is not seen. For kernels
+    /// without the memcg tracepoint (before 6.14) that allow BPF trampolines.
+    Fexit,
     /// `memory.stat` (v2: pgscan/pgsteal; v1: pgpgin/pgpgout only).
     MemoryStatPolling,
 }
@@ -137,11 +142,12 @@ impl std::str::FromStr for ThrottleStrategy {
 }
 
 impl ReclaimStrategy {
-    pub const ALL: [Self; 2] = [Self::MemcgTracepoints, Self::MemoryStatPolling];
+    pub const ALL: [Self; 3] = [Self::MemcgTracepoints, Self::Fexit, Self::MemoryStatPolling];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Self::MemcgTracepoints => "memcg_tracepoints",
+            Self::Fexit => "fexit",
             Self::MemoryStatPolling => "memory_stat_polling",
         }
     }
@@ -546,6 +552,35 @@ impl Observer {
         })
     }
 
+    /// Reclaim of `cgroup`, as the reclaim strategy counts it.
+    fn read_reclaim(&mut self, cgroup: &ObservedCgroup) -> Result<Reclaim, ObserverError> {
+        Ok(match self.strategies.reclaim {
+            ReclaimStrategy::MemoryStatPolling => {
+                let s = parse::memory_stat(self.files.read(cgroup, CgroupFile::MemoryStat)?);
+                Reclaim {
+                    pgscan_kswapd: s.pgscan_kswapd,
+                    pgscan_direct: s.pgscan_direct,
+                    pgsteal_kswapd: s.pgsteal_kswapd,
+                    pgsteal_direct: s.pgsteal_direct,
+                    pgpgin: s.pgpgin,
+                    pgpgout: s.pgpgout,
+                    ..Reclaim::default()
+                }
+            }
+            ReclaimStrategy::MemcgTracepoints | ReclaimStrategy::Fexit => {
+                let kernel = self
+                    .kernel
+                    .as_ref()
+                    .expect("eBPF strategy without kernel side");
+                kernel.reclaim(
+                    &cgroup.memory_key,
+                    self.strategies.reclaim,
+                    &mut self.value_buf,
+                )?
+            }
+        })
+    }
+
     /// Reads everything known about `cgroup`. Reuses the observer's buffers and keeps the
     /// cgroup's files open between reads: no allocation and no `open` once warmed up. With
     /// eBPF strategies a read is three map lookups, plus the `kernel_oom_kill` cross-check file
@@ -576,27 +611,7 @@ impl Observer {
                 })
             }
         };
-        let reclaim = match self.strategies.reclaim {
-            ReclaimStrategy::MemoryStatPolling => {
-                let s = parse::memory_stat(self.files.read(cgroup, CgroupFile::MemoryStat)?);
-                Reclaim {
-                    pgscan_kswapd: s.pgscan_kswapd,
-                    pgscan_direct: s.pgscan_direct,
-                    pgsteal_kswapd: s.pgsteal_kswapd,
-                    pgsteal_direct: s.pgsteal_direct,
-                    pgpgin: s.pgpgin,
-                    pgpgout: s.pgpgout,
-                    ..Reclaim::default()
-                }
-            }
-            ReclaimStrategy::MemcgTracepoints => {
-                let kernel = self
-                    .kernel
-                    .as_ref()
-                    .expect("eBPF strategy without kernel side");
-                kernel.reclaim(&cgroup.memory_key, &mut self.value_buf)?
-            }
-        };
+        let reclaim = self.read_reclaim(cgroup)?;
         let oom = match self.strategies.oom {
             OomStrategy::MemoryEventsPolling => {
                 let kernel_oom_kill =
