@@ -505,10 +505,39 @@ fn bench() -> anyhow::Result<()> {
         }
         collect_rows(&table, before, name, &mut rows, &mut failed);
     }
+    // What counting reclaim costs per memcg reclaim call, here (the memcg tracepoint): a row
+    // of the observer's real-kernel test (the `fexit` strategy's row comes from the VM below).
+    {
+        let name = "reclaim_calls";
+        let before = std::fs::read_to_string(&table).map_or(0, |t| t.lines().count());
+        let mut cmd = cargo();
+        cmd.env("NRI_RESIZE_BENCH_TABLE", &table).args([
+            "test",
+            "-p",
+            "nri-resize",
+            "--test",
+            "observer_kernel",
+            "page_cache_reclaim_agrees_with_memory_stat",
+            "--",
+            "--nocapture",
+        ]);
+        if let Err(e) = run(
+            "reclaim counting per reclaim call (memcg tracepoint, this kernel)",
+            &mut cmd,
+        ) {
+            eprintln!("!!! benchmark {name} FAILED: {e:#}");
+            failed.push(name.to_string());
+        }
+        collect_rows(&table, before, name, &mut rows, &mut failed);
+    }
     // Paced reclaim and trimming need cgroup v2's PSI: their side by sides run in the VM tier's
     // 6.12 guest, which writes its rows into the run directory (`vm::copy_bench_rows` brings
-    // them back).
+    // them back); so does the `fexit` reclaim counting (trampolines: refused on these hosts).
     for (name, what) in [
+        (
+            "observer_kernel",
+            "reclaim counting per reclaim call with fexit (VM tier, 6.12)",
+        ),
         (
             "reclaim_pacing",
             "paced reclaim vs the direct write and unpaced (VM tier, 6.12)",
