@@ -643,9 +643,8 @@ fn trim_until_converged(
     out
 }
 
-/// `memory.reclaim`'s `swappiness=` key (6.11+, what trimming asks page cache only with):
-/// accepted with 0 bytes (nothing reclaimed) from 6.11, refused with EINVAL before.
-fn kernel_takes_swappiness_from_6_11(io: &Cgroups, ctr: &Path) {
+/// The running kernel's release and its `[major, minor]`.
+fn kernel_version() -> (String, Vec<u32>) {
     let release = nix::sys::utsname::uname().expect("uname");
     let release = release.release().to_string_lossy().into_owned();
     let version: Vec<u32> = release
@@ -653,16 +652,73 @@ fn kernel_takes_swappiness_from_6_11(io: &Cgroups, ctr: &Path) {
         .take(2)
         .map(|n| n.parse().expect("a kernel version"))
         .collect();
+    (release, version)
+}
+
+/// Whether the kernel has `memory.reclaim` (5.19+).
+fn has_memory_reclaim() -> bool {
+    kernel_version().1 >= vec![5, 19]
+}
+
+/// `memory.reclaim`'s `swappiness=` key (6.11+, what trimming asks page cache only with):
+/// accepted with 0 bytes (nothing reclaimed) from 6.11, refused with EINVAL before; before
+/// 5.19 there is no `memory.reclaim` at all.
+fn kernel_takes_swappiness_from_6_11(io: &Cgroups, ctr: &Path) {
+    let (release, version) = kernel_version();
     let page_cache_only = io.reclaim_page_cache(ctr, 0);
     eprintln!("kernel {release}: memory.reclaim \"0 swappiness=0\": {page_cache_only:?}");
     if version >= vec![6, 11] {
         assert!(page_cache_only.is_ok(), "{release} takes swappiness=");
+    } else if version < vec![5, 19] {
+        assert!(
+            matches!(page_cache_only, Err(CgroupError::Unsupported { .. })),
+            "{release} has no memory.reclaim: {page_cache_only:?}"
+        );
     } else {
         assert!(
             matches!(page_cache_only, Err(CgroupError::InvalidValue { .. })),
             "{release} refuses swappiness= with EINVAL: {page_cache_only:?}"
         );
     }
+}
+
+/// Before 5.19: trimming says it cannot run, and why, instead of trimming nothing.
+fn assert_trim_unavailable(io: &Cgroups, ctr: &str) {
+    let reason = trim_unavailable(io, ctr);
+    eprintln!("trimming unavailable: {reason}");
+    assert!(reason.contains("memory.reclaim (5.19+)"), "{reason}");
+}
+
+/// Runs the trimmer on one container until it reports itself unavailable; returns the reason.
+fn trim_unavailable(io: &Cgroups, ctr: &str) -> String {
+    use nri_resize::trim::{TrimState, TrimTarget, Trimmer};
+
+    let config =
+        nri_resize::config::Config::parse("[trim]\nenabled = true\ninterval = \"500ms\"\n", "test")
+            .expect("config");
+    let state = nri_resize::state::NodeState::with_cgroups(config, Some(io.clone()));
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let trimmer = rt.block_on(async { Trimmer::start(state, &cancel) });
+    trimmer.watch(
+        "old",
+        TrimTarget {
+            cgroup: PathBuf::from(ctr),
+            ..TrimTarget::default()
+        },
+    );
+    let mut seen = Vec::new();
+    let reason = (0..150).find_map(|_| {
+        let s = trimmer.state("old").map(|c| c.state);
+        if let Some(TrimState::Unavailable { reason }) = &s {
+            return Some(reason.clone());
+        }
+        seen.push(format!("{s:?}"));
+        std::thread::sleep(Duration::from_millis(200));
+        None
+    });
+    rt.block_on(trimmer.shutdown());
+    reason.unwrap_or_else(|| panic!("trimming never said it was unavailable: {seen:?}"))
 }
 
 /// Prints each container's trim record, its usage after, and its trace (the test's figures).
@@ -728,6 +784,9 @@ fn trimming_takes_cold_page_cache_and_stops_at_a_hot_working_set() {
     ));
     let (cold_ctr, hot_ctr) = (PathBuf::from(cold.ctr()), PathBuf::from(hot.ctr()));
     kernel_takes_swappiness_from_6_11(&io, &cold_ctr);
+    if !has_memory_reclaim() {
+        return assert_trim_unavailable(&io, &cold.ctr());
+    }
     eventually(
         "180 MiB of cold page cache and the anonymous memory charged",
         || {
@@ -899,6 +958,17 @@ fn a_pod_decrease_with_page_cache_in_the_way_is_reclaimed_inside_the_call_then_a
         refusals.len(),
         after.usage / MIB
     );
+    if !has_memory_reclaim() {
+        // Before 5.19: nothing can be reclaimed inside the call; every answer says so.
+        assert!(!admitted, "admitted with page cache in the way");
+        for r in &refusals {
+            assert!(
+                r.contains("no memory.reclaim, 5.19+") && r.contains("still charged"),
+                "{r}"
+            );
+        }
+        return;
+    }
     assert!(admitted, "never admitted: {refusals:?}");
     for r in &refusals {
         assert!(

@@ -412,9 +412,9 @@ async fn daemon_from_image_sees_a_real_pod(version: ContainerdVersion, deploy: &
     ] {
         assert!(body.contains(series), "missing {series} in\n{body}");
     }
-    // Reclaim: the memcg tracepoints where the kernel has `memcg/count_memcg_events` (6.18
-    // here), else what the VM tier names in NRI_RESIZE_EXPECT_RECLAIM (`fexit` on Debian's 6.1
-    // and 6.12, which allow trampolines), with either privilege.
+    // Reclaim: what the VM tier names in NRI_RESIZE_EXPECT_RECLAIM (`fexit`: its kernels allow
+    // trampolines), else the memcg tracepoints where the kernel has `memcg/count_memcg_events`
+    // (6.18 here, which refuses trampolines), with either privilege.
     let expected = std::env::var("NRI_RESIZE_EXPECT_RECLAIM").unwrap_or_else(|_| {
         if Path::new("/sys/kernel/tracing/events/memcg/count_memcg_events").exists() {
             "memcg_tracepoints".into()

@@ -68,8 +68,9 @@ fn has_memcg_tracepoint() -> bool {
 }
 
 /// The reclaim strategy of the eBPF instance: what the VM tier names in
-/// `NRI_RESIZE_EXPECT_RECLAIM` (`fexit` on Debian's 6.1 and 6.12, which allow trampolines),
-/// else the memcg tracepoints where the kernel has them, `memory.stat` polling otherwise.
+/// `NRI_RESIZE_EXPECT_RECLAIM` (`fexit`: its kernels allow trampolines), else the memcg
+/// tracepoints where the kernel has them (this project's hosts refuse trampolines), `memory.stat`
+/// polling otherwise.
 fn expected_reclaim() -> String {
     std::env::var("NRI_RESIZE_EXPECT_RECLAIM").unwrap_or_else(|_| {
         if has_memcg_tracepoint() {

@@ -531,19 +531,23 @@ fn bench() -> anyhow::Result<()> {
         collect_rows(&table, before, name, &mut rows, &mut failed);
     }
     // Paced reclaim and trimming need cgroup v2's PSI: their side by sides run in the VM tier's
-    // 6.12 guest, which writes its rows into the run directory (`vm::copy_bench_rows` brings
-    // them back); so does the `fexit` reclaim counting (trampolines: refused on these hosts).
-    for (name, what) in [
+    // guests (paced reclaim on sid's newest kernel, where the VM tier runs it), which write their
+    // rows into the run directory (`vm::copy_bench_rows` brings them back); so does the `fexit`
+    // reclaim counting (trampolines: refused on these hosts).
+    for (name, kernel, what) in [
         (
             "observer_kernel",
+            "6.12",
             "reclaim counting per reclaim call with fexit (VM tier, 6.12)",
         ),
         (
             "reclaim_pacing",
-            "paced reclaim vs the direct write and unpaced (VM tier, 6.12)",
+            "7.2",
+            "paced reclaim vs the direct write and unpaced (VM tier, sid's 7.2)",
         ),
         (
             "trim_containerd",
+            "6.12",
             "a VPA-driven decrease through kubelet >= 1.34 with and without trimming (VM tier, 6.12)",
         ),
     ] {
@@ -553,9 +557,7 @@ fn bench() -> anyhow::Result<()> {
         // A failure here (setup, eBPF build, the guest) fails this benchmark, not the whole run.
         let vm = setup(true)
             .and_then(|()| build_ebpf())
-            .and_then(|()| {
-                vm::Options::parse(&["--kernel", "6.12", "--suite", name].map(String::from))
-            })
+            .and_then(|()| vm::Options::parse(&["--kernel", kernel, "--suite", name].map(String::from)))
             .and_then(|opts| vm::vm_test(&root(), &opts, &mut Vec::new()));
         std::env::remove_var("NRI_RESIZE_BENCH_TABLE");
         if let Err(e) = vm {

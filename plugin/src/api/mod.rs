@@ -281,13 +281,9 @@ fn observed_view(
             seconds: secs(t.throttled_ns),
         });
         let r = &obs.reclaim;
-        let pgscan = match (r.pgscan_kswapd, r.pgscan_direct) {
-            (None, None) => None,
-            (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
-        };
         v.reclaim = Some(ReclaimView {
             pages: r.pgsteal(),
-            pgscan,
+            pgscan: r.pgscan(),
             pgpgin: r.pgpgin,
             pgpgout: r.pgpgout,
             direct_reclaim_events: r.direct_reclaim_count,

@@ -177,6 +177,7 @@ impl ModelHandler {
                     .reduce(u64::saturating_add)
             }),
             reclaimed: 0,
+            reclaim_unsupported: false,
             write_refuses: cgroups
                 .as_ref()
                 .is_some_and(|c| c.version() == CgroupVersion::V1),
@@ -188,8 +189,9 @@ impl ModelHandler {
                     .map(|t| ids.iter().map(|id| t.pause(id)).collect())
                     .unwrap_or_default();
                 let after = reclaim_pod(cg, pod.cgroup_parent.clone(), limit, m.used).await;
-                m.reclaimed = m.used.usage.saturating_sub(after.usage);
-                m.used = after;
+                m.reclaimed = m.used.usage.saturating_sub(after.used.usage);
+                m.used = after.used;
+                m.reclaim_unsupported = after.unsupported;
             }
         }
         m

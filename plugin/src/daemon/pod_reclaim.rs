@@ -24,15 +24,29 @@ pub const RECLAIM_BUDGET: Duration = Duration::from_millis(500);
 /// only when done, so it is kept short enough for the budget to be checked between passes.
 const CHUNK: u64 = 16 << 20;
 
+/// What [`reclaim_pod`] left.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Reclaimed {
+    /// The pod's memory after (`start` when the result is not known in time: the caller then
+    /// judges the request as if nothing went).
+    pub used: MemoryUse,
+    /// The kernel has no `memory.reclaim` (before 5.19): nothing can be reclaimed inside the
+    /// call, and the refusal says so.
+    pub unsupported: bool,
+}
+
 /// Reclaims page cache from the pod cgroup under `cgroup_parent` until its usage is at most
-/// `limit` or [`RECLAIM_BUDGET`] is spent; returns the memory as it stands after (`start` when
-/// the result is not known in time: the caller then judges the request as if nothing went).
+/// `limit` or [`RECLAIM_BUDGET`] is spent.
 pub(super) async fn reclaim_pod(
     cgroups: Cgroups,
     cgroup_parent: String,
     limit: u64,
     start: MemoryUse,
-) -> MemoryUse {
+) -> Reclaimed {
+    let unchanged = |unsupported| Reclaimed {
+        used: start,
+        unsupported,
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let stopped = Arc::clone(&stop);
     let parent = cgroup_parent.clone();
@@ -63,18 +77,22 @@ pub(super) async fn reclaim_pod(
     let outcome = tokio::time::timeout(RECLAIM_BUDGET + Duration::from_millis(100), work).await;
     let used = match outcome {
         Ok(Ok(Ok(used))) => used,
+        Ok(Ok(Err(e @ CgroupError::Unsupported { .. }))) => {
+            warn!(%cgroup_parent, error = %e, "pod page cache cannot be reclaimed here: the kernel has no memory.reclaim (5.19+)");
+            return unchanged(true);
+        }
         Ok(Ok(Err(e))) => {
             warn!(%cgroup_parent, error = %e, "pod page cache reclaim failed");
-            return start;
+            return unchanged(false);
         }
         Ok(Err(e)) => {
             warn!(%cgroup_parent, error = %e, "pod page cache reclaim thread failed");
-            return start;
+            return unchanged(false);
         }
         Err(_) => {
             stop.store(true, Ordering::Relaxed);
             warn!(%cgroup_parent, "pod page cache reclaim ran past its budget; stopped");
-            return start;
+            return unchanged(false);
         }
     };
     info!(
@@ -84,5 +102,8 @@ pub(super) async fn reclaim_pod(
         usage = %bytes_text(used.usage),
         "pod page cache reclaimed inside UpdatePodSandbox"
     );
-    used
+    Reclaimed {
+        used,
+        unsupported: false,
+    }
 }

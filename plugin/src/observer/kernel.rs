@@ -483,6 +483,8 @@ impl KernelSide {
             pgsteal_direct: slot(ReclaimSlot::PgstealDirect),
             pgpgin: slot(ReclaimSlot::Pgpgin),
             pgpgout: slot(ReclaimSlot::Pgpgout),
+            pgscan_total: None,
+            pgsteal_total: None,
             direct_reclaim_count: timing.0,
             direct_reclaim_ns: timing.1,
             direct_reclaimed_pages: timing.2,
@@ -626,7 +628,12 @@ fn attach_throttle(
     throttle
 }
 
-/// Reclaim: memcg tracepoints, then `fexit` on the memcg reclaim entry, then memory.stat.
+/// Reclaim: `fexit` on the memcg reclaim entry, then the memcg tracepoints, then memory.stat.
+///
+/// `fexit` first: it runs once per reclaim call and nowhere else (the tracepoint's program runs
+/// on every memcg event of the node, page faults included), and the tracepoint stopped carrying
+/// the reclaim events on newer kernels (sid's 7.2 passes page-fault items only: counted nothing,
+/// found by the VM tier). The tracepoints serve kernels that refuse trampolines.
 fn attach_reclaim(
     ebpf: &mut Ebpf,
     r: &Resolved,
@@ -634,7 +641,23 @@ fn attach_reclaim(
     forced: Option<ReclaimStrategy>,
     fallbacks: &mut Vec<Fallback>,
 ) -> ReclaimStrategy {
-    let mut reclaim = forced.unwrap_or(ReclaimStrategy::MemcgTracepoints);
+    let mut reclaim = forced.unwrap_or(ReclaimStrategy::Fexit);
+    if reclaim == ReclaimStrategy::Fexit {
+        // The program for the function's parameter count (checked to be 4 to 6 by `resolve`).
+        let params = r.config.memcg_reclaim_params as usize;
+        let program = names::PROG_MEMCG_RECLAIM_FEXIT
+            .get(params.wrapping_sub(4))
+            .copied()
+            .unwrap_or(names::PROG_MEMCG_RECLAIM_FEXIT[0]);
+        let attached = r
+            .memcg_reclaim_fexit
+            .clone()
+            .and_then(|()| attach_fexit(ebpf, program, "try_to_free_mem_cgroup_pages", aya_btf));
+        if let Err(reason) = attached {
+            reclaim = ReclaimStrategy::MemcgTracepoints;
+            fallback(fallbacks, program, &reason, &reclaim);
+        }
+    }
     if reclaim == ReclaimStrategy::MemcgTracepoints {
         // The raw tracepoint first (it costs next to nothing on the page faults it sees), the
         // classic one where the kernel's BTF cannot type it.
@@ -669,24 +692,8 @@ fn attach_reclaim(
                 classic
             });
         if let Err(reason) = attached {
-            reclaim = ReclaimStrategy::Fexit;
-            fallback(fallbacks, names::PROG_MEMCG_EVENTS, &reason, &reclaim);
-        }
-    }
-    if reclaim == ReclaimStrategy::Fexit {
-        // The program for the function's parameter count (checked to be 4 to 6 by `resolve`).
-        let params = r.config.memcg_reclaim_params as usize;
-        let program = names::PROG_MEMCG_RECLAIM_FEXIT
-            .get(params.wrapping_sub(4))
-            .copied()
-            .unwrap_or(names::PROG_MEMCG_RECLAIM_FEXIT[0]);
-        let attached = r
-            .memcg_reclaim_fexit
-            .clone()
-            .and_then(|()| attach_fexit(ebpf, program, "try_to_free_mem_cgroup_pages", aya_btf));
-        if let Err(reason) = attached {
             reclaim = ReclaimStrategy::MemoryStatPolling;
-            fallback(fallbacks, program, &reason, &reclaim);
+            fallback(fallbacks, names::PROG_MEMCG_EVENTS, &reason, &reclaim);
         }
     }
     if reclaim != ReclaimStrategy::MemoryStatPolling {

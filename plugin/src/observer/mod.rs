@@ -85,13 +85,15 @@ pub enum ThrottleStrategy {
 /// How memory reclaim is measured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ReclaimStrategy {
-    /// `memcg/count_memcg_events` (+ `vmscan/mm_vmscan_memcg_reclaim_{begin,end}` when available).
-    MemcgTracepoints,
     /// `fexit/try_to_free_mem_cgroup_pages` (+ the `vmscan` timing tracepoints): pages
     /// reclaimed by reclaim aimed at the memcg (a lowered limit, `memory.high`,
-    /// `memory.reclaim`), reported as direct pgsteal; kswapd's share is not seen. For kernels
-    /// without the memcg tracepoint (before 6.14) that allow BPF trampolines.
+    /// `memory.reclaim`), reported as direct pgsteal; kswapd's share is not seen. Needs BPF
+    /// trampolines.
     Fexit,
+    /// `memcg/count_memcg_events` (+ `vmscan/mm_vmscan_memcg_reclaim_{begin,end}` when
+    /// available), for kernels that refuse trampolines (6.14+ has the tracepoint; it carries
+    /// the reclaim events up to 6.18 at least, no longer on 7.2).
+    MemcgTracepoints,
     /// `memory.stat` (v2: pgscan/pgsteal; v1: pgpgin/pgpgout only).
     MemoryStatPolling,
 }
@@ -142,7 +144,7 @@ impl std::str::FromStr for ThrottleStrategy {
 }
 
 impl ReclaimStrategy {
-    pub const ALL: [Self; 3] = [Self::MemcgTracepoints, Self::Fexit, Self::MemoryStatPolling];
+    pub const ALL: [Self; 3] = [Self::Fexit, Self::MemcgTracepoints, Self::MemoryStatPolling];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -318,6 +320,10 @@ pub struct Reclaim {
     pub pgsteal_direct: Option<u64>,
     pub pgpgin: Option<u64>,
     pub pgpgout: Option<u64>,
+    /// `pgscan` and `pgsteal` of kernels whose v2 `memory.stat` has the totals only (5.10:
+    /// the kswapd / direct split came in 5.13); `None` where the split is known.
+    pub pgscan_total: Option<u64>,
+    pub pgsteal_total: Option<u64>,
     /// Memcg direct reclaim passes by the memcg's tasks, their time and pages reclaimed.
     pub direct_reclaim_count: Option<u64>,
     pub direct_reclaim_ns: Option<u64>,
@@ -328,7 +334,15 @@ impl Reclaim {
     /// Pages reclaimed (stolen) by kswapd and direct reclaim, where known.
     pub fn pgsteal(&self) -> Option<u64> {
         match (self.pgsteal_kswapd, self.pgsteal_direct) {
-            (None, None) => None,
+            (None, None) => self.pgsteal_total,
+            (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+        }
+    }
+
+    /// Pages scanned by kswapd and direct reclaim, where known.
+    pub fn pgscan(&self) -> Option<u64> {
+        match (self.pgscan_kswapd, self.pgscan_direct) {
+            (None, None) => self.pgscan_total,
             (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
         }
     }
@@ -564,6 +578,8 @@ impl Observer {
                     pgsteal_direct: s.pgsteal_direct,
                     pgpgin: s.pgpgin,
                     pgpgout: s.pgpgout,
+                    pgscan_total: s.pgscan,
+                    pgsteal_total: s.pgsteal,
                     ..Reclaim::default()
                 }
             }

@@ -39,6 +39,10 @@ pub struct MemoryStat {
     pub pgsteal_direct: Option<u64>,
     pub pgpgin: Option<u64>,
     pub pgpgout: Option<u64>,
+    /// The totals, where the kernel gives no kswapd / direct split (5.10's v2; 5.13 split
+    /// them); `None` where it does.
+    pub pgscan: Option<u64>,
+    pub pgsteal: Option<u64>,
 }
 
 /// Parses the reclaim counters of `memory.stat` (v1 or v2).
@@ -59,9 +63,18 @@ pub fn memory_stat(text: &str) -> MemoryStat {
             "pgsteal_direct" => &mut stat.pgsteal_direct,
             "pgpgin" => &mut stat.pgpgin,
             "pgpgout" => &mut stat.pgpgout,
+            "pgscan" => &mut stat.pgscan,
+            "pgsteal" => &mut stat.pgsteal,
             _ => continue,
         };
         *slot = Some(value);
+    }
+    // The totals only where the split is missing: with both, the split is what is reported.
+    if stat.pgsteal_kswapd.is_some() || stat.pgsteal_direct.is_some() {
+        stat.pgsteal = None;
+    }
+    if stat.pgscan_kswapd.is_some() || stat.pgscan_direct.is_some() {
+        stat.pgscan = None;
     }
     stat
 }
@@ -178,11 +191,19 @@ mod tests {
             (Some(76_800), Some(51_200), None)
         );
         let v2 = "anon 0\npgscan 10\npgsteal 9\npgscan_kswapd 4\npgscan_direct 6\npgsteal_kswapd 3\npgsteal_direct 6\n";
+        // 5.10's v2: the totals only, which are then what is reported.
+        let old_v2 = memory_stat("anon 0\npgfault 99\npgscan 12\npgsteal 11\n");
+        assert_eq!(
+            (old_v2.pgscan, old_v2.pgsteal, old_v2.pgsteal_direct),
+            (Some(12), Some(11), None)
+        );
         let s = memory_stat(v2);
         assert_eq!(s.pgscan_direct, Some(6));
         assert_eq!(s.pgsteal_kswapd, Some(3));
         assert_eq!(s.pgsteal_direct, Some(6));
         assert_eq!(s.pgpgin, None);
+        // With the split, the totals are left out (the split is reported, never both).
+        assert_eq!((s.pgscan, s.pgsteal), (None, None));
     }
 
     #[test]

@@ -178,6 +178,9 @@ pub struct PodMemory {
     pub trimmed_working_set: Option<u64>,
     /// Page cache reclaimed from the pod cgroup for this request before it was judged.
     pub reclaimed: u64,
+    /// The kernel has no `memory.reclaim` (before 5.19): page cache could not be reclaimed
+    /// inside the call.
+    pub reclaim_unsupported: bool,
     /// The pod cgroup's limit write itself refuses rather than OOM-kills when page cache
     /// cannot be reclaimed in time (cgroup v1: the kernel reclaims inside the write and fails
     /// it with `EBUSY`); on cgroup v2 the write OOM-kills, so usage must already fit.
@@ -260,6 +263,10 @@ fn memory_floor(limit: u64, m: &PodMemory) -> Option<String> {
                 " after {} of page cache was reclaimed inline",
                 memory_quantity(m.reclaimed)
             )
+        } else if m.reclaim_unsupported {
+            " (this kernel has no memory.reclaim, 5.19+: page cache cannot be reclaimed inside \
+             the call)"
+                .to_string()
         } else {
             String::new()
         };

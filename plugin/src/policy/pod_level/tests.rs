@@ -259,6 +259,7 @@ fn a_pod_decrease_is_judged_by_what_cannot_be_reclaimed_and_what_trimming_found(
         },
         trimmed_working_set: ws,
         reclaimed: 0,
+        reclaim_unsupported: false,
         write_refuses: v1,
     };
     let admit = |limit: u64, m: &PodMemory| {
@@ -303,6 +304,15 @@ fn a_pod_decrease_is_judged_by_what_cannot_be_reclaimed_and_what_trimming_found(
     assert_eq!(
         admit(128 * MI, &after),
         deferred("usage 200Mi above requested pod limit 128Mi after 100Mi of page cache was reclaimed inline (140Mi of page cache still charged); the limit is written once usage fits")
+    );
+    // A kernel without memory.reclaim (5.10): nothing reclaimed inside the call, and it says why.
+    let old_kernel = PodMemory {
+        reclaim_unsupported: true,
+        ..pod(200 * MI, Some(100 * MI), false)
+    };
+    assert_eq!(
+        admit(128 * MI, &old_kernel),
+        deferred("usage 200Mi above requested pod limit 128Mi (this kernel has no memory.reclaim, 5.19+: page cache cannot be reclaimed inside the call) (140Mi of page cache still charged); the limit is written once usage fits")
     );
     // Reclaimed under the limit: admitted. On v1 the write reclaims itself (or fails): admitted.
     let fits = |limit: u64, m: &PodMemory| {
