@@ -580,21 +580,27 @@ fn staged_reclaim_by_memory_high_puts_back_the_value_it_found() {
 /// MiB, stall after the last step, state).
 type Trace = Vec<(u64, u64, Option<f64>, String)>;
 
-/// Runs the trimmer (`[trim]` at its defaults but a 500 ms interval) on `ctrs` (container id,
-/// cgroup) until each has converged once; returns each one's record and trace.
-fn trim_until_converged(
-    io: &Cgroups,
-    ctrs: &[(&str, &str)],
-) -> Vec<(nri_resize::trim::ContainerTrim, Trace)> {
-    use nri_resize::trim::{TrimState, TrimTarget, Trimmer};
-
+/// A trimmer (`[trim]` at its defaults but a 500 ms interval) on `io`, and its runtime.
+fn start_trimmer(io: &Cgroups) -> (tokio::runtime::Runtime, nri_resize::trim::Trimmer) {
     let config =
         nri_resize::config::Config::parse("[trim]\nenabled = true\ninterval = \"500ms\"\n", "test")
             .expect("config");
     let state = nri_resize::state::NodeState::with_cgroups(config, Some(io.clone()));
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let cancel = tokio_util::sync::CancellationToken::new();
-    let trimmer = rt.block_on(async { Trimmer::start(state, &cancel) });
+    let trimmer = rt.block_on(async { nri_resize::trim::Trimmer::start(state, &cancel) });
+    (rt, trimmer)
+}
+
+/// Runs the trimmer (`[trim]` at its defaults but a 500 ms interval) on `ctrs` (container id,
+/// cgroup) until each has converged once; returns each one's record and trace.
+fn trim_until_converged(
+    io: &Cgroups,
+    ctrs: &[(&str, &str)],
+) -> Vec<(nri_resize::trim::ContainerTrim, Trace)> {
+    use nri_resize::trim::{TrimState, TrimTarget};
+
+    let (rt, trimmer) = start_trimmer(io);
     for (id, cgroup) in ctrs {
         trimmer.watch(
             id,
@@ -691,15 +697,9 @@ fn assert_trim_unavailable(io: &Cgroups, ctr: &str) {
 
 /// Runs the trimmer on one container until it reports itself unavailable; returns the reason.
 fn trim_unavailable(io: &Cgroups, ctr: &str) -> String {
-    use nri_resize::trim::{TrimState, TrimTarget, Trimmer};
+    use nri_resize::trim::{TrimState, TrimTarget};
 
-    let config =
-        nri_resize::config::Config::parse("[trim]\nenabled = true\ninterval = \"500ms\"\n", "test")
-            .expect("config");
-    let state = nri_resize::state::NodeState::with_cgroups(config, Some(io.clone()));
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let cancel = tokio_util::sync::CancellationToken::new();
-    let trimmer = rt.block_on(async { Trimmer::start(state, &cancel) });
+    let (rt, trimmer) = start_trimmer(io);
     trimmer.watch(
         "old",
         TrimTarget {

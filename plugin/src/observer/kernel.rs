@@ -795,53 +795,30 @@ pub(super) fn decode_hotplug(bytes: &[u8]) -> Option<CpuHotplugEvent> {
     })
 }
 
-fn attach_fentry(
-    ebpf: &mut Ebpf,
-    program: &'static str,
-    function: &str,
-    btf: &aya::Btf,
-) -> Result<(), ProbeError> {
-    let p: &mut FEntry = ebpf
-        .program_mut(program)
-        .ok_or(ProbeError::NoProgram { program })?
-        .try_into()
-        .map_err(ProbeError::program_type)?;
-    p.load(function, btf).map_err(ProbeError::load)?;
-    p.attach().map_err(ProbeError::attach)?;
-    Ok(())
+/// Loads and attaches a BTF-typed program (`fentry`, `fexit`, `tp_btf`: each loads against the
+/// kernel's BTF by a function or tracepoint name) as its program type `$kind`.
+macro_rules! attach_btf_program {
+    ($name:ident, $kind:ty) => {
+        fn $name(
+            ebpf: &mut Ebpf,
+            program: &'static str,
+            target: &str,
+            btf: &aya::Btf,
+        ) -> Result<(), ProbeError> {
+            let p: &mut $kind = ebpf
+                .program_mut(program)
+                .ok_or(ProbeError::NoProgram { program })?
+                .try_into()
+                .map_err(ProbeError::program_type)?;
+            p.load(target, btf).map_err(ProbeError::load)?;
+            p.attach().map_err(ProbeError::attach)?;
+            Ok(())
+        }
+    };
 }
-
-fn attach_fexit(
-    ebpf: &mut Ebpf,
-    program: &'static str,
-    function: &str,
-    btf: &aya::Btf,
-) -> Result<(), ProbeError> {
-    let p: &mut FExit = ebpf
-        .program_mut(program)
-        .ok_or(ProbeError::NoProgram { program })?
-        .try_into()
-        .map_err(ProbeError::program_type)?;
-    p.load(function, btf).map_err(ProbeError::load)?;
-    p.attach().map_err(ProbeError::attach)?;
-    Ok(())
-}
-
-fn attach_tp_btf(
-    ebpf: &mut Ebpf,
-    program: &'static str,
-    tracepoint: &str,
-    btf: &aya::Btf,
-) -> Result<(), ProbeError> {
-    let p: &mut BtfTracePoint = ebpf
-        .program_mut(program)
-        .ok_or(ProbeError::NoProgram { program })?
-        .try_into()
-        .map_err(ProbeError::program_type)?;
-    p.load(tracepoint, btf).map_err(ProbeError::load)?;
-    p.attach().map_err(ProbeError::attach)?;
-    Ok(())
-}
+attach_btf_program!(attach_fentry, FEntry);
+attach_btf_program!(attach_fexit, FExit);
+attach_btf_program!(attach_tp_btf, BtfTracePoint);
 
 fn attach_tracepoint(
     ebpf: &mut Ebpf,
