@@ -46,6 +46,15 @@ pub mod names {
         "memcg_reclaim_fexit5",
         "memcg_reclaim_fexit6",
     ];
+
+    /// The `PROG_MEMCG_RECLAIM_FEXIT` program for a `try_to_free_mem_cgroup_pages` of `params`
+    /// parameters; `None` for a count no program knows.
+    #[must_use]
+    pub fn memcg_reclaim_fexit(params: usize) -> Option<&'static str> {
+        PROG_MEMCG_RECLAIM_FEXIT
+            .get(params.checked_sub(4)?)
+            .copied()
+    }
     /// `tracepoint/vmscan/mm_vmscan_memcg_reclaim_begin` program.
     pub const PROG_RECLAIM_BEGIN: &str = "memcg_reclaim_begin";
     /// `tracepoint/vmscan/mm_vmscan_memcg_reclaim_end` program.

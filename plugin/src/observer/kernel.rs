@@ -195,7 +195,7 @@ fn resolve(
             ))
             .into());
         }
-        if !(4..=names::PROG_MEMCG_RECLAIM_FEXIT.len() + 3).contains(&params.len()) {
+        if names::memcg_reclaim_fexit(params.len()).is_none() {
             return Err(ObserverError::BtfLookup(format!(
                 "{FUNCTION} takes {} parameters (the programs know 4 to 6)",
                 params.len()
@@ -643,11 +643,9 @@ fn attach_reclaim(
 ) -> ReclaimStrategy {
     let mut reclaim = forced.unwrap_or(ReclaimStrategy::Fexit);
     if reclaim == ReclaimStrategy::Fexit {
-        // The program for the function's parameter count (checked to be 4 to 6 by `resolve`).
-        let params = r.config.memcg_reclaim_params as usize;
-        let program = names::PROG_MEMCG_RECLAIM_FEXIT
-            .get(params.wrapping_sub(4))
-            .copied()
+        // The program for the function's parameter count (`resolve` refused a count none
+        // knows; the first program then only names the fallback).
+        let program = names::memcg_reclaim_fexit(r.config.memcg_reclaim_params as usize)
             .unwrap_or(names::PROG_MEMCG_RECLAIM_FEXIT[0]);
         let attached = r
             .memcg_reclaim_fexit
