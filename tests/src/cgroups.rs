@@ -12,6 +12,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::systemd::{self, CgroupDriver, Property};
 use crate::util::poll_blocking;
 
 /// Which cgroup layout the host has.
@@ -38,6 +39,8 @@ impl CgroupMode {
 const V1_CONTROLLERS: [&str; 5] = ["cpu", "cpuacct", "cpuset", "memory", "pids"];
 /// v2 controllers the harness enables for its tree.
 const V2_CONTROLLERS: [&str; 4] = ["cpu", "cpuset", "memory", "pids"];
+/// What systemd keeps enabled for the systemd driver's slices (their properties need them).
+const V2_SYSTEMD_CONTROLLERS: [&str; 3] = ["cpu", "memory", "pids"];
 
 /// v1 memory "unlimited" is `PAGE_COUNTER_MAX * PAGE_SIZE`; anything this large is unlimited.
 const V1_UNLIMITED: u64 = 1 << 62;
@@ -136,18 +139,75 @@ pub(crate) fn unescape_mountinfo(s: &str) -> String {
 /// everything below it, in every hierarchy) when the owning `Containerd` is dropped.
 #[derive(Debug, Clone)]
 pub struct CgroupTree {
-    /// Absolute cgroup path, e.g. `/nri-resize-test-1234-0`.
+    /// Absolute cgroup path, e.g. `/nri-resize-test-1234-0` (cgroupfs driver) or
+    /// `/nri_resize_test_1234_0.slice` (systemd driver).
     path: String,
     mode: CgroupMode,
+    driver: CgroupDriver,
 }
 
 impl CgroupTree {
-    /// Describes the tree without touching the filesystem.
+    /// Describes the tree without touching the filesystem. A path ending in `.slice` is a
+    /// systemd slice (the systemd driver's tree), anything else a directory.
     pub(crate) fn new(path: String) -> Self {
+        let driver = if systemd::is_slice(&path) {
+            CgroupDriver::Systemd
+        } else {
+            CgroupDriver::Cgroupfs
+        };
         Self {
             path,
             mode: CgroupMode::detect(),
+            driver,
         }
+    }
+
+    /// The tree of harness instance `n` of process `pid` for `driver`: `/<prefix><pid>-<n>`,
+    /// or the slice `<prefix with _><pid>_<n>.slice` (a dash would nest it).
+    pub(crate) fn for_instance(driver: CgroupDriver, prefix: &str, pid: u32, n: u32) -> Self {
+        Self::new(match driver {
+            CgroupDriver::Cgroupfs => format!("/{prefix}{pid}-{n}"),
+            CgroupDriver::Systemd => {
+                systemd::slice_path(&format!("{}{pid}_{n}.slice", systemd::escape(prefix)))
+            }
+        })
+    }
+
+    /// kubelet's driver this tree is made by.
+    pub fn driver(&self) -> CgroupDriver {
+        self.driver
+    }
+
+    /// A pod's cgroup: `(cgroup_parent as sent to CRI, absolute cgroup path)`. cgroupfs:
+    /// `/<tree>/pod<uid>` both; systemd: the slice `<tree>-pod<uid with _>.slice` and its path,
+    /// as kubelet names `kubepods-pod<uid>.slice`.
+    pub fn pod_cgroup(&self, uid: &str) -> (String, String) {
+        match self.driver {
+            CgroupDriver::Cgroupfs => {
+                let path = format!("{}/pod{uid}", self.path);
+                (path.clone(), path)
+            }
+            CgroupDriver::Systemd => {
+                let slice = format!(
+                    "{}-pod{}.slice",
+                    self.unit().trim_end_matches(".slice"),
+                    systemd::escape(uid)
+                );
+                let path = systemd::slice_path(&slice);
+                (slice, path)
+            }
+        }
+    }
+
+    /// The systemd unit of the tree (its last path component).
+    fn unit(&self) -> &str {
+        self.path.rsplit('/').next().unwrap_or_default()
+    }
+
+    /// The systemd slice unit of `cgroup` when the systemd driver manages it.
+    fn slice_of(&self, cgroup: &str) -> Option<String> {
+        let last = cgroup.rsplit('/').next().unwrap_or_default();
+        (self.driver == CgroupDriver::Systemd && systemd::is_slice(last)).then(|| last.to_owned())
     }
 
     /// Absolute cgroup path of the tree root (e.g. `/nri-resize-test-1234-0`).
@@ -199,11 +259,16 @@ impl CgroupTree {
     /// Creates the tree root. Panics with context on failure.
     pub(crate) fn create(&self) {
         if self.mode == CgroupMode::V2 {
-            enable_controllers(Path::new("/sys/fs/cgroup"));
+            self.enable_controllers(Path::new("/sys/fs/cgroup"));
         }
         self.create_cgroup(&self.path);
+        if self.driver == CgroupDriver::Systemd {
+            // systemd realizes the root's `cgroup.subtree_control` again when a unit starts:
+            // libcontainer enables its controllers on every ancestor after the unit is up.
+            self.enable_controllers(Path::new("/sys/fs/cgroup"));
+        }
         if self.mode == CgroupMode::V2 {
-            enable_controllers(&self.dir_for("", &self.path));
+            self.enable_controllers(&self.dir_for("", &self.path));
         }
     }
 
@@ -215,6 +280,11 @@ impl CgroupTree {
             "{cgroup} is not under {}",
             self.path
         );
+        if let Some(slice) = self.slice_of(cgroup) {
+            // A CPU weight from the start, as kubelet's (so systemd enables `cpu` for it).
+            systemd::start_slice(&slice, &[Property::u64("CPUWeight", 100)])
+                .unwrap_or_else(|e| panic!("create cgroup {cgroup} (systemd): {e}"));
+        }
         for dir in self.managed_dirs(cgroup) {
             match std::fs::create_dir(&dir) {
                 Ok(()) => {}
@@ -230,12 +300,27 @@ impl CgroupTree {
             }
         }
         if self.mode == CgroupMode::V2 && cgroup != self.path {
-            enable_controllers(&self.dir_for("", cgroup));
+            self.enable_controllers(&self.dir_for("", cgroup));
         }
     }
 
-    /// Writes limits to `cgroup` the way kubelet's cgroupfs driver does.
+    /// Writes limits to `cgroup` the way kubelet's driver does: the systemd driver first sets
+    /// them as unit properties (libcontainer's `SetUnitProperties`), then both write the files.
     pub fn set_limits(&self, cgroup: &str, l: &CgroupLimits) -> io::Result<()> {
+        if let Some(slice) = self.slice_of(cgroup) {
+            systemd::set_properties(
+                &slice,
+                &[
+                    Property::u64(
+                        "CPUQuotaPerSecUSec",
+                        systemd::cpu_quota_per_sec_usec(l.cpu_quota, l.cpu_period),
+                    ),
+                    Property::u64("CPUQuotaPeriodUSec", l.cpu_period),
+                    Property::u64("CPUWeight", shares_to_weight(l.cpu_shares)),
+                    Property::u64("MemoryMax", l.memory_limit.unwrap_or(systemd::INFINITY)),
+                ],
+            )?;
+        }
         match self.mode {
             CgroupMode::V1 => {
                 let cpu = self.dir_for("cpu", cgroup);
@@ -313,6 +398,17 @@ impl CgroupTree {
         }
     }
 
+    /// Adds the harness's v2 controllers to `dir/cgroup.subtree_control`, as libcontainer does
+    /// on every ancestor. With the systemd driver, systemd owns `cgroup.subtree_control` and
+    /// writes it again whenever it realizes a unit, keeping what its units' properties need
+    /// (`CPUWeight`: cpu; accounting: memory, pids, io): those are the ones checked.
+    fn enable_controllers(&self, dir: &Path) {
+        match self.driver {
+            CgroupDriver::Cgroupfs => enable_controllers(dir, &V2_CONTROLLERS),
+            CgroupDriver::Systemd => enable_controllers(dir, &V2_SYSTEMD_CONTROLLERS),
+        }
+    }
+
     /// Every directory of the tree, in every mounted hierarchy, deepest first.
     fn all_dirs(&self) -> Vec<PathBuf> {
         let rel = self.path.trim_start_matches('/');
@@ -335,6 +431,9 @@ impl CgroupTree {
             "{cgroup} is not below {}",
             self.path
         );
+        if let Some(slice) = self.slice_of(cgroup) {
+            systemd::stop_unit(&slice)?;
+        }
         let rel = cgroup.trim_start_matches('/');
         let mut last: Option<io::Error> = None;
         poll_blocking(Duration::from_secs(2), || {
@@ -411,6 +510,11 @@ impl CgroupTree {
         if !gone {
             tracing::warn!(cgroup = %self.path, pids = ?self.procs(), "processes survive in test cgroups");
         }
+        if let Some(slice) = self.slice_of(&self.path) {
+            if let Err(e) = systemd::stop_unit(&slice) {
+                tracing::warn!(%slice, "stop the harness's slice: {e}");
+            }
+        }
         let mut left = Vec::new();
         poll_blocking(Duration::from_secs(3), || {
             left.clear();
@@ -438,11 +542,11 @@ fn collect_dirs(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// Adds (never removes) the harness's v2 controllers to `dir/cgroup.subtree_control`.
-fn enable_controllers(dir: &Path) {
+/// Adds (never removes) `controllers` to `dir/cgroup.subtree_control`.
+fn enable_controllers(dir: &Path, controllers: &[&str]) {
     let available = read_trim(&dir.join("cgroup.controllers")).unwrap_or_else(|e| panic!("{e}"));
     let enabled = read_trim(&dir.join("cgroup.subtree_control")).unwrap_or_else(|e| panic!("{e}"));
-    for c in V2_CONTROLLERS {
+    for &c in controllers {
         if enabled.split(' ').any(|e| e == c) {
             continue;
         }

@@ -197,7 +197,11 @@ pub(crate) fn sweep_stale() {
                 base,
                 cgroup_root,
             };
-            if inst.cgroup_root.starts_with(&format!("/{CGROUP_PREFIX}")) {
+            if inst.cgroup_root.starts_with(&format!("/{CGROUP_PREFIX}"))
+                || inst
+                    .cgroup_root
+                    .starts_with(&format!("/{}", CGROUP_PREFIX.replace('-', "_")))
+            {
                 teardown(&inst);
             } else {
                 unmount_all(&inst.base);

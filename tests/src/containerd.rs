@@ -21,6 +21,7 @@ use crate::cleanup::{self, InstanceRef, BASE_PREFIX, CGROUP_PREFIX};
 use crate::crio::{CrioBuild, CrioSettings, CRIO_BIN_ENV};
 use crate::images::{image_archives, BUSYBOX_IMAGE, PAUSE_IMAGE};
 use crate::seeded_root;
+use crate::systemd::CgroupDriver;
 use crate::util::{next_instance, require_binary, require_root, tail_lines};
 use crate::version::ContainerdVersion;
 
@@ -123,7 +124,7 @@ impl Containerd {
                 Err(e) => panic!("create {}: {e}", base.display()),
             }
         };
-        let cgroups = CgroupTree::new(format!("/{CGROUP_PREFIX}{pid}-{n}"));
+        let cgroups = CgroupTree::for_instance(CgroupDriver::from_env(), CGROUP_PREFIX, pid, n);
         let inst = InstanceRef {
             grpc_socket: base.join("c.sock"),
             base,
@@ -318,6 +319,10 @@ impl Containerd {
                 log_level: &o.log_level,
                 registration_timeout: o.nri_registration_timeout,
                 request_timeout: o.nri_request_timeout,
+                cgroup_manager: match self.cgroups.driver() {
+                    CgroupDriver::Systemd => "systemd",
+                    CgroupDriver::Cgroupfs => "cgroupfs",
+                },
             });
         }
         let b = self.inst.base.display();
@@ -334,7 +339,10 @@ impl Containerd {
             reg = duration_toml(o.nri_registration_timeout),
             req = duration_toml(o.nri_request_timeout)
         );
-        let runc_opts = format!("SystemdCgroup = false\n          Root = \"{b}/runc\"\n");
+        // kubelet's systemd driver goes with runc's (`SystemdCgroup`): container cgroups are
+        // `cri-containerd-<id>.scope` units below the pod's slice.
+        let systemd = self.cgroups.driver() == CgroupDriver::Systemd;
+        let runc_opts = format!("SystemdCgroup = {systemd}\n          Root = \"{b}/runc\"\n");
         match self.version {
             ContainerdVersion::V1_7 => format!(
                 "version = 2\n{common}\n[plugins]\n{nri}\n\

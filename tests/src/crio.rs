@@ -42,6 +42,8 @@ pub(crate) struct CrioSettings<'a> {
     pub registration_timeout: Duration,
     /// `nri_plugin_request_timeout`.
     pub request_timeout: Duration,
+    /// `cgroup_manager`: `systemd` or `cgroupfs`, following kubelet's driver.
+    pub cgroup_manager: &'a str,
 }
 
 impl CrioBuild {
@@ -104,7 +106,7 @@ impl CrioBuild {
              stream_port = \"0\"\n\n\
              [crio.runtime]\n\
              log_level = \"{lvl}\"\n\
-             cgroup_manager = \"cgroupfs\"\n\
+             cgroup_manager = \"{cgm}\"\n\
              conmon_cgroup = \"pod\"\n\
              default_runtime = \"runc\"\n\
              container_exits_dir = \"{b}/exits\"\n\
@@ -135,6 +137,7 @@ impl CrioBuild {
              nri_plugin_registration_timeout = \"{reg}ms\"\n\
              nri_plugin_request_timeout = \"{req}ms\"\n",
             lvl = s.log_level,
+            cgm = s.cgroup_manager,
             pinns = self.pinns_bin().display(),
             reg = s.registration_timeout.as_millis(),
             req = s.request_timeout.as_millis(),

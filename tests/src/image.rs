@@ -211,8 +211,8 @@ impl DaemonContainer {
             ..Default::default()
         };
         let uid = format!("{:08x}-0000-4000-8000-{n:012x}", std::process::id());
-        let cgroup_parent = format!("{}/pod{uid}", ctrd.cgroups().path());
-        ctrd.cgroups().create_cgroup(&cgroup_parent);
+        let (cgroup_parent, cgroup_path) = ctrd.cgroups().pod_cgroup(&uid);
+        ctrd.cgroups().create_cgroup(&cgroup_path);
         let sandbox = PodSandboxConfig {
             labels: crate::pod::kubelet_labels(
                 &std::collections::HashMap::new(),

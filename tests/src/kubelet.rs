@@ -178,7 +178,7 @@ impl Containerd {
         } else {
             "memory.current"
         };
-        let dir = self.cgroups.dir_for("memory", &pod.cgroup_parent);
+        let dir = self.cgroups.dir_for("memory", &pod.cgroup_path);
         let text = std::fs::read_to_string(dir.join(file))?;
         text.trim()
             .parse()

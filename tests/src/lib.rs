@@ -52,6 +52,7 @@ mod plugin;
 mod pod;
 pub mod probe;
 mod seeded_root;
+mod systemd;
 mod util;
 mod version;
 
@@ -70,6 +71,7 @@ pub use k8s_cri::v1 as cri;
 pub use kubelet::{KubeletPodResize, KubeletResize};
 pub use plugin::{plugin_binary, resize_record, settled, PluginProcess};
 pub use pod::{ContainerSpec, Pod, PodSpec, Resources};
+pub use systemd::{CgroupDriver, CGROUP_DRIVER_ENV};
 pub use util::{percentile, scrape_metrics, tail_lines};
 pub use version::ContainerdVersion;
 

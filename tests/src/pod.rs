@@ -157,8 +157,12 @@ pub struct Pod {
     pub name: String,
     /// Pod namespace.
     pub namespace: String,
-    /// `cgroup_parent` (absolute cgroup path `/nri-resize-test-<pid>-<n>/pod<uid>`).
+    /// `cgroup_parent` as sent to CRI: the pod cgroup's path (`/nri-resize-test-<pid>-<n>/pod<uid>`)
+    /// with the cgroupfs driver, its slice (`nri_resize_test_<pid>_<n>-pod<uid>.slice`) with
+    /// the systemd driver.
     pub cgroup_parent: String,
+    /// The pod cgroup's absolute path (the same as `cgroup_parent` with the cgroupfs driver).
+    pub cgroup_path: String,
     /// The sandbox config sent with `RunPodSandbox` (also sent with `CreateContainer`).
     pub config: PodSandboxConfig,
 }
@@ -204,11 +208,11 @@ impl Containerd {
     /// Creates and limits the pod cgroup, then `RunPodSandbox` with host networking.
     /// The pod cgroup is removed again if `RunPodSandbox` fails.
     pub async fn run_pod(&self, spec: PodSpec) -> Result<Pod, Status> {
-        let cgroup_parent = format!("{}/pod{}", self.cgroups.path(), spec.uid);
-        self.cgroups.create_cgroup(&cgroup_parent);
+        let (cgroup_parent, cgroup_path) = self.cgroups.pod_cgroup(&spec.uid);
+        self.cgroups.create_cgroup(&cgroup_path);
         self.cgroups
-            .set_limits(&cgroup_parent, &spec.resources.cgroup_limits())
-            .unwrap_or_else(|e| panic!("limit pod cgroup {cgroup_parent}: {e}"));
+            .set_limits(&cgroup_path, &spec.resources.cgroup_limits())
+            .unwrap_or_else(|e| panic!("limit pod cgroup {cgroup_path}: {e}"));
         let log_dir = self
             .base_dir()
             .join("pods")
@@ -250,10 +254,11 @@ impl Containerd {
                 name: spec.name,
                 namespace: spec.namespace,
                 cgroup_parent,
+                cgroup_path,
                 config,
             }),
             Err(e) => {
-                let _ = self.cgroups.remove_cgroup(&cgroup_parent);
+                let _ = self.cgroups.remove_cgroup(&cgroup_path);
                 Err(e)
             }
         }
@@ -423,7 +428,7 @@ impl Containerd {
             })
             .await?;
         let tree = self.cgroups.clone();
-        let cg = pod.cgroup_parent.clone();
+        let cg = pod.cgroup_path.clone();
         tokio::task::spawn_blocking(move || {
             tree.remove_cgroup(&cg)
                 .unwrap_or_else(|e| panic!("remove pod cgroup {cg}: {e}"));
@@ -477,21 +482,27 @@ impl Containerd {
 
     /// Reads the pod cgroup's limits.
     pub fn pod_cgroup_limits(&self, pod: &Pod) -> io::Result<CgroupLimits> {
-        self.cgroups.limits(&pod.cgroup_parent)
+        self.cgroups.limits(&pod.cgroup_path)
     }
 
     /// Writes the pod cgroup's limits (what kubelet does when a pod is resized).
     pub fn set_pod_cgroup_limits(&self, pod: &Pod, limits: &CgroupLimits) -> io::Result<()> {
-        self.cgroups.set_limits(&pod.cgroup_parent, limits)
+        self.cgroups.set_limits(&pod.cgroup_path, limits)
     }
 
     /// Directory of the container's cgroup in the hierarchy of `controller` (ignored on v2),
     /// if it exists. Container cgroups are `<pod cgroup>/<container id>` (containerd's
-    /// cgroupfs driver) or `<pod cgroup>/crio-<container id>` (CRI-O's).
+    /// cgroupfs driver) or `<pod cgroup>/crio-<container id>` (CRI-O's); with the systemd
+    /// driver the scopes `<pod slice>/cri-containerd-<id>.scope` and `crio-<id>.scope`.
     pub fn container_cgroup_dir(&self, id: &str, controller: &str) -> Option<PathBuf> {
-        self.cgroups
-            .find_dir(controller, id)
-            .or_else(|| self.cgroups.find_dir(controller, &format!("crio-{id}")))
+        [
+            id.to_owned(),
+            format!("crio-{id}"),
+            format!("cri-containerd-{id}.scope"),
+            format!("crio-{id}.scope"),
+        ]
+        .iter()
+        .find_map(|name| self.cgroups.find_dir(controller, name))
     }
 
     /// The container's memory limit in bytes (`memory.limit_in_bytes` / `memory.max`; `-1`:

@@ -67,7 +67,7 @@ fn pod_oom_kills(ctrd: &Containerd, pod: &Pod) -> Option<u64> {
     } else {
         "memory.events"
     };
-    let dir = ctrd.cgroups().dir_for("memory", &pod.cgroup_parent);
+    let dir = ctrd.cgroups().dir_for("memory", &pod.cgroup_path);
     let text = std::fs::read_to_string(dir.join(file)).ok()?;
     nri_resize::observer::parse::oom_kill_count(&text)
 }

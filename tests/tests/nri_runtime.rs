@@ -16,8 +16,8 @@ use nri_resize::api::{ApiClient, Status};
 use nri_resize::model::{CpuResources, EventKind, EventRecord, LinuxResources, MemoryResources};
 use nri_resize_tests::cri::{ListContainersRequest, ListPodSandboxRequest};
 use nri_resize_tests::{
-    ContainerSpec, Containerd, ContainerdOptions, ContainerdVersion, PluginProcess, PodSpec,
-    Resources,
+    CgroupDriver, ContainerSpec, Containerd, ContainerdOptions, ContainerdVersion, PluginProcess,
+    PodSpec, Resources,
 };
 
 const MIB: i64 = 1 << 20;
@@ -263,6 +263,22 @@ async fn lifecycle(version: ContainerdVersion) {
         "cgroups path {:?}",
         cv.cgroups_path
     );
+    let systemd = ctrd.cgroups().driver() == CgroupDriver::Systemd && !ctrd.is_crio();
+    if systemd {
+        // kubelet's systemd driver: NRI names the container's cgroup `slice:prefix:name`, which
+        // is runc's scope below the pod's slice.
+        assert_eq!(
+            cv.cgroups_path,
+            format!("{}:cri-containerd:{id}", pod.cgroup_parent)
+        );
+        assert_eq!(
+            ctrd.container_cgroup_dir(&id, "")
+                .expect("the container's scope"),
+            std::path::Path::new("/sys/fs/cgroup")
+                .join(pod.cgroup_path.trim_start_matches('/'))
+                .join(format!("cri-containerd-{id}.scope"))
+        );
+    }
 
     // A kubelet-style update through CRI: the plugin sees the requested resources.
     ctrd.update_container_resources(&id, &Resources::limits(100_000, 128 * MIB))
@@ -314,6 +330,31 @@ async fn lifecycle(version: ContainerdVersion) {
         "ContainerStatus shows the plugin's update"
     );
     assert_model_matches_runtime(&ctrd, &api, "after plugin-initiated update").await;
+    if systemd {
+        // The plugin confirms what it set by reading the scope that `slice:prefix:name` names.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let st = api.status().await.expect("status");
+            let observed = st
+                .pods
+                .iter()
+                .flat_map(|p| &p.containers)
+                .find(|c| c.id == id)
+                .and_then(|c| c.observed.clone());
+            let actual = observed.as_ref().and_then(|o| o.actual);
+            if observed.as_ref().and_then(|o| o.matches) == Some(true)
+                && actual.as_ref().and_then(|a| a.memory_limit) == Some(256 * MIB)
+                && actual.as_ref().and_then(|a| a.cpu_quota) == Some(150_000)
+            {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the plugin never confirmed 150000/256Mi in the scope: {observed:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
 
     // An update of an unknown container is refused clearly.
     let err = api

@@ -96,6 +96,8 @@ fn copy_bench_rows(run: &Path) -> anyhow::Result<()> {
 const VM_FILES: &str = "target/vm";
 /// Every kernel of the tier.
 const ALL: &[&str] = &["6.1", "6.12", "5.10", "7.2"];
+/// trixie's 6.12 booted with systemd as PID 1: kubelet's systemd cgroup driver.
+const SYSTEMD: &[&str] = &["6.12-systemd"];
 /// sid's newest: the newest reclaim code.
 const SID: &[&str] = &["7.2"];
 /// The kernels whose TCG guests have a CPU slot for QEMU's hotplug (5.10, 6.1) and those that
@@ -125,6 +127,19 @@ const ON_1_7: &[(&str, &str)] = &[
     ("NRI_RESIZE_CONTAINERD", "1.7"),
     // Debian's 6.1 and 6.12 throttle through `fentry` and count reclaim through `fexit` (no
     // memcg tracepoint): `observer_containerd` and `image_containerd` assert it.
+    ("NRI_RESIZE_EXPECT_THROTTLE", "fentry"),
+    ("NRI_RESIZE_EXPECT_RECLAIM", "fexit"),
+    ("NRI_RESIZE_BIN", "{root}/target/vm/nri-resize"),
+    (
+        "NRI_RESIZE_IMAGE_ARCHIVE",
+        "{root}/target/vm/nri-resize.oci.tar",
+    ),
+];
+/// [`ON_2`] with kubelet's systemd cgroup driver and runc's (`SystemdCgroup = true`): pod
+/// cgroups are slices systemd makes, container cgroups `cri-containerd-<id>.scope` units.
+const ON_2_SYSTEMD: &[(&str, &str)] = &[
+    ("NRI_RESIZE_CONTAINERD", "2"),
+    ("NRI_RESIZE_CGROUP_DRIVER", "systemd"),
     ("NRI_RESIZE_EXPECT_THROTTLE", "fentry"),
     ("NRI_RESIZE_EXPECT_RECLAIM", "fexit"),
     ("NRI_RESIZE_BIN", "{root}/target/vm/nri-resize"),
@@ -170,17 +185,18 @@ const TWINS_2: &[&str] = &[
     "vpa_decrease_with_and_without_trimming_containerd_2",
 ];
 
-/// Tests that are not twins, of suites whose guest runs are split between the two guests:
-/// these run against 1.7.24 in 6.1's guest only; the rest ([`SPLIT_TO_2`]) against 2.1.9 in
-/// 6.12's only. Each still runs once on cgroup v2 and, on the host, on v1; the twins (what
-/// differs between containerd versions) run in both guests.
+/// Tests that are not twins, of suites whose guest runs are split between two runs: these run
+/// against 1.7.24 only; the rest ([`SPLIT_TO_2`]) against 2.1.9 only (`faults` on 6.1;
+/// `resize_runtime` runs whole against 2.1.9 in the systemd driver's guest). Each still runs
+/// once on cgroup v2 and, on the host, on v1; the twins (what differs between containerd
+/// versions) run against both.
 const SPLIT_TO_1_7: &[&str] = &[
     "a_cli_killed_mid_resize_leaves_the_resize_running_and_the_next_one_runs",
     "kubelet_style_update_that_fails_on_v1_without_ordering_succeeds",
     "plugin_killed_mid_memory_decrease_resumes_from_its_checkpoint",
     "containerd_restart_metrics_continue",
 ];
-/// The split suites' other tests, which run against 2.1.9 in 6.12's guest only.
+/// The split suites' other tests, which run against 2.1.9 only.
 const SPLIT_TO_2: &[&str] = &[
     "resize_policy_and_actions",
     "admission_enforce_and_observe",
@@ -222,8 +238,8 @@ pub const SUITES: &[Suite] = &[
     Suite { name: "capacity_kernel", package: "nri-resize", test: "capacity_kernel", filter: "", skip: &[],          env: &[], kernels: OLDEST_TWO, timeout_s: 300 },
     Suite { name: "capacity_kernel-no-cpu-slot", package: "nri-resize", test: "capacity_kernel", filter: "", skip: &[NO_CPU_SLOT], env: &[], kernels: NEWEST_TWO, timeout_s: 300 },
     // Every test of the real-runtime suites runs once on cgroup v2, in one guest against one
-    // containerd (a pair of twins counts as one test): 6.12's guest against 2.1.9, 6.1's
-    // against 1.7.24, each suite where the two guests end close to each other. The host runs
+    // containerd (a pair of twins counts as one test), each suite where the two lanes end
+    // close to each other. The host runs
     // every test against both versions on cgroup v1. Memory decrease faces the kernel (reclaim,
     // OOM inside the write) and the core suites differ most between NRI versions: those run in
     // both guests, against both versions (the split suites' other tests in one guest only).
@@ -231,10 +247,11 @@ pub const SUITES: &[Suite] = &[
     // reclaim code), which boots after 6.12 in its lane; against 1.7.24 on 6.1, below.
     Suite { name: "memory_decrease@2.1",    package: "nri-resize-tests", test: "memory_decrease",    filter: "", skip: &[TWINS_1_7], env: ON_2,   kernels: SID, timeout_s: 900 },
     Suite { name: "reclaim_pacing@2.1",     package: "nri-resize-tests", test: "reclaim_pacing",     filter: "", skip: &[],       env: ON_2,   kernels: SID, timeout_s: 600 },
-    // Containerd 2.1.9 on 6.1's kernel too (the lanes end closer with it there).
+    // Containerd 2.1.9 on 6.1's kernel too (the lanes end closer with these there).
     Suite { name: "nri_runtime@2.1",     package: "nri-resize-tests", test: "nri_runtime",     filter: "", skip: &[TWINS_1_7], env: ON_2,   kernels: OLDEST, timeout_s: 600 },
-    Suite { name: "resize_runtime@2.1",  package: "nri-resize-tests", test: "resize_runtime",  filter: "", skip: &[TWINS_1_7, SPLIT_TO_1_7], env: ON_2,   kernels: NEWEST, timeout_s: 900 },
-    Suite { name: "faults@2.1",             package: "nri-resize-tests", test: "faults",             filter: "", skip: &[TWINS_1_7, SPLIT_TO_1_7], env: ON_2,   kernels: NEWEST, timeout_s: 900 },
+    // `resize_runtime` against 2.1.9 runs whole in the systemd driver's guest (below); its
+    // split share against 1.7.24 on 6.1 with the cgroupfs driver.
+    Suite { name: "faults@2.1",             package: "nri-resize-tests", test: "faults",             filter: "", skip: &[TWINS_1_7, SPLIT_TO_1_7], env: ON_2,   kernels: OLDEST, timeout_s: 900 },
     // A VPA-driven decrease through kubelet ≥ 1.34 with and without working-set trimming (v2's
     // memory.reclaim and PSI): `cargo xtask bench` runs it here, as a benchmark.
     Suite { name: "trim_containerd@2.1",    package: "nri-resize-tests", test: "trim_containerd",    filter: "", skip: &[TWINS_1_7], env: ON_2,   kernels: NEWEST, timeout_s: 900 },
@@ -247,7 +264,23 @@ pub const SUITES: &[Suite] = &[
     Suite { name: "harness_smoke@1.7",      package: "nri-resize-tests", test: "harness_smoke",      filter: "", skip: &[TWINS_2],   env: ON_1_7, kernels: OLDEST, timeout_s: 300 },
     Suite { name: "pod_level_runtime@1.7", package: "nri-resize-tests", test: "pod_level_runtime", filter: "", skip: &[TWINS_2], env: ON_1_7, kernels: OLDEST, timeout_s: 300 },
     Suite { name: "coexist_containerd@1.7", package: "nri-resize-tests", test: "coexist_containerd", filter: "", skip: &[TWINS_2],   env: ON_1_7, kernels: OLDEST, timeout_s: 600 },
+    // kubelet's systemd cgroup driver (kubeadm's, EKS's, GKE's, AKS's default) with systemd as
+    // the guest's PID 1: pod slices, `slice:prefix:name` container cgroups, scopes made by runc
+    // through systemd. Every test of these suites, against 2.1.9.
+    Suite { name: "nri_runtime@2.1-systemd",       package: "nri-resize-tests", test: "nri_runtime",       filter: "", skip: &[TWINS_1_7], env: ON_2_SYSTEMD, kernels: SYSTEMD, timeout_s: 600 },
+    Suite { name: "pod_level_runtime@2.1-systemd", package: "nri-resize-tests", test: "pod_level_runtime", filter: "", skip: &[TWINS_1_7], env: ON_2_SYSTEMD, kernels: SYSTEMD, timeout_s: 300 },
+    Suite { name: "memory_decrease@2.1-systemd",   package: "nri-resize-tests", test: "memory_decrease",   filter: "", skip: &[TWINS_1_7], env: ON_2_SYSTEMD, kernels: SYSTEMD, timeout_s: 900 },
+    Suite { name: "resize_runtime@2.1-systemd",    package: "nri-resize-tests", test: "resize_runtime",    filter: "", skip: &[TWINS_1_7], env: ON_2_SYSTEMD, kernels: SYSTEMD, timeout_s: 900 },
 ];
+
+/// What the guest runs as PID 1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Init {
+    /// The initramfs's busybox script runs the suites itself (`xtask/scripts/vm/init.sh`).
+    Busybox,
+    /// systemd, which runs the suites as a service (kubelet's systemd cgroup driver needs it).
+    Systemd,
+}
 
 /// A Debian kernel the tier boots.
 #[derive(Clone, Copy, Debug)]
@@ -267,6 +300,10 @@ pub struct Kernel {
     pub apt_source: Option<&'static str>,
     /// Guests of one lane boot one after another; lanes run side by side (one host core each).
     pub lane: usize,
+    /// PID 1 of the guest.
+    pub init: Init,
+    /// The directory of the unpacked kernel in the cache: guests of one package share it.
+    pub cache: &'static str,
 }
 
 /// Kernels of the tier: bookworm's (via bookworm-security), trixie's, bullseye's 5.10 (the
@@ -278,6 +315,8 @@ pub const KERNELS: &[Kernel] = &[
         successor: r"^linux-image-6\.1\.0-[0-9]+-amd64$",
         modules: None,
         apt_source: None,
+        init: Init::Busybox,
+        cache: "6.1",
         lane: 0,
     },
     Kernel {
@@ -286,6 +325,8 @@ pub const KERNELS: &[Kernel] = &[
         successor: r"^linux-image-6\.12\.[0-9]+\+deb13-amd64$",
         modules: None,
         apt_source: None,
+        init: Init::Busybox,
+        cache: "6.12",
         lane: 1,
     },
     Kernel {
@@ -294,6 +335,8 @@ pub const KERNELS: &[Kernel] = &[
         successor: r"^linux-image-5\.10\.0-[0-9]+-amd64$",
         modules: None,
         apt_source: Some("http://deb.debian.org/debian-security bullseye-security main"),
+        init: Init::Busybox,
+        cache: "5.10",
         lane: 0,
     },
     Kernel {
@@ -302,6 +345,20 @@ pub const KERNELS: &[Kernel] = &[
         successor: r"^linux-binary-7\.[0-9]+\.[0-9]+\+deb[0-9]+-amd64$",
         modules: Some("linux-modules-"),
         apt_source: Some("http://deb.debian.org/debian sid main"),
+        init: Init::Busybox,
+        cache: "7.2",
+        lane: 1,
+    },
+    // trixie's kernel again, with systemd as PID 1 (its own guest: the other guests' init is
+    // busybox's, which is what the cgroupfs driver's nodes look like from below).
+    Kernel {
+        name: "6.12-systemd",
+        package: "linux-image-6.12.107+deb13-amd64",
+        successor: r"^linux-image-6\.12\.[0-9]+\+deb13-amd64$",
+        modules: None,
+        apt_source: None,
+        init: Init::Systemd,
+        cache: "6.12",
         lane: 1,
     },
 ];
@@ -593,15 +650,25 @@ fn run_kernel(
                 failures.push(format!("kernel {}: {e}", kernel.name));
                 summary.push(format!("[kernel {}] VM FAILED: {e}", kernel.name));
             }
+            let passed = results.iter().filter(|r| r.passed()).count();
+            let total = results.len();
             for r in results {
                 if !r.passed() {
                     failures.push(format!("{} on {}", r.suite, kernel.name));
                 }
                 summary.push(r.line());
             }
+            // The matrix's cell: which guest, what it is, how it went, how long it took.
             summary.push(format!(
-                "[kernel {}] whole VM (boot, suites, power-off) {:>4} s",
+                "[kernel {}] cell: {}, PID 1 {}, lane {}: {passed}/{total} suites passed; \
+                 whole VM (boot, suites, power-off) {:>4} s",
                 kernel.name,
+                kernel.package,
+                match kernel.init {
+                    Init::Busybox => "busybox",
+                    Init::Systemd => "systemd (kubelet's systemd cgroup driver)",
+                },
+                kernel.lane,
                 started.elapsed().as_secs()
             ));
         }
@@ -732,7 +799,7 @@ struct Boot {
 fn prepare_kernel(kernel: &Kernel) -> anyhow::Result<Boot> {
     std::fs::create_dir_all(cache_dir())?;
     let _lock = CacheLock::take(&cache_dir().join(".lock"))?;
-    let dir = cache_dir().join(kernel.name);
+    let dir = cache_dir().join(kernel.cache);
     let tree = dir.join("tree");
     let vmlinux = dir.join("vmlinux");
     let stamp = dir.join(".package");
@@ -1299,6 +1366,7 @@ fn guest_script(
          export HOME=/root NRI_RESIZE_IN_VM=1 NRI_RESIZE_HOTPLUG_DIR={hp}\n\
          RUN={run}\nkernel=$(uname -r)\n\
          if [ -f /sys/fs/cgroup/cgroup.controllers ]; then cg=v2; else cg=v1; fi\n\
+         if [ -d /run/systemd/system ]; then cg=\"$cg, systemd PID 1\"; fi\n\
          # CARGO_TARGET_TMPDIR must be disk-backed (the overlay's upper layer is tmpfs).\n\
          mkdir -p /tmp/cargo-target-tmp {tt} && mount --bind /tmp/cargo-target-tmp {tt}\n\
          run_suite() {{\n  name=$1 dir=$2 limit=$3; shift 3\n  log=$RUN/logs/$name.log\n  \
@@ -1585,6 +1653,14 @@ fn run_vm(
          mitigations=off nri_resize_run={}",
         run.display()
     );
+    if kernel.init == Init::Systemd {
+        // systemd starts the suites' service and D-Bus (and what sysinit pulls in), nothing of
+        // the host's default target; the host's NTP client would only wait for a network.
+        append.push_str(
+            " nri_resize_init=systemd systemd.unit=nri-resize-guest.service \
+             systemd.mask=systemd-timesyncd.service systemd.show_status=false",
+        );
+    }
     // The guest mounts its own disk on /tmp: a checkout below it is bound back over the disk.
     if root.starts_with("/tmp") {
         append.push_str(&format!(" nri_resize_keep={}", root.display()));
@@ -1994,8 +2070,12 @@ mod tests {
                     "{target}::{t} runs in no guest (nor does its twin)"
                 );
             }
-            // Suites other than the core ones run in one guest only (the tier's time).
-            let full = suites.iter().filter(|s| s.filter.is_empty()).count();
+            // Suites other than the core ones run in one guest only (the tier's time), the
+            // systemd driver's guest aside.
+            let full = suites
+                .iter()
+                .filter(|s| s.filter.is_empty() && s.kernels != SYSTEMD)
+                .count();
             let core = ["nri_runtime", "resize_runtime", "faults", "memory_decrease"];
             assert!(
                 core.contains(&target.as_str()) || full == 1,
@@ -2007,7 +2087,7 @@ mod tests {
         // newest, with paced reclaim there too.
         for (core, kernels) in [
             ("nri_runtime", ["6.1", "6.1"]),
-            ("resize_runtime", ["6.1", "6.12"]),
+            ("resize_runtime", ["6.1", "6.12-systemd"]),
             ("memory_decrease", ["6.1", "7.2"]),
         ] {
             for (version, kernel) in [("1.7", kernels[0]), ("2", kernels[1])] {
@@ -2023,9 +2103,30 @@ mod tests {
         assert!(SUITES
             .iter()
             .any(|s| s.test == "reclaim_pacing" && s.kernels == SID));
-        // Every kernel runs the kernel-facing suites.
+        // kubelet's systemd cgroup driver: its guest runs these suites whole (twins aside),
+        // with systemd as PID 1.
+        let systemd: Vec<&Kernel> = KERNELS.iter().filter(|k| k.init == Init::Systemd).collect();
+        assert_eq!(systemd.len(), 1);
+        assert_eq!(systemd[0].name, SYSTEMD[0]);
+        for test in [
+            "nri_runtime",
+            "resize_runtime",
+            "memory_decrease",
+            "pod_level_runtime",
+        ] {
+            assert!(
+                SUITES.iter().any(|s| s.test == test
+                    && s.kernels == SYSTEMD
+                    && s.filter.is_empty()
+                    && s.skip == [TWINS_1_7]
+                    && s.env.contains(&("NRI_RESIZE_CGROUP_DRIVER", "systemd"))),
+                "{test} does not run whole with the systemd driver"
+            );
+        }
+        // Every kernel runs the kernel-facing suites (each package once: the systemd guest
+        // boots 6.12's).
         for test in ["cgroup_kernel", "observer_kernel", "capacity_kernel"] {
-            for kernel in KERNELS {
+            for kernel in KERNELS.iter().filter(|k| k.init == Init::Busybox) {
                 assert!(
                     SUITES
                         .iter()

@@ -9,8 +9,9 @@
 #    host), cgroup2 with every controller enabled, bpffs, tracefs;
 # 4. chroot and run the generated `$nri_resize_run/guest.sh`, report its status on the console,
 #    power off.
-# The kernel passes unknown `key=value` boot parameters to init as environment: `nri_resize_run`
-# and, for a checkout below /tmp, `nri_resize_keep`.
+# The kernel passes unknown `key=value` boot parameters to init as environment: `nri_resize_run`,
+# `nri_resize_init` (`systemd`: step 4 starts systemd as PID 1 instead) and, for a checkout below
+# /tmp, `nri_resize_keep`.
 /bin/busybox mkdir -p /sbin /usr/bin /usr/sbin
 /bin/busybox --install -s
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin
@@ -77,6 +78,44 @@ say "kernel $(uname -r), cgroup2 controllers: $(cat $R/sys/fs/cgroup/cgroup.subt
 # With a bare chroot of /newroot nothing is stacked on the initramfs's `/`, so an exec'd process
 # landed in the initramfs, outside the container's root. This init keeps its own view (its root
 # is the initramfs's root directory itself) for the status line and the power-off below.
+# `nri_resize_init=systemd`: systemd is PID 1 (kubelet's systemd cgroup driver needs it). It
+# starts only `nri-resize-guest.service` (`systemd.unit=` on the kernel command line) and what
+# that needs (D-Bus); the service runs the suites, prints the status line and powers off.
+if [ "$nri_resize_init" = systemd ]; then
+    unit=$R/etc/systemd/system/nri-resize-guest.service
+    mkdir -p "$R/etc/systemd/system" || fail "mkdir /etc/systemd/system"
+    # The host's fstab names the host's disks: systemd would wait for them.
+    : >"$R/etc/fstab" || fail "empty /etc/fstab"
+    {
+        echo "[Unit]"
+        echo "Description=nri-resize VM suites"
+        echo "DefaultDependencies=no"
+        echo "Requires=dbus.socket"
+        echo "After=dbus.socket"
+        echo "[Service]"
+        echo "Type=oneshot"
+        echo "TimeoutStartSec=infinity"
+        echo "LimitNOFILE=1048576"
+        echo "LimitMEMLOCK=infinity"
+        echo "TasksMax=infinity"
+        echo "StandardOutput=journal+console"
+        echo "ExecStart=/bin/bash $nri_resize_run/systemd-guest.sh"
+    } >"$unit" || fail "write $unit"
+    {
+        echo "bash $nri_resize_run/guest.sh"
+        echo 's=$?'
+        echo 'sync'
+        echo 'echo "NRI_RESIZE_VM_STATUS $s" >/dev/console'
+        echo 'systemctl poweroff --force --force'
+    } >"$R$nri_resize_run/systemd-guest.sh" || fail "write systemd-guest.sh"
+    # A host that is itself a container marks its `/` (`/.dockerenv`, `/run/.containerenv`):
+    # systemd would take the guest for a container and ignore the kernel's command line.
+    rm -f "$R/.dockerenv" "$R/run/.containerenv"
+    say "starting systemd as PID 1"
+    cd $R || fail "cd $R"
+    mount --move . / || fail "move the new root over /"
+    exec chroot . /lib/systemd/systemd
+fi
 cd $R || fail "cd $R"
 mount --move . / || fail "move the new root over /"
 chroot . /bin/bash "$nri_resize_run/guest.sh"
