@@ -47,9 +47,10 @@ need_pkgs=()
 for p in protobuf-compiler busybox-static gcc libc6-dev; do
   dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
 done
-# The VM tier (`cargo xtask vm-test`): QEMU from bookworm (TCG; qboot.rom is in qemu-system-data),
+# The VM tier (`cargo xtask vm-test`): QEMU from bookworm (TCG; qboot.rom is in qemu-system-data;
+# qemu-system-arm has qemu-system-aarch64 for the arm64 guest),
 # xz/zstd to unpack Debian's kernels, e2fsprogs for the guest's /tmp disk.
-for p in qemu-system-x86 qemu-system-data xz-utils zstd e2fsprogs; do
+for p in qemu-system-x86 qemu-system-arm qemu-system-data xz-utils zstd e2fsprogs; do
   dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p/bookworm")
 done
 dpkg -s runc >/dev/null 2>&1 || need_pkgs+=("runc/bookworm")
@@ -135,6 +136,25 @@ if [[ $want_ebpf -eq 1 ]]; then
     apt_update
     log "installing eBPF toolchain ${e_pkgs[*]}"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${e_pkgs[@]}" >/dev/null
+  fi
+  # The arm64 guest's test binaries, cross-built: Debian's rustc-web with its arm64 standard
+  # library (a multi-arch package of bookworm-security; the arm64 libc6 it needs must match the
+  # host's version, which may bring the host's own multi-arch libraries to their security
+  # update) and the cross linker.
+  foreign=$(dpkg --print-foreign-architectures)
+  if ! grep -qx arm64 <<<"$foreign"; then
+    log "adding the arm64 architecture (for libstd-rust-web-dev:arm64)"
+    dpkg --add-architecture arm64
+    apt_updated=0
+  fi
+  x_pkgs=()
+  for p in libstd-rust-web-dev:arm64 gcc-aarch64-linux-gnu libc6-dev-arm64-cross; do
+    dpkg -s "$p" >/dev/null 2>&1 || x_pkgs+=("$p")
+  done
+  if [[ ${#x_pkgs[@]} -gt 0 ]]; then
+    apt_update
+    log "installing the arm64 cross toolchain ${x_pkgs[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${x_pkgs[@]}" >/dev/null
   fi
   if ! command -v bpf-linker >/dev/null 2>&1 || ! bpf-linker --version 2>/dev/null | grep -q '0\.13\.0'; then
     log "building bpf-linker 0.13.0 against LLVM 22 (about a minute)"

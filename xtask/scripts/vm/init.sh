@@ -10,8 +10,9 @@
 # 4. chroot and run the generated `$nri_resize_run/guest.sh`, report its status on the console,
 #    power off.
 # The kernel passes unknown `key=value` boot parameters to init as environment: `nri_resize_run`,
-# `nri_resize_init` (`systemd`: step 4 starts systemd as PID 1 instead) and, for a checkout below
-# /tmp, `nri_resize_keep`.
+# `nri_resize_init` (`systemd`: step 4 starts systemd as PID 1 instead), `nri_resize_userland`
+# and `nri_resize_shell` (the arm64 guest, below) and, for a checkout below /tmp,
+# `nri_resize_keep`.
 /bin/busybox mkdir -p /sbin /usr/bin /usr/sbin
 /bin/busybox --install -s
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin
@@ -38,7 +39,16 @@ mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 hostroo
     fail "mount 9p hostroot"
 mount -t tmpfs -o size=75% tmpfs /upper || fail "tmpfs upper"
 mkdir -p /upper/data /upper/work
-mount -t overlay overlay -o lowerdir=/lower,upperdir=/upper/data,workdir=/upper/work /newroot ||
+# `nri_resize_userland=1` (the arm64 guest): Debian's arm64 packages (9p tag `userland`) lie over
+# the host's `/`, so the arm64 libraries, runtimes and busybox applets shadow the host's.
+lower=/lower
+if [ -n "$nri_resize_userland" ]; then
+    mkdir -p /userland
+    mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 userland /userland ||
+        fail "mount 9p userland"
+    lower=/userland:/lower
+fi
+mount -t overlay overlay -o lowerdir=$lower,upperdir=/upper/data,workdir=/upper/work /newroot ||
     fail "overlay root"
 
 R=/newroot
@@ -118,7 +128,7 @@ if [ "$nri_resize_init" = systemd ]; then
 fi
 cd $R || fail "cd $R"
 mount --move . / || fail "move the new root over /"
-chroot . /bin/bash "$nri_resize_run/guest.sh"
+chroot . "${nri_resize_shell:-/bin/bash}" "$nri_resize_run/guest.sh"
 status=$?
 cd /
 sync
