@@ -96,8 +96,6 @@ fn copy_bench_rows(run: &Path) -> anyhow::Result<()> {
 const VM_FILES: &str = "target/vm";
 /// Every kernel of the tier.
 const ALL: &[&str] = &["6.1", "6.12", "5.10", "7.2", "6.12-arm64"];
-/// The amd64 kernels.
-const AMD64: &[&str] = &["6.1", "6.12", "5.10", "7.2"];
 /// trixie's arm64 kernel (`qemu-system-aarch64`).
 const ARM64: &[&str] = &["6.12-arm64"];
 /// trixie's 6.12 booted with systemd as PID 1: kubelet's systemd cgroup driver.
@@ -236,15 +234,6 @@ const NO_QEMU_HOTPLUG: &[&str] = &[
     "qemu_memory_hotplug_is_detected_in_a_vm",
 ];
 
-/// Left out on arm64, a known bug: the `fentry` throttling program counts each throttle right
-/// (it agrees with `cpu.stat`) but measures its duration against `bpf_ktime_get_ns`, while the
-/// kernel's `throttled_clock` is the runqueue's clock (`sched_clock`); they run close on x86 and
-/// apart on arm64, where every duration came out 0 ("no throttled time accumulated"). The fix
-/// reads the runqueue's own clock after `unthrottle_cfs_rq` has updated it (an `fexit` beside the
-/// `fentry`); until then `cpu.stat`'s `throttled_usec` is the time to trust on arm64.
-const ARM64_THROTTLED_TIME: &[&str] =
-    &["throttling_from_sched_switch_agrees_with_cpu_stat_and_with_forced_fallback"];
-
 /// What the guest runs, in order. To add a suite, add one line here. The soak runs natively only.
 #[rustfmt::skip]
 pub const SUITES: &[Suite] = &[
@@ -255,8 +244,7 @@ pub const SUITES: &[Suite] = &[
     Suite { name: "vm_hotplug",      package: "nri-resize", test: "vm_hotplug",      filter: "", skip: &[],          env: &[], kernels: OLDEST, timeout_s: 120 },
     Suite { name: "vm_hotplug-no-cpu-slot", package: "nri-resize", test: "vm_hotplug", filter: "", skip: &[NO_CPU_SLOT], env: &[], kernels: NEWEST, timeout_s: 120 },
     Suite { name: "cgroup_kernel",   package: "nri-resize", test: "cgroup_kernel",   filter: "", skip: &[], env: &[], kernels: ALL, timeout_s: 600 },
-    Suite { name: "observer_kernel", package: "nri-resize", test: "observer_kernel", filter: "", skip: &[], env: &[("NRI_RESIZE_EXPECT_THROTTLE", "fentry"), ("NRI_RESIZE_EXPECT_RECLAIM", "fexit")], kernels: AMD64, timeout_s: 420 },
-    Suite { name: "observer_kernel-arm64", package: "nri-resize", test: "observer_kernel", filter: "", skip: &[ARM64_THROTTLED_TIME], env: &[("NRI_RESIZE_EXPECT_THROTTLE", "fentry"), ("NRI_RESIZE_EXPECT_RECLAIM", "fexit")], kernels: ARM64, timeout_s: 420 },
+    Suite { name: "observer_kernel", package: "nri-resize", test: "observer_kernel", filter: "", skip: &[], env: &[("NRI_RESIZE_EXPECT_THROTTLE", "fentry"), ("NRI_RESIZE_EXPECT_RECLAIM", "fexit")], kernels: ALL, timeout_s: 420 },
     Suite { name: "capacity_kernel", package: "nri-resize", test: "capacity_kernel", filter: "", skip: &[],          env: &[], kernels: OLDEST_TWO, timeout_s: 300 },
     Suite { name: "capacity_kernel-no-cpu-slot", package: "nri-resize", test: "capacity_kernel", filter: "", skip: &[NO_CPU_SLOT], env: &[], kernels: NEWEST_TWO, timeout_s: 300 },
     Suite { name: "capacity_kernel-no-hotplug", package: "nri-resize", test: "capacity_kernel", filter: "", skip: &[NO_QEMU_HOTPLUG], env: &[], kernels: ARM64, timeout_s: 300 },

@@ -32,6 +32,8 @@ pub mod names {
     pub const PROG_NOOP_SWITCH: &str = "noop_switch";
     /// `fentry/unthrottle_cfs_rq` program: counts throttling from the unthrottle path.
     pub const PROG_UNTHROTTLE: &str = "unthrottle_cfs_rq";
+    /// `fexit/unthrottle_cfs_rq` program: the throttle's duration on the runqueue's clock.
+    pub const PROG_UNTHROTTLE_EXIT: &str = "unthrottle_cfs_rq_exit";
     /// `tracepoint/memcg/count_memcg_events` program (the fallback of the `tp_btf` one).
     pub const PROG_MEMCG_EVENTS: &str = "count_memcg_events";
     /// `tp_btf/count_memcg_events` program: the same counts from the raw tracepoint, which
@@ -290,6 +292,12 @@ pub struct ObserverConfig {
     pub memcg_css: u32,
     /// Byte offset of `cfs_rq::throttled_clock` (u64), for the fentry strategy; `NO_FIELD` if absent.
     pub cfs_rq_throttled_clock: u32,
+    /// Byte offset of `cfs_rq::rq` (`struct rq *`), for the fentry strategy's durations;
+    /// `NO_FIELD` if absent.
+    pub cfs_rq_rq: u32,
+    /// Byte offset of `rq::clock` (u64, the runqueue's clock `throttled_clock` is taken from);
+    /// `NO_FIELD` if absent.
+    pub rq_clock: u32,
     /// Layout of the `memcg/count_memcg_events` record.
     pub memcg_events: MemcgEventsLayout,
     /// `enum vm_event_item` value of each `ReclaimSlot`; `NO_ITEM` for events this kernel lacks.
@@ -326,6 +334,8 @@ impl ObserverConfig {
         task_group_css: 0,
         memcg_css: 0,
         cfs_rq_throttled_clock: NO_FIELD,
+        cfs_rq_rq: NO_FIELD,
+        rq_clock: NO_FIELD,
         memcg_events: MemcgEventsLayout {
             id: 0,
             item: 0,
@@ -405,4 +415,4 @@ const _: () = assert!(core::mem::size_of::<CpuHotplugEvent>() == 32);
 const _: () = assert!(core::mem::size_of::<MemcgEventsLayout>() == 16);
 const _: () = assert!(core::mem::size_of::<CpuhpLayout>() == 16);
 const _: () =
-    assert!(core::mem::size_of::<ObserverConfig>() == 4 * (18 + 4 + RECLAIM_SLOTS + 1 + 4 + 4 + 1));
+    assert!(core::mem::size_of::<ObserverConfig>() == 4 * (20 + 4 + RECLAIM_SLOTS + 1 + 4 + 4 + 1));

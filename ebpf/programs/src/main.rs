@@ -24,7 +24,7 @@ use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::{btf_tracepoint, fentry, fexit, map, tracepoint},
-    maps::{Array, HashMap, LruPerCpuHashMap, RingBuf},
+    maps::{Array, HashMap, LruPerCpuHashMap, PerCpuArray, RingBuf},
     programs::{BtfTracePointContext, FEntryContext, FExitContext, TracePointContext},
     EbpfContext, Global,
 };
@@ -59,6 +59,11 @@ static THROTTLED_TASKS: HashMap<u32, ThrottleStart> = HashMap::with_max_entries(
 #[map(name = "THROTTLE_PENDING")]
 static THROTTLE_PENDING: Array<ThrottlePending> =
     Array::with_max_entries((1 << 22) / THROTTLE_PENDING_PIDS_PER_SLOT, 0);
+
+/// `cfs_rq->throttled_clock` as `fentry/unthrottle_cfs_rq` found it, for its `fexit` on the
+/// same CPU (the runqueue's lock is held across the call: nothing else runs between them there).
+#[map(name = "UNTHROTTLE_SINCE")]
+static UNTHROTTLE_SINCE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 #[map(name = "RECLAIM")]
 static RECLAIM: LruPerCpuHashMap<CgroupKey, ReclaimCounters> =
@@ -317,24 +322,57 @@ pub fn unthrottle_cfs_rq(ctx: FEntryContext) -> u32 {
 fn try_unthrottle_cfs_rq(ctx: &FEntryContext) -> Result<(), Error> {
     let cfg = config()?;
     let cfs_rq: u64 = ctx.arg(0);
-    let tg: u64 = read(cfs_rq, cfg.cfs_rq_tg)?;
-    let key = css_cgroup(&cfg, tg + u64::from(cfg.task_group_css), cfg.cpu_hierarchy)?;
-    let throttled_ns = if cfg.cfs_rq_throttled_clock == NO_FIELD {
+    // The throttle began at `throttled_clock` (the runqueue's clock); its end is measured in the
+    // `fexit` below, on the same clock, once the function has updated it.
+    let since: u64 = if cfg.cfs_rq_throttled_clock == NO_FIELD {
         0
     } else {
-        // `throttled_clock` is in rq clock time, close to `bpf_ktime_get_ns` on x86 (both
-        // count from boot); an approximation good enough for a duration.
-        let since: u64 = read(cfs_rq, cfg.cfs_rq_throttled_clock)?;
-        if since == 0 {
-            0
-        } else {
-            now().saturating_sub(since)
-        }
+        read(cfs_rq, cfg.cfs_rq_throttled_clock)?
     };
-    update_counters(&THROTTLE, &key, |c| {
-        c.throttled_count += 1;
-        c.throttled_ns += throttled_ns;
-    })
+    if let Some(slot) = UNTHROTTLE_SINCE.get_ptr_mut(0) {
+        // SAFETY: this CPU's slot of a per-CPU array, written by this CPU only.
+        unsafe { *slot = since };
+    }
+    let tg: u64 = read(cfs_rq, cfg.cfs_rq_tg)?;
+    let key = css_cgroup(&cfg, tg + u64::from(cfg.task_group_css), cfg.cpu_hierarchy)?;
+    update_counters(&THROTTLE, &key, |c| c.throttled_count += 1)
+}
+
+/// `fexit/unthrottle_cfs_rq`: the throttle's duration, `rq_clock(rq) - throttled_clock` as the
+/// kernel itself adds it to `cpu.stat`'s `throttled_usec` (the function updates the runqueue's
+/// clock first). Where the kernel's BTF lacks `cfs_rq::rq` or `rq::clock`, `bpf_ktime_get_ns`
+/// stands in: close to the runqueue's clock on x86, not on arm64 (every duration was 0 there).
+#[fexit(function = "unthrottle_cfs_rq")]
+pub fn unthrottle_cfs_rq_exit(ctx: FExitContext) -> u32 {
+    if let Err(e) = try_unthrottle_cfs_rq_exit(&ctx) {
+        if !matches!(e, Error::Unconfigured) {
+            warn!(&ctx, "unthrottle_cfs_rq_exit: error {}", e.code());
+        }
+    }
+    0
+}
+
+fn try_unthrottle_cfs_rq_exit(ctx: &FExitContext) -> Result<(), Error> {
+    let cfg = config()?;
+    let cfs_rq: u64 = ctx.arg(0);
+    let Some(slot) = UNTHROTTLE_SINCE.get_ptr_mut(0) else {
+        return Ok(());
+    };
+    // SAFETY: this CPU's slot of a per-CPU array, written by this CPU only.
+    let since = unsafe { core::mem::replace(&mut *slot, 0) };
+    if since == 0 {
+        return Ok(());
+    }
+    let end = if cfg.cfs_rq_rq == NO_FIELD || cfg.rq_clock == NO_FIELD {
+        now()
+    } else {
+        let rq: u64 = read(cfs_rq, cfg.cfs_rq_rq)?;
+        read(rq, cfg.rq_clock)?
+    };
+    let throttled_ns = end.saturating_sub(since);
+    let tg: u64 = read(cfs_rq, cfg.cfs_rq_tg)?;
+    let key = css_cgroup(&cfg, tg + u64::from(cfg.task_group_css), cfg.cpu_hierarchy)?;
+    update_counters(&THROTTLE, &key, |c| c.throttled_ns += throttled_ns)
 }
 
 // ---------------------------------------------------------------------------------------------

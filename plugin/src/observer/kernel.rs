@@ -128,6 +128,8 @@ fn resolve(
         c.cfs_rq_tg = btf.offset("cfs_rq", "tg")?;
         c.task_group_css = btf.offset("task_group", "css")?;
         c.cfs_rq_throttled_clock = btf.offset("cfs_rq", "throttled_clock").unwrap_or(NO_FIELD);
+        c.cfs_rq_rq = btf.offset("cfs_rq", "rq").unwrap_or(NO_FIELD);
+        c.rq_clock = btf.offset("rq", "clock").unwrap_or(NO_FIELD);
         Ok(())
     })()
     .map_err(ProbeError::from);
@@ -606,8 +608,16 @@ fn attach_throttle(
 ) -> ThrottleStrategy {
     let mut throttle = forced.unwrap_or(ThrottleStrategy::Fentry);
     if throttle == ThrottleStrategy::Fentry {
+        // The pair: the `fentry` counts and notes when the throttle began, the `fexit` adds
+        // its duration once the function has updated the runqueue's clock.
         let attached = r.task_chain.clone().and(r.cfs_rq.clone()).and_then(|()| {
-            attach_fentry(ebpf, names::PROG_UNTHROTTLE, "unthrottle_cfs_rq", aya_btf)
+            attach_fentry(ebpf, names::PROG_UNTHROTTLE, "unthrottle_cfs_rq", aya_btf)?;
+            attach_fexit(
+                ebpf,
+                names::PROG_UNTHROTTLE_EXIT,
+                "unthrottle_cfs_rq",
+                aya_btf,
+            )
         });
         if let Err(reason) = attached {
             throttle = ThrottleStrategy::TpBtfSchedSwitch;
