@@ -61,18 +61,49 @@ pub struct ImageArchives {
     pub busybox: PathBuf,
 }
 
+/// Archives built elsewhere, used instead of building them here: `<pause archive>:<busybox
+/// archive>`. The VM tier's arm64 guest gets them from the host ([`build_archives`] for arm64,
+/// `src/bin/test_images.rs`): there is no compiler in that guest.
+pub const TEST_IMAGES_ENV: &str = "NRI_RESIZE_TEST_IMAGES";
+
 /// Builds (first call on a machine) or finds (later calls) the image archives.
 /// Thread-safe; builds at most once per process.
 pub fn image_archives() -> &'static ImageArchives {
     static ARCHIVES: OnceLock<ImageArchives> = OnceLock::new();
     ARCHIVES.get_or_init(|| {
+        if let Ok(given) = std::env::var(TEST_IMAGES_ENV) {
+            let (pause, busybox) = given.split_once(':').unwrap_or_else(|| {
+                panic!("{TEST_IMAGES_ENV}={given:?}: expected <pause archive>:<busybox archive>")
+            });
+            let archives = ImageArchives {
+                pause: PathBuf::from(pause),
+                busybox: PathBuf::from(busybox),
+            };
+            for a in [&archives.pause, &archives.busybox] {
+                assert!(a.is_file(), "{TEST_IMAGES_ENV}: no archive {}", a.display());
+            }
+            return archives;
+        }
         let dir = cache_dir().join("images");
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
-        ImageArchives {
-            pause: pause_archive(&dir),
-            busybox: busybox_archive(&dir),
-        }
+        let gcc = require_in_path(
+            "gcc",
+            "gcc (to build the pause image and the latency probe)",
+        );
+        let busybox = Path::new("/bin/busybox");
+        require_binary(busybox, "busybox-static (/bin/busybox)");
+        build_archives(&dir, &gcc, busybox, oci_arch())
     })
+}
+
+/// The two archives for `arch` (OCI's name) in `dir`, built with the C compiler `gcc` (static)
+/// around the static `busybox` (its applets as the host's `/bin/busybox` lists them: a foreign
+/// busybox cannot run here); cached by the hash of their inputs.
+pub fn build_archives(dir: &Path, gcc: &Path, busybox: &Path, arch: &str) -> ImageArchives {
+    ImageArchives {
+        pause: pause_archive(dir, gcc, arch),
+        busybox: busybox_archive(dir, gcc, busybox, arch),
+    }
 }
 
 pub(crate) fn sha256_hex(data: &[u8]) -> String {
@@ -122,14 +153,21 @@ fn static_c(dir: &Path, gcc: &Path, name: &str, source: &str) -> Vec<u8> {
     binary
 }
 
-fn pause_archive(dir: &Path) -> PathBuf {
-    let gcc = require_in_path("gcc", "gcc (to build the pause image)");
-    let key = sha256_hex(&[FORMAT.as_bytes(), PAUSE_C.as_bytes(), &gcc_version(&gcc)].concat());
+fn pause_archive(dir: &Path, gcc: &Path, arch: &str) -> PathBuf {
+    let key = sha256_hex(
+        &[
+            FORMAT.as_bytes(),
+            PAUSE_C.as_bytes(),
+            &gcc_version(gcc),
+            arch.as_bytes(),
+        ]
+        .concat(),
+    );
     let archive = dir.join(format!("pause-{}.tar", &key[..16]));
     if archive.is_file() {
         return archive;
     }
-    let binary = static_c(dir, &gcc, "pause", PAUSE_C);
+    let binary = static_c(dir, gcc, "pause", PAUSE_C);
 
     let mut layer = LayerBuilder::new();
     for d in ["dev", "proc", "sys", "etc"] {
@@ -140,22 +178,20 @@ fn pause_archive(dir: &Path) -> PathBuf {
         "Entrypoint": ["/pause"],
         "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
     });
-    write_archive(&archive, PAUSE_IMAGE, &layer.finish(), &config);
+    write_archive(&archive, PAUSE_IMAGE, &layer.finish(), &config, arch);
     archive
 }
 
-fn busybox_archive(dir: &Path) -> PathBuf {
-    let busybox = Path::new("/bin/busybox");
-    require_binary(busybox, "busybox-static (/bin/busybox)");
+fn busybox_archive(dir: &Path, gcc: &Path, busybox: &Path, arch: &str) -> PathBuf {
     let binary =
         std::fs::read(busybox).unwrap_or_else(|e| panic!("read {}: {e}", busybox.display()));
-    let gcc = require_in_path("gcc", "gcc (to build the latency probe)");
     let key = sha256_hex(
         &[
             FORMAT.as_bytes(),
             &binary,
             LATENCY_PROBE_C.as_bytes(),
-            &gcc_version(&gcc),
+            &gcc_version(gcc),
+            arch.as_bytes(),
         ]
         .concat(),
     );
@@ -163,8 +199,8 @@ fn busybox_archive(dir: &Path) -> PathBuf {
     if archive.is_file() {
         return archive;
     }
-    let probe = static_c(dir, &gcc, "latency-probe", LATENCY_PROBE_C);
-    let out = Command::new(busybox)
+    let probe = static_c(dir, gcc, "latency-probe", LATENCY_PROBE_C);
+    let out = Command::new("/bin/busybox")
         .arg("--list-full")
         .output()
         .unwrap_or_else(|e| panic!("run busybox --list-full: {e}"));
@@ -208,7 +244,7 @@ fn busybox_archive(dir: &Path) -> PathBuf {
         "Cmd": ["sh"],
         "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
     });
-    write_archive(&archive, BUSYBOX_IMAGE, &layer.finish(), &config);
+    write_archive(&archive, BUSYBOX_IMAGE, &layer.finish(), &config, arch);
     archive
 }
 
@@ -272,10 +308,16 @@ fn oci_arch() -> &'static str {
 /// Writes an OCI image-layout archive (`oci-layout`, `index.json`, `blobs/sha256/*`).
 /// The image name is carried by the `io.containerd.image.name` annotation, which both
 /// containerd 1.7 and 2.x `ctr images import` use as the full name.
-fn write_archive(path: &Path, name: &str, layer: &[u8], image_config: &serde_json::Value) {
+fn write_archive(
+    path: &Path,
+    name: &str,
+    layer: &[u8],
+    image_config: &serde_json::Value,
+    arch: &str,
+) {
     let layer_digest = format!("sha256:{}", sha256_hex(layer));
     let config = serde_json::json!({
-        "architecture": oci_arch(),
+        "architecture": arch,
         "os": "linux",
         "config": image_config,
         "rootfs": { "type": "layers", "diff_ids": [layer_digest] },
@@ -305,7 +347,7 @@ fn write_archive(path: &Path, name: &str, layer: &[u8], image_config: &serde_jso
             "mediaType": "application/vnd.oci.image.manifest.v1+json",
             "digest": manifest_digest,
             "size": manifest.len(),
-            "platform": { "architecture": oci_arch(), "os": "linux" },
+            "platform": { "architecture": arch, "os": "linux" },
             "annotations": {
                 "io.containerd.image.name": name,
                 "org.opencontainers.image.ref.name": TAG,

@@ -65,7 +65,9 @@ pub use image::{
     daemon_image_archive, free_port, http_get, AsDeployed, DaemonContainer, DAEMON_IMAGE,
     LEAST_PRIVILEGE_CAPS,
 };
-pub use images::{image_archives, ImageArchives, BUSYBOX_IMAGE, PAUSE_IMAGE};
+pub use images::{
+    build_archives, image_archives, ImageArchives, BUSYBOX_IMAGE, PAUSE_IMAGE, TEST_IMAGES_ENV,
+};
 /// The CRI v1 API (types and clients) from crate `k8s-cri`.
 pub use k8s_cri::v1 as cri;
 pub use kubelet::{KubeletPodResize, KubeletResize};

@@ -150,6 +150,14 @@ const ON_2_SYSTEMD: &[(&str, &str)] = &[
         "{root}/target/vm/nri-resize.oci.tar",
     ),
 ];
+/// The arm64 guest's containerd (trixie's 1.7.24 for arm64, in its userland) and the plugin
+/// cross-built for it; the harness's images come from the host (`NRI_RESIZE_TEST_IMAGES`).
+const ON_1_7_ARM64: &[(&str, &str)] = &[
+    ("NRI_RESIZE_CONTAINERD", "1.7"),
+    ("NRI_RESIZE_EXPECT_THROTTLE", "fentry"),
+    ("NRI_RESIZE_EXPECT_RECLAIM", "fexit"),
+    ("NRI_RESIZE_BIN", "{root}/target/vm/aarch64/nri-resize"),
+];
 /// Twins named for 1.7, left out where every containerd is 2.1.9 (their `_2` twin runs).
 const TWINS_1_7: &[&str] = &[
     "smoke_containerd_1_7",
@@ -248,6 +256,11 @@ pub const SUITES: &[Suite] = &[
     Suite { name: "capacity_kernel", package: "nri-resize", test: "capacity_kernel", filter: "", skip: &[],          env: &[], kernels: OLDEST_TWO, timeout_s: 300 },
     Suite { name: "capacity_kernel-no-cpu-slot", package: "nri-resize", test: "capacity_kernel", filter: "", skip: &[NO_CPU_SLOT], env: &[], kernels: NEWEST_TWO, timeout_s: 300 },
     Suite { name: "capacity_kernel-no-hotplug", package: "nri-resize", test: "capacity_kernel", filter: "", skip: &[NO_QEMU_HOTPLUG], env: &[], kernels: ARM64, timeout_s: 300 },
+    // A real-containerd smoke on arm64: the plugin registers, a CRI resize and its own update
+    // reach the cgroups and ContainerStatus and are confirmed, it survives its own and
+    // containerd's restarts; and the observer sees a live pod's throttling through eBPF.
+    Suite { name: "nri_runtime@1.7-arm64", package: "nri-resize-tests", test: "nri_runtime", filter: "plugin_lifecycle_containerd_1_7", skip: &[], env: ON_1_7_ARM64, kernels: ARM64, timeout_s: 600 },
+    Suite { name: "observer_containerd@1.7-arm64", package: "nri-resize-tests", test: "observer_containerd", filter: "observer_through_containerd_1_7", skip: &[], env: ON_1_7_ARM64, kernels: ARM64, timeout_s: 600 },
     // Every test of the real-runtime suites runs once on cgroup v2, in one guest against one
     // containerd (a pair of twins counts as one test), each suite where the two lanes end
     // close to each other. The host runs
@@ -779,62 +792,104 @@ const ARM64_TARGET: &str = "aarch64-unknown-linux-gnu";
 /// The arm64 guest's executables: the suites' test binaries cross-built for
 /// [`ARM64_TARGET`] with Debian's `rustc-web` (rustup has no aarch64 standard library here;
 /// Debian's `libstd-rust-web-dev:arm64` is one) and linked by `aarch64-linux-gnu-gcc`, into
-/// `target/cross`. The eBPF object is the same one (the programs read BTF-typed arguments,
-/// not `pt_regs`). Only the kernel-facing suites (package `nri-resize`) run there.
+/// `target/cross`; for the real-runtime suites also the plugin binary (copied to
+/// `target/vm/aarch64/nri-resize`). The eBPF object is the same one (the programs read
+/// BTF-typed arguments, not `pt_regs`).
 fn build_cross_suites(root: &Path, suites: &[Suite]) -> anyhow::Result<BTreeMap<String, PathBuf>> {
-    if let Some(s) = suites.iter().find(|s| s.package != "nri-resize") {
-        bail!(
-            "{}: only the kernel-facing suites (package nri-resize) run in the arm64 guest",
-            s.name
-        );
-    }
-    let mut tests: Vec<&str> = suites.iter().map(|s| s.test).collect();
-    tests.sort_unstable();
-    tests.dedup();
-    let mut cmd = crate::cargo();
-    cmd.args([
-        "test",
-        "--no-run",
-        "--message-format=json",
-        "--target",
-        ARM64_TARGET,
-        "--target-dir",
-    ])
-    .arg(root.join("target/cross"))
-    .args(["-p", "nri-resize"])
-    .env("RUSTC", "/usr/bin/rustc")
-    .env(
-        "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER",
-        "aarch64-linux-gnu-gcc",
-    )
-    .env("CC_aarch64_unknown_linux_gnu", "aarch64-linux-gnu-gcc")
-    .env_remove("RUSTC_WRAPPER");
-    for t in &tests {
-        cmd.args(["--test", t]);
-    }
-    eprintln!("\n==> cross-build the arm64 guest's suites\n    $ {cmd:?}");
-    let out = cmd
-        .stderr(Stdio::inherit())
-        .output()
-        .context("run cargo test --no-run --target aarch64-unknown-linux-gnu")?;
-    if !out.status.success() {
-        bail!(
-            "cross-building the arm64 test binaries failed (Debian's rustc-web, \
-             libstd-rust-web-dev:arm64 and gcc-aarch64-linux-gnu: `cargo xtask setup`)"
-        );
+    let cross = |args: &[&str]| {
+        let mut cmd = crate::cargo();
+        cmd.args(args)
+            .args(["--target", ARM64_TARGET, "--target-dir"])
+            .arg(root.join("target/cross"))
+            .env("RUSTC", "/usr/bin/rustc")
+            .env(
+                "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER",
+                "aarch64-linux-gnu-gcc",
+            )
+            .env("CC_aarch64_unknown_linux_gnu", "aarch64-linux-gnu-gcc")
+            .env_remove("RUSTC_WRAPPER");
+        cmd
+    };
+    let mut by_package: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for s in suites {
+        let tests = by_package.entry(s.package).or_default();
+        if !tests.contains(&s.test) {
+            tests.push(s.test);
+        }
     }
     let mut binaries = BTreeMap::new();
-    for (name, exe) in test_executables(&out.stdout) {
-        if tests.contains(&name.as_str()) {
-            binaries.insert(binary_key(Arch::Arm64, &name), exe);
+    for (package, tests) in &by_package {
+        let mut cmd = cross(&["test", "--no-run", "--message-format=json", "-p", package]);
+        for t in tests {
+            cmd.args(["--test", t]);
+        }
+        eprintln!("\n==> cross-build the arm64 guest's suites of {package}\n    $ {cmd:?}");
+        let out = cmd
+            .stderr(Stdio::inherit())
+            .output()
+            .context("run cargo test --no-run --target aarch64-unknown-linux-gnu")?;
+        if !out.status.success() {
+            bail!(
+                "cross-building the arm64 test binaries of {package} failed (Debian's rustc-web, \
+                 libstd-rust-web-dev:arm64 and gcc-aarch64-linux-gnu: `cargo xtask setup`)"
+            );
+        }
+        for (name, exe) in test_executables(&out.stdout) {
+            if tests.contains(&name.as_str()) {
+                binaries.insert(binary_key(Arch::Arm64, &name), exe);
+            }
+        }
+        for t in tests {
+            if !binaries.contains_key(&binary_key(Arch::Arm64, t)) {
+                bail!("cargo built no aarch64 test executable for {package} --test {t}");
+            }
         }
     }
-    for t in &tests {
-        if !binaries.contains_key(&binary_key(Arch::Arm64, t)) {
-            bail!("cargo built no aarch64 test executable for --test {t}");
-        }
+    if suites.iter().any(Suite::needs_plugin) {
+        let mut args = vec!["build"];
+        args.extend(crate::TEST_DAEMON_BUILD.iter().skip(1));
+        crate::run(
+            "cross-build the plugin binary for the arm64 guest",
+            &mut cross(&args),
+        )?;
+        let dir = root.join(VM_FILES).join("aarch64");
+        std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+        let built = root
+            .join("target/cross")
+            .join(ARM64_TARGET)
+            .join("debug/nri-resize");
+        let tmp = dir.join("nri-resize.tmp");
+        std::fs::copy(&built, &tmp)
+            .with_context(|| format!("copy {} to {}", built.display(), tmp.display()))?;
+        std::fs::rename(&tmp, dir.join("nri-resize"))?;
     }
     Ok(binaries)
+}
+
+/// The harness's two images for the arm64 guest, built on the host (no compiler there) with the
+/// cross compiler around the userland's busybox: the value of `NRI_RESIZE_TEST_IMAGES`.
+fn arm64_test_images(userland: &Path) -> anyhow::Result<String> {
+    let busybox = userland.join("usr/bin/busybox");
+    let out = crate::cargo()
+        .args([
+            "run",
+            "-q",
+            "-p",
+            "nri-resize-tests",
+            "--bin",
+            "test_images",
+            "--",
+            "arm64",
+        ])
+        .arg(&busybox)
+        .arg("aarch64-linux-gnu-gcc")
+        .stderr(Stdio::inherit())
+        .output()
+        .context("run the tests' test_images")?;
+    if !out.status.success() {
+        bail!("building the arm64 test images failed");
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
 /// `(target name, executable)` of every test target in cargo's JSON messages.
@@ -1656,6 +1711,7 @@ fn guest_script(
     arch: Arch,
     suites: &[Suite],
     binaries: &BTreeMap<String, PathBuf>,
+    exports: &[(&str, String)],
 ) -> String {
     // `CARGO_TARGET_TMPDIR` of the host's build, or of the arm64 guest's cross build.
     let target_tmp = match arch {
@@ -1696,6 +1752,9 @@ fn guest_script(
     }
     // `cargo xtask bench`: the guest's benchmark rows go to the run directory, and
     // [`copy_bench_rows`] appends them to the host's table afterwards.
+    for (k, v) in exports {
+        let _ = writeln!(s, "export {k}={}", quote(v));
+    }
     if std::env::var_os(BENCH_TABLE_ENV).is_some() {
         let _ = writeln!(
             s,
@@ -1926,6 +1985,14 @@ fn run_vm(
     binaries: &BTreeMap<String, PathBuf>,
     tier_deadline: Instant,
 ) -> anyhow::Result<(Vec<SuiteResult>, Option<String>)> {
+    // The arm64 guest's real-runtime suites get the harness's images built here (no compiler
+    // there).
+    let mut exports = Vec::new();
+    if let Some(userland) = boot.userland.as_deref() {
+        if suites.iter().any(Suite::needs_plugin) {
+            exports.push(("NRI_RESIZE_TEST_IMAGES", arm64_test_images(userland)?));
+        }
+    }
     let run = cache_dir().join(format!("run-{}-{}", kernel.name, std::process::id()));
     let _ = std::fs::remove_dir_all(&run);
     for d in ["logs", "hotplug"] {
@@ -1934,7 +2001,7 @@ fn run_vm(
     std::fs::write(run.join("results"), "")?;
     std::fs::write(
         run.join("guest.sh"),
-        guest_script(root, &run, kernel.arch, suites, binaries),
+        guest_script(root, &run, kernel.arch, suites, binaries, &exports),
     )?;
     // The guest's /tmp: a sparse ext4 image, removed with the run directory.
     let disk = cache_dir().join(format!("disk-{}-{}.img", kernel.name, std::process::id()));
