@@ -386,7 +386,7 @@ pub const KERNELS: &[Kernel] = &[
         init: Init::Busybox,
         cache: "5.10",
         arch: Arch::Amd64,
-        lane: 0,
+        lane: 1,
     },
     Kernel {
         name: "7.2",
