@@ -970,7 +970,7 @@ fn the_charts_values_reach_the_objects() {
         r#"{"mode": "Observe", "image": {"repository": "registry.example/nri-resize", "tag": "9.9.9", "pullPolicy": "Always"},
             "monitoring": {"labels": {"release": "kube-prometheus-stack"}, "serviceMonitor": {"enabled": true}},
             "networkPolicy": {"monitoringNamespaceSelector": {"matchLabels": {"team": "observability"}}},
-            "nodeSelector": {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64", "nri": "on"},
+            "nodeSelector": {"kubernetes.io/os": "linux", "nri": "on"},
             "tolerations": [], "priorityClassName": ""}"#,
     );
     let cfg = nri_resize::config::Config::parse(&configs(&docs)[0], "chart").expect("config");
@@ -1029,31 +1029,86 @@ fn the_charts_values_reach_the_objects() {
     assert!(urls >= 8, "{urls} alerts in the chart's PrometheusRule");
 }
 
+/// The `kubernetes.io/arch` values a pod spec's required node affinity allows (`In`).
+fn affinity_arches(pod: &Value) -> BTreeSet<String> {
+    let terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        ["nodeSelectorTerms"]
+        .as_sequence()
+        .expect("a required node affinity");
+    assert_eq!(terms.len(), 1, "one term (terms are ORed)");
+    let exprs = terms[0]["matchExpressions"]
+        .as_sequence()
+        .expect("matchExpressions");
+    let arch: Vec<&Value> = exprs
+        .iter()
+        .filter(|e| s(&e["key"]) == "kubernetes.io/arch")
+        .collect();
+    assert_eq!(arch.len(), 1, "one kubernetes.io/arch expression");
+    assert_eq!(s(&arch[0]["operator"]), "In");
+    arch[0]["values"]
+        .as_sequence()
+        .expect("values")
+        .iter()
+        .map(|v| s(v).to_string())
+        .collect()
+}
+
 /// Both installs run only on Linux nodes of the architectures the image is built for
-/// (`cargo xtask image`: linux/amd64).
+/// (`cargo xtask image`: an image index of linux/amd64 and linux/arm64, `xtask/src/cross.rs`
+/// `Arch::ALL`), the architecture through a node affinity (a nodeSelector holds one value).
 #[test]
 fn node_selection_matches_the_images_built() {
-    for (what, docs) in [("kustomize", render("deploy")), ("chart", helm("{}"))] {
-        let sel = &find(&docs, "DaemonSet")["spec"]["template"]["spec"]["nodeSelector"];
-        assert_eq!(s(&sel["kubernetes.io/os"]), "linux", "{what}");
-        assert_eq!(s(&sel["kubernetes.io/arch"]), "amd64", "{what}");
-    }
-    let image_rs = std::fs::read_to_string(root().join("xtask/src/image.rs")).expect("image.rs");
-    let arches: BTreeSet<&str> = image_rs
-        .split("Arch::")
+    let cross_rs = std::fs::read_to_string(root().join("xtask/src/cross.rs")).expect("cross.rs");
+    // `pub const ALL: [Self; 2] = [Self::Amd64, Self::Arm64];` and the names in `fn name`.
+    let all = cross_rs
+        .split_once("pub const ALL:")
+        .and_then(|(_, rest)| rest.split_once(';'))
+        .and_then(|(_, rest)| rest.split_once(';'))
+        .map(|(decl, _)| decl)
+        .expect("Arch::ALL in cross.rs");
+    let body = cross_rs
+        .split_once("pub fn name(self)")
+        .and_then(|(_, rest)| rest.split_once("\n    }"))
+        .map(|(body, _)| body)
+        .expect("Arch::name in cross.rs");
+    let built: BTreeSet<String> = all
+        .split("Self::")
         .skip(1)
         .map(|rest| {
-            let end = rest
-                .find(|c: char| !c.is_ascii_alphanumeric())
-                .unwrap_or(rest.len());
-            &rest[..end]
+            let variant: String = rest
+                .chars()
+                .take_while(char::is_ascii_alphanumeric)
+                .collect();
+            let arm = format!("Self::{variant} => \"");
+            let name = body
+                .split_once(arm.as_str())
+                .and_then(|(_, r)| r.split_once('"'))
+                .map(|(n, _)| n.to_string());
+            name.unwrap_or_else(|| panic!("no name for Arch::{variant} in cross.rs"))
         })
         .collect();
     assert_eq!(
-        arches,
-        ["Amd64"].into(),
-        "the image's architectures changed: update the nodeSelector in deploy/base/daemonset.yaml and the chart's values.yaml"
+        built,
+        ["amd64".to_string(), "arm64".to_string()].into(),
+        "the image's architectures changed: update the node affinity in deploy/base/daemonset.yaml \
+         and the chart's values.yaml `architectures`"
     );
+    for (what, docs) in [("kustomize", render("deploy")), ("chart", helm("{}"))] {
+        let pod = &find(&docs, "DaemonSet")["spec"]["template"]["spec"];
+        let sel = &pod["nodeSelector"];
+        assert_eq!(s(&sel["kubernetes.io/os"]), "linux", "{what}");
+        assert!(
+            sel["kubernetes.io/arch"].is_null(),
+            "{what}: the architecture is the affinity's, not the nodeSelector's"
+        );
+        assert_eq!(affinity_arches(pod), built, "{what}");
+    }
+    // The chart's value narrows it; empty drops the constraint.
+    let docs = helm(r#"{"architectures": ["arm64"]}"#);
+    let pod = &find(&docs, "DaemonSet")["spec"]["template"]["spec"];
+    assert_eq!(affinity_arches(pod), ["arm64".to_string()].into());
+    let docs = helm(r#"{"architectures": []}"#);
+    assert!(find(&docs, "DaemonSet")["spec"]["template"]["spec"]["affinity"].is_null());
 }
 
 /// Every alert has a promtool test case where it fires and one where it stays silent (promtool

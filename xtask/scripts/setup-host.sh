@@ -156,6 +156,14 @@ if [[ $want_ebpf -eq 1 ]]; then
     log "installing the arm64 cross toolchain ${x_pkgs[*]}"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${x_pkgs[@]}" >/dev/null
   fi
+  # The same toolchain builds the image's linux/arm64 daemon (`cargo xtask image`, static:
+  # xtask/src/cross.rs); qemu-user-static runs it once (`--version`) before it goes into the
+  # image. One package, no binfmt registration here (no systemd-binfmt runs).
+  if ! dpkg -s qemu-user-static >/dev/null 2>&1; then
+    apt_update
+    log "installing qemu-user-static (smoke run of the arm64 daemon)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-user-static/bookworm >/dev/null
+  fi
   if ! command -v bpf-linker >/dev/null 2>&1 || ! bpf-linker --version 2>/dev/null | grep -q '0\.13\.0'; then
     log "building bpf-linker 0.13.0 against LLVM 22 (about a minute)"
     LLVM_PREFIX=/usr/lib/llvm-22 LLVM_SYS_221_PREFIX=/usr/lib/llvm-22 \

@@ -7,11 +7,13 @@
 //! - `bench`      every benchmark, side by side with its baseline (`reclaim_pacing`, `trim_containerd` in a 6.12 guest)
 //! - `fuzz`       run one fuzz target (default: all, 60 s each; `--runs N` for N executions each)
 //! - `manifests`  render deploy/ with kustomize and the Helm chart, lint, validate offline, test the alerts with promtool (also a tier of `test`)
-//! - `image`      the daemon as an OCI image archive (`ctr images import`-able), no Docker engine
+//! - `image`      the daemon as one OCI image archive for linux/amd64 and linux/arm64 (an image
+//!   index; `ctr images import`-able), no Docker engine; `--arch amd64` for the host's alone
 //! - `soak`       the full soak: 200 pods x 3 containers, 10 resizes/s, 10 minutes (`--pods`, `--seconds`)
 //! - `vm-test`    the VM tier alone: cgroup v2 on Debian's 6.1 and 6.12 kernels under QEMU
 //!   (`--kernel 6.1|6.12|all`, `--suite <test>`); see `vm.rs`
 
+mod cross;
 mod ebpf;
 mod image;
 mod manifests;
@@ -713,27 +715,37 @@ fn manifests_tier() -> anyhow::Result<()> {
     )
 }
 
-/// `cargo xtask image [--debug] [--out PATH]`: eBPF object, daemon build (release unless
-/// `--debug`), OCI archive.
-fn image_cmd(debug: bool, out: Option<PathBuf>) -> anyhow::Result<()> {
+/// `cargo xtask image [--debug] [--out PATH] [--arch amd64,arm64]`: eBPF object, the daemon
+/// built for each architecture (release unless `--debug`; the foreign one cross-built, see
+/// `cross.rs`), one OCI archive whose image index holds them all.
+fn image_cmd(debug: bool, out: Option<PathBuf>, arches: &[cross::Arch]) -> anyhow::Result<()> {
     setup(true)?;
     build_ebpf()?;
-    let mut build = cargo();
-    build.args(["build", "-p", "nri-resize", "--bin", "nri-resize"]);
-    if !debug {
-        build.arg("--release");
+    let mut binaries = Vec::new();
+    for &arch in arches {
+        let started = Instant::now();
+        let binary = cross::build_daemon(&root(), arch, !debug)?;
+        eprintln!(
+            "    linux/{arch}: {} ({:.0} s)",
+            binary.display(),
+            started.elapsed().as_secs_f64()
+        );
+        match cross::smoke_run(arch, &binary)? {
+            Some((version, how)) => eprintln!("    {version}  ($ {how})"),
+            None => eprintln!(
+                "    not run: no qemu-user emulator for linux/{arch} (Debian package qemu-user-static)"
+            ),
+        }
+        binaries.push((arch, binary));
     }
-    run("build the daemon", &mut build)?;
-    let binary = root().join(if debug {
-        "target/debug/nri-resize"
-    } else {
-        "target/release/nri-resize"
-    });
     let out = out.unwrap_or_else(|| image::default_archive(&root()));
-    let built = image::build_archive(&binary, &out, &image::image_name())?;
-    eprintln!("\n==> OCI image {} ({})", built.name, built.manifest_digest);
-    for f in &built.files {
-        eprintln!("    {f}");
+    let built = image::build_multiarch_archive(&binaries, &out, &image::image_name())?;
+    eprintln!("\n==> OCI image {} ({})", built.name, built.target_digest);
+    for p in &built.platforms {
+        eprintln!("    linux/{} manifest {}", p.arch, p.manifest_digest);
+        for f in &p.files {
+            eprintln!("      {f}");
+        }
     }
     eprintln!(
         "    archive: {}\n    import:  ctr -n k8s.io images import {}",
@@ -741,6 +753,23 @@ fn image_cmd(debug: bool, out: Option<PathBuf>) -> anyhow::Result<()> {
         built.archive.display()
     );
     Ok(())
+}
+
+/// `--arch amd64,arm64` (default: every architecture of the image).
+fn parse_arches(arg: Option<&str>) -> anyhow::Result<Vec<cross::Arch>> {
+    let Some(list) = arg else {
+        return Ok(cross::Arch::ALL.to_vec());
+    };
+    let mut arches = list
+        .split(',')
+        .map(str::parse)
+        .collect::<anyhow::Result<Vec<cross::Arch>>>()?;
+    arches.sort();
+    arches.dedup();
+    if arches.is_empty() {
+        bail!("--arch: no architecture");
+    }
+    Ok(arches)
 }
 
 fn main() -> anyhow::Result<()> {
@@ -765,7 +794,11 @@ fn main() -> anyhow::Result<()> {
             setup(false)?;
             manifests_tier()
         }
-        Some("image") => image_cmd(args.iter().any(|a| a == "--debug"), arg("--out").map(PathBuf::from)),
+        Some("image") => image_cmd(
+            args.iter().any(|a| a == "--debug"),
+            arg("--out").map(PathBuf::from),
+            &parse_arches(arg("--arch").as_deref())?,
+        ),
         Some("vm-test") => {
             let opts = vm::Options::parse(&args[1..])?;
             setup(true)?;
@@ -784,6 +817,6 @@ fn main() -> anyhow::Result<()> {
                 None => fuzz(&FUZZ_TARGETS, budget, Sanitizer::Address),
             }
         }
-        _ => bail!("usage: cargo xtask <setup|build-ebpf|test [--fuzz-seconds N]|demo|bench|fuzz [--target T] [--seconds N | --runs N]|manifests|image [--debug] [--out PATH]|vm-test [--kernel 6.1|6.12|all] [--suite T] [--budget-seconds N]|soak [--pods N] [--seconds N]>"),
+        _ => bail!("usage: cargo xtask <setup|build-ebpf|test [--fuzz-seconds N]|demo|bench|fuzz [--target T] [--seconds N | --runs N]|manifests|image [--debug] [--out PATH] [--arch amd64,arm64]|vm-test [--kernel 6.1|6.12|all] [--suite T] [--budget-seconds N]|soak [--pods N] [--seconds N]>"),
     }
 }

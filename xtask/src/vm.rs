@@ -30,6 +30,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _};
 
+use crate::cross::Arch;
+
 /// One run of a test binary in the guest. Adding a suite is one line in [`SUITES`].
 #[derive(Clone, Copy, Debug)]
 pub struct Suite {
@@ -158,6 +160,17 @@ const ON_1_7_ARM64: &[(&str, &str)] = &[
     ("NRI_RESIZE_EXPECT_RECLAIM", "fexit"),
     ("NRI_RESIZE_BIN", "{root}/target/vm/aarch64/nri-resize"),
 ];
+/// [`ON_1_7_ARM64`] with the image archive.
+const ON_1_7_ARM64_IMAGE: &[(&str, &str)] = &[
+    ("NRI_RESIZE_CONTAINERD", "1.7"),
+    ("NRI_RESIZE_EXPECT_THROTTLE", "fentry"),
+    ("NRI_RESIZE_EXPECT_RECLAIM", "fexit"),
+    ("NRI_RESIZE_BIN", "{root}/target/vm/aarch64/nri-resize"),
+    (
+        "NRI_RESIZE_IMAGE_ARCHIVE",
+        "{root}/target/vm/nri-resize.oci.tar",
+    ),
+];
 /// Twins named for 1.7, left out where every containerd is 2.1.9 (their `_2` twin runs).
 const TWINS_1_7: &[&str] = &[
     "smoke_containerd_1_7",
@@ -261,6 +274,9 @@ pub const SUITES: &[Suite] = &[
     // containerd's restarts; and the observer sees a live pod's throttling through eBPF.
     Suite { name: "nri_runtime@1.7-arm64", package: "nri-resize-tests", test: "nri_runtime", filter: "plugin_lifecycle_containerd_1_7", skip: &[], env: ON_1_7_ARM64, kernels: ARM64, timeout_s: 600 },
     Suite { name: "observer_containerd@1.7-arm64", package: "nri-resize-tests", test: "observer_containerd", filter: "observer_through_containerd_1_7", skip: &[], env: ON_1_7_ARM64, kernels: ARM64, timeout_s: 600 },
+    // The daemon's image index (amd64 + arm64) imported by arm64's containerd: its arm64
+    // binary runs as the DaemonSet runs it.
+    Suite { name: "image_containerd@1.7-arm64", package: "nri-resize-tests", test: "image_containerd", filter: "daemon_image_as_deployed_in_containerd_1_7", skip: &[], env: ON_1_7_ARM64_IMAGE, kernels: ARM64, timeout_s: 600 },
     // Every test of the real-runtime suites runs once on cgroup v2, in one guest against one
     // containerd (a pair of twins counts as one test), each suite where the two lanes end
     // close to each other. The host runs
@@ -296,26 +312,6 @@ pub const SUITES: &[Suite] = &[
     Suite { name: "memory_decrease@2.1-systemd",   package: "nri-resize-tests", test: "memory_decrease",   filter: "", skip: &[TWINS_1_7], env: ON_2_SYSTEMD, kernels: SYSTEMD, timeout_s: 900 },
     Suite { name: "resize_runtime@2.1-systemd",    package: "nri-resize-tests", test: "resize_runtime",    filter: "", skip: &[TWINS_1_7], env: ON_2_SYSTEMD, kernels: SYSTEMD, timeout_s: 900 },
 ];
-
-/// The guest's machine.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Arch {
-    /// `qemu-system-x86_64 -M pc`; the host's own binaries run unchanged.
-    Amd64,
-    /// `qemu-system-aarch64 -M virt -cpu max`; test binaries cross-built for
-    /// `aarch64-unknown-linux-gnu`, an arm64 userland from Debian's packages.
-    Arm64,
-}
-
-impl Arch {
-    /// Debian's name.
-    pub fn debian(self) -> &'static str {
-        match self {
-            Self::Amd64 => "amd64",
-            Self::Arm64 => "arm64",
-        }
-    }
-}
 
 /// What the guest runs as PID 1.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -430,7 +426,7 @@ pub const KERNELS: &[Kernel] = &[
 /// The arm64 guest's userland: these of Debian's packages and what they depend on, unpacked over
 /// the host's `/` in the guest (the host's binaries cannot run there): busybox's applets stand
 /// in for the host's tools the packages do not bring; the tests also run GNU `dd`
-/// (`iflag=nocache`), `perl` and `python3`.
+/// (`iflag=nocache`), `perl`, `python3` and `kustomize`.
 const ARM64_USERLAND: &[&str] = &[
     "busybox-static",
     // `sh`: busybox's prefers its own applets to `PATH` (its `dd` has no `iflag=nocache`).
@@ -441,6 +437,8 @@ const ARM64_USERLAND: &[&str] = &[
     "libgcc-s1",
     "runc",
     "containerd",
+    // `image_containerd` renders the DaemonSet it runs with kustomize.
+    "kustomize",
 ];
 
 /// Modules the init loads (with their dependencies, which are resolved from each module's
@@ -604,10 +602,29 @@ pub fn build(root: &Path, opts: &Options, summary: &mut Vec<String>) -> anyhow::
             .copied()
             .collect()
     };
-    let mut binaries = build_suites(root, &on(Arch::Amd64))?;
+    let amd64 = on(Arch::Amd64);
+    let mut binaries = build_suites(root, &amd64)?;
     let arm64 = on(Arch::Arm64);
     if !arm64.is_empty() {
         binaries.extend(build_cross_suites(root, &arm64)?);
+    }
+    if suites.iter().any(|s| s.test == "image_containerd") {
+        // The daemon's image (`NRI_RESIZE_IMAGE_ARCHIVE`) from the plugin binaries just built:
+        // one archive, an image index of every architecture whose guests import it, as
+        // `cargo xtask image` writes it.
+        let dir = root.join(VM_FILES);
+        let mut platforms = Vec::new();
+        if amd64.iter().any(|s| s.test == "image_containerd") {
+            platforms.push((Arch::Amd64, dir.join("nri-resize")));
+        }
+        if arm64.iter().any(|s| s.test == "image_containerd") {
+            platforms.push((Arch::Arm64, dir.join("aarch64/nri-resize")));
+        }
+        crate::image::build_multiarch_archive(
+            &platforms,
+            &dir.join("nri-resize.oci.tar"),
+            &crate::image::image_name(),
+        )?;
     }
     if suites.iter().any(|s| s.test == "coexist_containerd") {
         // The guests see the host's cache read-only: the tests' Go NRI plugin is built here.
@@ -755,7 +772,7 @@ fn run_kernel(
                  whole VM (boot, suites, power-off) {:>4} s",
                 kernel.name,
                 kernel.package,
-                kernel.arch.debian(),
+                kernel.arch.name(),
                 match kernel.init {
                     Init::Busybox => "busybox",
                     Init::Systemd => "systemd (kubelet's systemd cgroup driver)",
@@ -807,6 +824,14 @@ fn build_cross_suites(root: &Path, suites: &[Suite]) -> anyhow::Result<BTreeMap<
                 "aarch64-linux-gnu-gcc",
             )
             .env("CC_aarch64_unknown_linux_gnu", "aarch64-linux-gnu-gcc")
+            // Static, like the image's arm64 binary (`cross.rs`): the plugin built here is also
+            // the arm64 half of the image the guest imports.
+            .env(
+                "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUSTFLAGS",
+                "-C target-feature=+crt-static",
+            )
+            .env_remove("RUSTFLAGS")
+            .env_remove("CARGO_ENCODED_RUSTFLAGS")
             .env_remove("RUSTC_WRAPPER");
         cmd
     };
@@ -969,14 +994,6 @@ fn build_suites(root: &Path, suites: &[Suite]) -> anyhow::Result<BTreeMap<String
         std::fs::copy(root.join("target/debug/nri-resize"), &tmp)
             .with_context(|| format!("copy the plugin binary to {}", tmp.display()))?;
         std::fs::rename(&tmp, &bin).with_context(|| format!("rename to {}", bin.display()))?;
-        if suites.iter().any(|s| s.test == "image_containerd") {
-            // The daemon's image from that binary (`NRI_RESIZE_IMAGE_ARCHIVE`).
-            crate::image::build_archive(
-                &bin,
-                &dir.join("nri-resize.oci.tar"),
-                &crate::image::image_name(),
-            )?;
-        }
     }
     Ok(binaries)
 }
@@ -1202,11 +1219,11 @@ fn apt(kernel: &Kernel, program: &str, dir: &Path) -> anyhow::Result<Command> {
         &list,
         format!(
             "deb [arch={} signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] {source}\n",
-            kernel.arch.debian()
+            kernel.arch.name()
         ),
     )?;
     for key in ["APT::Architecture", "APT::Architectures"] {
-        cmd.arg("-o").arg(format!("{key}={}", kernel.arch.debian()));
+        cmd.arg("-o").arg(format!("{key}={}", kernel.arch.name()));
     }
     for (key, value) in [
         ("Dir::Etc::SourceList", list),
