@@ -835,13 +835,7 @@ fn build_cross_suites(root: &Path, suites: &[Suite]) -> anyhow::Result<BTreeMap<
             .env_remove("RUSTC_WRAPPER");
         cmd
     };
-    let mut by_package: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for s in suites {
-        let tests = by_package.entry(s.package).or_default();
-        if !tests.contains(&s.test) {
-            tests.push(s.test);
-        }
-    }
+    let by_package = tests_by_package(suites);
     let mut binaries = BTreeMap::new();
     for (package, tests) in &by_package {
         let mut cmd = cross(&["test", "--no-run", "--message-format=json", "-p", package]);
@@ -941,9 +935,8 @@ fn test_executables(stdout: &[u8]) -> Vec<(String, PathBuf)> {
     out
 }
 
-/// `cargo test --no-run --message-format=json` per package; the executable of each suite.
-/// Each binary is built once, whatever the number of runs and kernels it has.
-fn build_suites(root: &Path, suites: &[Suite]) -> anyhow::Result<BTreeMap<String, PathBuf>> {
+/// The test targets of `suites`, each once, by Cargo package.
+fn tests_by_package(suites: &[Suite]) -> BTreeMap<&'static str, Vec<&'static str>> {
     let mut by_package: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for s in suites {
         let tests = by_package.entry(s.package).or_default();
@@ -951,6 +944,13 @@ fn build_suites(root: &Path, suites: &[Suite]) -> anyhow::Result<BTreeMap<String
             tests.push(s.test);
         }
     }
+    by_package
+}
+
+/// `cargo test --no-run --message-format=json` per package; the executable of each suite.
+/// Each binary is built once, whatever the number of runs and kernels it has.
+fn build_suites(root: &Path, suites: &[Suite]) -> anyhow::Result<BTreeMap<String, PathBuf>> {
+    let by_package = tests_by_package(suites);
     let mut binaries = BTreeMap::new();
     for (package, tests) in by_package {
         let mut cmd = crate::cargo();
