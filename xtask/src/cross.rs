@@ -27,8 +27,8 @@ use std::process::Command;
 
 use anyhow::{bail, Context as _};
 
-/// Debian's compiler, which has the foreign standard libraries rustup lacks here.
-const DEBIAN_RUSTC: &str = "/usr/bin/rustc";
+use crate::ebpf::{debian_rustlib_has, DEBIAN_RUSTC};
+
 /// Target directory of foreign builds (below the workspace root).
 const CROSS_TARGET_DIR: &str = "target/cross-static";
 
@@ -341,24 +341,7 @@ fn missing_toolchain(arch: Arch) -> Vec<String> {
     if !rustc_ok {
         missing.push(format!("{DEBIAN_RUSTC} (Debian package rustc-web)"));
     }
-    let std_dir = Command::new(DEBIAN_RUSTC)
-        .args(["--print", "sysroot"])
-        .output()
-        .ok()
-        .map(|o| {
-            PathBuf::from(String::from_utf8_lossy(&o.stdout).trim())
-                .join("lib/rustlib")
-                .join(arch.rust_target())
-                .join("lib")
-        });
-    let has_std = std_dir
-        .as_deref()
-        .and_then(|dir| std::fs::read_dir(dir).ok())
-        .is_some_and(|entries| {
-            entries
-                .flatten()
-                .any(|e| e.file_name().to_string_lossy().starts_with("libstd-"))
-        });
+    let has_std = debian_rustlib_has(arch.rust_target(), "libstd-");
     if rustc_ok && !has_std {
         missing.push(format!(
             "the standard library for {} (Debian package libstd-rust-web-dev:{}, after \

@@ -10,8 +10,9 @@ use std::process::Command;
 
 use anyhow::{bail, Context as _};
 
-/// Debian's compiler that ships `core` for `bpfel-unknown-none`.
-const DEBIAN_RUSTC: &str = "/usr/bin/rustc";
+/// Debian's compiler that ships `core` for `bpfel-unknown-none` (and, with
+/// `libstd-rust-web-dev:<arch>`, the standard library of foreign targets: `cross.rs`).
+pub const DEBIAN_RUSTC: &str = "/usr/bin/rustc";
 /// The object's name in the target directory (the programs crate's binary).
 const OBJECT: &str = "nri-resize-ebpf";
 const TARGET: &str = "bpfel-unknown-none";
@@ -74,6 +75,26 @@ pub fn build_ebpf(workspace_root: &Path, release: bool) -> anyhow::Result<PathBu
     Ok(object)
 }
 
+/// Whether Debian's compiler has a precompiled library of `target` whose file name starts with
+/// `prefix` (`libcore-`, `libstd-`) in its sysroot.
+pub fn debian_rustlib_has(target: &str, prefix: &str) -> bool {
+    let Ok(out) = Command::new(DEBIAN_RUSTC)
+        .args(["--print", "sysroot"])
+        .output()
+    else {
+        return false;
+    };
+    let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+        .join("lib/rustlib")
+        .join(target)
+        .join("lib");
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with(prefix))
+    })
+}
+
 /// Checks for Debian's `rustc-web` with the bpfel `core` and for `bpf-linker` on LLVM 22.
 fn check_toolchain() -> anyhow::Result<()> {
     let mut missing = Vec::new();
@@ -86,25 +107,7 @@ fn check_toolchain() -> anyhow::Result<()> {
             "{DEBIAN_RUSTC} (Debian packages rustc-web cargo-web)"
         ));
     }
-    let sysroot_core = Command::new(DEBIAN_RUSTC)
-        .args(["--print", "sysroot"])
-        .output()
-        .ok()
-        .map(|o| {
-            PathBuf::from(String::from_utf8_lossy(&o.stdout).trim())
-                .join("lib/rustlib")
-                .join(TARGET)
-                .join("lib")
-        });
-    let has_core = sysroot_core
-        .as_deref()
-        .and_then(|dir| std::fs::read_dir(dir).ok())
-        .is_some_and(|entries| {
-            entries
-                .flatten()
-                .any(|e| e.file_name().to_string_lossy().starts_with("libcore-"))
-        });
-    if rustc_ok && !has_core {
+    if rustc_ok && !debian_rustlib_has(TARGET, "libcore-") {
         missing.push(format!(
             "core for {TARGET} (Debian package libstd-rust-web-dev-bpf)"
         ));

@@ -818,7 +818,7 @@ fn build_cross_suites(root: &Path, suites: &[Suite]) -> anyhow::Result<BTreeMap<
         cmd.args(args)
             .args(["--target", ARM64_TARGET, "--target-dir"])
             .arg(root.join("target/cross"))
-            .env("RUSTC", "/usr/bin/rustc")
+            .env("RUSTC", crate::ebpf::DEBIAN_RUSTC)
             .env(
                 "CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER",
                 "aarch64-linux-gnu-gcc",
