@@ -14,6 +14,7 @@
 //!   (`--kernel 6.1|6.12|all`, `--suite <test>`); see `vm.rs`
 
 mod cross;
+mod disk;
 mod ebpf;
 mod image;
 mod manifests;
@@ -178,8 +179,26 @@ fn tier(results: &mut Vec<Tier>, name: &'static str, f: impl FnOnce() -> anyhow:
     });
 }
 
+/// What a whole `cargo xtask test` writes on a clean clone, at its peak: the target
+/// directories (the host's build, the arm64 cross build, fuzzing's, the eBPF object's), the
+/// caches (Go builds, kernels, the arm64 userland), the toolchains `setup` installs and the
+/// guests' disks. Measured on a clean clone (see `docs/development.md`), with some margin.
+const TEST_DISK_NEED: u64 = 16 * disk::GIB;
+
 fn test(fuzz_seconds: u64) -> anyhow::Result<()> {
     let started = Instant::now();
+    // A disk that fills up mid-run fails far from its cause (a guest paused by QEMU sits silent
+    // until its budget kills it, as CI saw once): fail now, with both numbers, instead.
+    let target = root().join("target");
+    disk::ensure(&target, TEST_DISK_NEED, "cargo xtask test")?;
+    let disk_at_start = disk::describe(&target);
+    eprintln!("==> disk: {disk_at_start}");
+    // One whole run: the compiler's incremental caches (a clean clone's were 3.3 GB of its
+    // 19 GB `target/`, and the cross build's more) would speed up no later build of it.
+    // A developer's own `CARGO_INCREMENTAL` is kept.
+    if std::env::var_os("CARGO_INCREMENTAL").is_none() {
+        std::env::set_var("CARGO_INCREMENTAL", "0");
+    }
     setup(true)?;
     build_ebpf()?;
     let mut results = Vec::new();
@@ -307,6 +326,10 @@ fn test(fuzz_seconds: u64) -> anyhow::Result<()> {
     });
 
     eprintln!("\n==> summary ({} s in all)", started.elapsed().as_secs());
+    eprintln!(
+        "    disk: at the start {disk_at_start}; at the end {}",
+        disk::describe(&target)
+    );
     for t in &results {
         let verdict = match &t.outcome {
             Ok(()) => "ok".to_string(),

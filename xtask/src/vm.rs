@@ -490,6 +490,9 @@ const BOOT_BUDGET: Duration = Duration::from_secs(90);
 /// 2.7x slower on some days than on others (6.1's share took about 59 minutes on 2026-11-25),
 /// and the host's tiers take 12-20 minutes before it, under CI's 90.
 pub const TIER_BUDGET: Duration = Duration::from_secs(65 * 60);
+/// Room a guest's sparse disk may take on the host while its suites run (containerd's content
+/// and snapshots, the page-cache suites' files; what they delete is given back).
+const GUEST_DISK_NEED: u64 = 3 * crate::disk::GIB;
 
 fn cache_dir() -> PathBuf {
     std::env::var_os("NRI_RESIZE_CACHE")
@@ -1944,6 +1947,22 @@ impl Qmp {
     }
 }
 
+/// Why QEMU has paused the guest, if it has: a disk write the host could not take (`io-error`,
+/// the host's filesystem full or failing) stops the guest for good, silently.
+fn paused(qmp: &mut Qmp, disk: &Path) -> Option<String> {
+    let status = qmp.execute("query-status", serde_json::json!({})).ok()?;
+    match status["status"].as_str()? {
+        "io-error" => Some(format!(
+            "QEMU paused the guest: a write to its disk {} failed on the host ({}); the host's \
+             disk is full or failing",
+            disk.display(),
+            crate::disk::describe(disk)
+        )),
+        "internal-error" => Some("QEMU stopped the guest on an internal error".to_owned()),
+        _ => None,
+    }
+}
+
 /// `128M`, `1G`, `4096` → bytes.
 fn parse_size(s: &str) -> anyhow::Result<u64> {
     let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
@@ -2020,7 +2039,13 @@ fn run_vm(
         run.join("guest.sh"),
         guest_script(root, &run, kernel.arch, suites, binaries, &exports),
     )?;
-    // The guest's /tmp: a sparse ext4 image, removed with the run directory.
+    // The guest's /tmp: a sparse ext4 image, removed with the run directory. The host must have
+    // room for what the suites write there; a full host disk would pause the guest.
+    crate::disk::ensure(
+        &cache_dir(),
+        GUEST_DISK_NEED,
+        &format!("kernel {}'s guest (its disk, sparse)", kernel.name),
+    )?;
     let disk = cache_dir().join(format!("disk-{}-{}.img", kernel.name, std::process::id()));
     std::fs::File::create(&disk)?.set_len(8 << 30)?;
     let status = Command::new("mkfs.ext4")
@@ -2122,9 +2147,12 @@ fn run_vm(
             "local,path={},mount_tag=run,security_model=none",
             run.display()
         ))
+        // `discard=unmap` (and the guest's `-o discard`): what the suites delete is given back
+        // to the host's filesystem. A write the host has no room for pauses the guest
+        // (`werror=enospc`, QEMU's default); the loop below notices and says so.
         .arg("-drive")
         .arg(format!(
-            "file={},format=raw,if=virtio,cache=unsafe",
+            "file={},format=raw,if=virtio,cache=unsafe,discard=unmap",
             disk.display()
         ))
         .stdin(Stdio::null())
@@ -2153,6 +2181,7 @@ fn run_vm(
     let mut reported = 0usize;
     let mut results: Vec<SuiteResult> = Vec::new();
     let mut hotplugs = 0u32;
+    let mut last_poll = Instant::now();
     let request = run.join("hotplug/request");
     let done = run.join("hotplug/done");
     let outcome: anyhow::Result<()> = loop {
@@ -2233,11 +2262,25 @@ fn run_vm(
                 }
             }
         }
+        if last_poll.elapsed() >= Duration::from_secs(5) {
+            last_poll = Instant::now();
+            if let Some(why) = qmp.as_mut().ok().and_then(|q| paused(q, &disk)) {
+                break Err(anyhow!("{why}"));
+            }
+        }
         if Instant::now() > deadline {
+            let state = match qmp.as_mut() {
+                Ok(q) => match q.execute("query-status", serde_json::json!({})) {
+                    Ok(r) => format!("QEMU's state {}", r["status"]),
+                    Err(e) => format!("QEMU's state unknown ({e:#})"),
+                },
+                Err(_) => "no QMP".to_owned(),
+            };
             break Err(anyhow!(
                 "the VM ran past its budget of {} s (its suites' timeouts, capped by what is left of \
-                 the tier's budget) and was killed",
-                deadline.saturating_duration_since(started).as_secs()
+                 the tier's budget) and was killed ({state}; {})",
+                deadline.saturating_duration_since(started).as_secs(),
+                crate::disk::describe(&disk)
             ));
         }
         std::thread::sleep(Duration::from_millis(200));

@@ -63,7 +63,8 @@ mount -t tmpfs tmpfs $R/run
 if [ -n "$nri_resize_keep" ]; then
     mkdir -p /keep && mount --bind "$R$nri_resize_keep" /keep || fail "bind $nri_resize_keep"
 fi
-mount -t ext4 /dev/vda $R/tmp || fail "mount /dev/vda (ext4) on /tmp"
+# `discard`: what the suites delete goes back to the host (QEMU `discard=unmap`).
+mount -t ext4 -o discard /dev/vda $R/tmp || fail "mount /dev/vda (ext4) on /tmp"
 chmod 1777 $R/tmp
 if [ -n "$nri_resize_keep" ]; then
     mkdir -p "$R$nri_resize_keep" && mount --bind /keep "$R$nri_resize_keep" ||
