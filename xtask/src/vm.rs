@@ -493,6 +493,9 @@ pub const TIER_BUDGET: Duration = Duration::from_secs(65 * 60);
 /// Room a guest's sparse disk may take on the host while its suites run (containerd's content
 /// and snapshots, the page-cache suites' files; what they delete is given back).
 const GUEST_DISK_NEED: u64 = 3 * crate::disk::GIB;
+/// Room for a kernel's packages and their unpacked tree (the arm64 one with its userland:
+/// 368 MiB).
+const KERNEL_DOWNLOAD_NEED: u64 = crate::disk::GIB;
 
 fn cache_dir() -> PathBuf {
     std::env::var_os("NRI_RESIZE_CACHE")
@@ -730,6 +733,26 @@ fn run_kernel(
     let started = Instant::now();
     let mut summary = Vec::new();
     let mut failures = Vec::new();
+    // A guest that cannot even boot in what is left of the tier's budget is not started: its
+    // suites are named as not run, and why.
+    let left = tier_deadline.saturating_duration_since(started);
+    if left < BOOT_BUDGET {
+        let e = format!(
+            "not booted: {} s of the tier's budget left, less than a boot's {} s",
+            left.as_secs(),
+            BOOT_BUDGET.as_secs()
+        );
+        failures.push(format!("kernel {}: {e}", kernel.name));
+        summary.push(format!("[kernel {}] VM FAILED: {e}", kernel.name));
+        for s in on_kernel {
+            failures.push(format!("{} on {}", s.name, kernel.name));
+            summary.push(format!(
+                "[kernel {}] {}    0 s  NOT RUN (the kernel was not booted)",
+                kernel.name, s.name
+            ));
+        }
+        return (summary, failures);
+    }
     let boot = match prepare_kernel(kernel) {
         Ok(boot) => boot,
         Err(e) => {
@@ -743,7 +766,8 @@ fn run_kernel(
     // on 6.12 with multi-threaded TCG: int3 in `sched_clock_idle_wakeup_event`) is booted once
     // more, loudly; a failure once suites ran is never retried.
     if let Ok((results, Some(e))) = &outcome {
-        if results.iter().all(|r| r.status.is_none()) {
+        let left = tier_deadline.saturating_duration_since(Instant::now());
+        if results.iter().all(|r| r.status.is_none()) && left >= BOOT_BUDGET {
             eprintln!(
                 "!!! kernel {}: the guest died before its first suite ({e}); booting it once more",
                 kernel.name
@@ -1247,6 +1271,12 @@ fn apt(kernel: &Kernel, program: &str, dir: &Path) -> anyhow::Result<Command> {
 /// `apt-get download` of the pinned package (and its modules package), or of its newest
 /// successor when the archive no longer has it. Returns the package downloaded into `dir`.
 fn download_kernel(kernel: &Kernel, dir: &Path) -> anyhow::Result<String> {
+    // A package `apt-get` cannot write reads like one missing from the archive below.
+    crate::disk::ensure(
+        dir,
+        KERNEL_DOWNLOAD_NEED,
+        &format!("downloading kernel {}", kernel.name),
+    )?;
     if kernel.apt_source.is_some() {
         let status = apt(kernel, "apt-get", dir)?
             .args(["-q", "-o", "Acquire::Retries=3", "update"])
@@ -1329,9 +1359,10 @@ fn download_kernel(kernel: &Kernel, dir: &Path) -> anyhow::Result<String> {
         bail!(
             "apt-get download {} failed and no successor matching {} could be downloaded \
              (6.1 comes from bookworm-security, 6.12 from trixie, 5.10 from bullseye-security, \
-             7.2 from sid; `apt-get update` first)",
+             7.2 from sid; `apt-get update` first; {})",
             kernel.package,
-            kernel.successor
+            kernel.successor,
+            crate::disk::describe(dir)
         );
     }
     eprintln!(
@@ -2400,6 +2431,36 @@ mod tests {
         assert!(data.starts_with(b"070701"));
         let text = String::from_utf8_lossy(&data);
         assert!(text.contains("TRAILER!!!"));
+    }
+
+    #[test]
+    fn a_kernel_with_no_time_left_is_not_booted_and_its_suites_are_named() {
+        let kernel = &KERNELS[0];
+        let suites: Vec<Suite> = SUITES
+            .iter()
+            .filter(|s| s.runs_on(kernel))
+            .copied()
+            .collect();
+        assert!(!suites.is_empty());
+        // The deadline has passed: nothing is prepared or booted, every suite is a failure.
+        let (summary, failures) = run_kernel(
+            Path::new("/nonexistent"),
+            kernel,
+            &suites,
+            &BTreeMap::new(),
+            Instant::now(),
+        );
+        assert!(summary[0].contains("not booted"), "{summary:?}");
+        for s in &suites {
+            let failure = format!("{} on {}", s.name, kernel.name);
+            assert!(
+                failures.contains(&failure),
+                "{failure} missing from {failures:?}"
+            );
+            assert!(summary
+                .iter()
+                .any(|l| l.contains(s.name) && l.contains("NOT RUN")));
+        }
     }
 
     #[test]
