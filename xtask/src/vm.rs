@@ -1939,6 +1939,15 @@ impl Qmp {
         }
     }
 
+    /// The guest's run state (`running`, `paused`, `io-error`, …: QMP `query-status`).
+    fn state(&mut self) -> anyhow::Result<String> {
+        let status = self.execute("query-status", serde_json::json!({}))?;
+        status["status"]
+            .as_str()
+            .map(str::to_owned)
+            .with_context(|| format!("query-status returned {status}"))
+    }
+
     /// Plugs the first free CPU slot.
     fn hotplug_cpu(&mut self, n: u32) -> anyhow::Result<String> {
         let slots = self.execute("query-hotpluggable-cpus", serde_json::json!({}))?;
@@ -1981,8 +1990,7 @@ impl Qmp {
 /// Why QEMU has paused the guest, if it has: a disk write the host could not take (`io-error`,
 /// the host's filesystem full or failing) stops the guest for good, silently.
 fn paused(qmp: &mut Qmp, disk: &Path) -> Option<String> {
-    let status = qmp.execute("query-status", serde_json::json!({})).ok()?;
-    match status["status"].as_str()? {
+    match qmp.state().ok()?.as_str() {
         "io-error" => Some(format!(
             "QEMU paused the guest: a write to its disk {} failed on the host ({}); the host's \
              disk is full or failing",
@@ -2300,11 +2308,9 @@ fn run_vm(
             }
         }
         if Instant::now() > deadline {
-            let state = match qmp.as_mut() {
-                Ok(q) => match q.execute("query-status", serde_json::json!({})) {
-                    Ok(r) => format!("QEMU's state {}", r["status"]),
-                    Err(e) => format!("QEMU's state unknown ({e:#})"),
-                },
+            let state = match qmp.as_mut().map(Qmp::state) {
+                Ok(Ok(state)) => format!("QEMU's state {state:?}"),
+                Ok(Err(e)) => format!("QEMU's state unknown ({e:#})"),
                 Err(_) => "no QMP".to_owned(),
             };
             break Err(anyhow!(
