@@ -15,9 +15,20 @@
 //!   it), then the pod cgroup write, and if that write fails the call again with the previous
 //!   resources (the revert). [`Containerd::kubelet_resize_pod`].
 //!
+//! - **The pod step after a container (every version since 1.33).** `doPodResizeAction` →
+//!   `resizeContainers` (`pkg/kubelet/kuberuntime/kuberuntime_manager.go`) writes a pod memory
+//!   limit that goes up before the containers and one that goes down right after them, once the
+//!   runtime accepted the container's update; a pod has a memory limit only when every container
+//!   has one (`ResourceConfigForPod`: their sum plus overhead), so a container lowered by `d`
+//!   lowers the pod cgroup by `d`. An accepted update is recorded as actuated and never sent
+//!   again (`updatePodContainerResources`); a refused one fails the sync and the pod worker
+//!   retries after its backoff. From 1.34 the pod's usage is checked before the pod write too.
+//!   [`Containerd::kubelet_resize`] is one sync of a container's resize with its pod step, for a
+//!   [`KubeletVersion`].
+//!
 //! Tests that call [`Containerd::update_container_resources`] directly play a CRI client
-//! without the usage check: kubelet before 1.34, or a decrease that passed kubelet's check just
-//! before the workload's usage grew again.
+//! without the usage check and without the pod step: a decrease that passed kubelet's check
+//! just before the workload's usage grew again, or another CRI client.
 
 use std::io;
 use std::time::Duration;
@@ -84,7 +95,151 @@ pub enum KubeletPodResize {
     },
 }
 
+/// The kubelet whose resize path a test plays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KubeletVersion {
+    /// 1.33: no usage check; the decrease reaches the runtime whatever the usage.
+    V1_33,
+    /// 1.34 and 1.35: `validateMemoryResizeAction` (kubernetes/kubernetes#133012) reads the
+    /// container's usage before lowering its limit, and the pod's before lowering the pod's.
+    V1_34,
+}
+
+impl KubeletVersion {
+    /// Whether kubelet reads usage before lowering a memory limit (≥ 1.34).
+    pub fn checks_usage(self) -> bool {
+        self != Self::V1_33
+    }
+}
+
+/// One sync of kubelet resizing a container of a pod, pod step included.
+#[derive(Debug)]
+pub struct KubeletSync {
+    /// The container's step.
+    pub container: KubeletResize,
+    /// The pod cgroup memory limit kubelet wrote (before the container for a raise, after it
+    /// for a decrease); `None`: not written.
+    pub pod_written: Option<u64>,
+    /// Why the pod step was not taken after the runtime accepted the container (kubelet's usage
+    /// check on the pod, or the write's error); the sync fails and kubelet retries the pod step.
+    pub pod_blocked: Option<String>,
+}
+
 impl Containerd {
+    /// One sync of kubelet `version` resizing container `id` of `pod` to `to`, the pod step with
+    /// it (see the module docs): a pod memory limit that goes up is written first, the
+    /// container updated (with ≥ 1.34's usage check), and once the runtime accepted, a pod
+    /// memory limit that goes down written after it (with ≥ 1.34's usage check of the pod).
+    /// The pod has a memory limit when its cgroup holds one; it moves by the container's change.
+    pub async fn kubelet_resize(
+        &self,
+        version: KubeletVersion,
+        pod: &Pod,
+        id: &str,
+        to: &Resources,
+    ) -> KubeletSync {
+        let mut sync = KubeletSync {
+            container: KubeletResize::Applied,
+            pod_written: None,
+            pod_blocked: None,
+        };
+        let old = match self.container_resources(id).await {
+            Ok(r) => r.map_or(0, |r| r.memory_limit_in_bytes),
+            Err(e) => {
+                sync.container = KubeletResize::Refused(e);
+                return sync;
+            }
+        };
+        let pod_limits = self.pod_cgroup_limits(pod).ok();
+        let new_pod = match (
+            pod_limits.as_ref().and_then(|l| l.memory_limit),
+            old,
+            to.memory_limit,
+        ) {
+            (Some(p), o, n) if o > 0 && n > 0 => {
+                let (o, n) = (o.unsigned_abs(), n.unsigned_abs());
+                Some((p, (p + n).saturating_sub(o)))
+            }
+            _ => None,
+        };
+        let write_pod = |limit: u64| -> io::Result<()> {
+            let mut l = pod_limits.unwrap_or_default();
+            l.memory_limit = Some(limit);
+            self.set_pod_cgroup_limits(pod, &l)
+        };
+        if let Some((p, n)) = new_pod {
+            if n > p {
+                if let Err(e) = write_pod(n) {
+                    sync.pod_blocked = Some(format!("raising the pod cgroup: {e}"));
+                    return sync;
+                }
+                sync.pod_written = Some(n);
+            }
+        }
+        sync.container = if version.checks_usage() {
+            self.kubelet_resize_container(id, to).await
+        } else {
+            match self.update_container_resources(id, to).await {
+                Ok(()) => KubeletResize::Applied,
+                Err(e) => KubeletResize::Refused(e),
+            }
+        };
+        if !sync.container.applied() {
+            return sync;
+        }
+        if let Some((p, n)) = new_pod {
+            if n < p {
+                if version.checks_usage() {
+                    match self.pod_memory_usage(pod) {
+                        Ok(usage) if usage >= n => {
+                            sync.pod_blocked = Some(format!(
+                                "attempting to set pod memory limit ({n}) below current usage ({usage})"
+                            ));
+                            return sync;
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            sync.pod_blocked = Some(format!("missing pod memory usage: {e}"));
+                            return sync;
+                        }
+                    }
+                }
+                match write_pod(n) {
+                    Ok(()) => sync.pod_written = Some(n),
+                    Err(e) => sync.pod_blocked = Some(format!("lowering the pod cgroup: {e}")),
+                }
+            }
+        }
+        sync
+    }
+
+    /// [`Self::kubelet_resize`] until the container step is accepted, at most `syncs` syncs
+    /// `backoff` apart (kubelet's pod worker retries a failed sync after a jittered backoff of
+    /// about 10–15 s; a test passes less): every sync, the last the accepted one if any.
+    pub async fn kubelet_resize_retrying(
+        &self,
+        version: KubeletVersion,
+        pod: &Pod,
+        id: &str,
+        to: &Resources,
+        backoff: Duration,
+        syncs: u32,
+    ) -> Vec<KubeletSync> {
+        let mut all = Vec::new();
+        for n in 0..syncs {
+            if n > 0 {
+                tokio::time::sleep(backoff).await;
+            }
+            let s = self.kubelet_resize(version, pod, id, to).await;
+            let done = s.container.applied();
+            all.push(s);
+            if done {
+                break;
+            }
+        }
+        all
+    }
+
     /// One sync of kubelet ≥ 1.34 resizing container `id` to `to` (see the module docs).
     pub async fn kubelet_resize_container(&self, id: &str, to: &Resources) -> KubeletResize {
         let current = match self.container_resources(id).await {

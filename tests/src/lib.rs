@@ -70,7 +70,7 @@ pub use images::{
 };
 /// The CRI v1 API (types and clients) from crate `k8s-cri`.
 pub use k8s_cri::v1 as cri;
-pub use kubelet::{KubeletPodResize, KubeletResize};
+pub use kubelet::{KubeletPodResize, KubeletResize, KubeletSync, KubeletVersion};
 pub use plugin::{plugin_binary, resize_record, settled, PluginProcess};
 pub use pod::{ContainerSpec, Pod, PodSpec, Resources};
 pub use systemd::{CgroupDriver, CGROUP_DRIVER_ENV};

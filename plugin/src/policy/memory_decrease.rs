@@ -239,10 +239,117 @@ pub fn not_reclaimable_reason(
     }
 }
 
+/// Memory of a cgroup that a lower limit can only take by swapping or killing: everything that
+/// is not page cache (anonymous, shared, and the kernel's own charges such as slab and page
+/// tables), at least the anonymous and shared memory `memory.stat` reports.
+pub fn not_page_cache(used: &MemoryUse) -> u64 {
+    let file_only = used.file.saturating_sub(used.shmem);
+    used.usage
+        .saturating_sub(file_only)
+        .max(used.unreclaimable())
+}
+
+/// Why a kubelet-driven decrease of a container to `target` is refused while its usage is above
+/// it (`used`, read after the reclaim inside the update). `background`: the page cache in the
+/// way keeps being reclaimed after the answer (cgroup v2), so kubelet's next try can pass.
+pub fn below_usage_reason(used: &MemoryUse, target: u64, background: bool) -> String {
+    let head = format!(
+        "usage {} above the requested limit {}",
+        bytes_text(used.usage),
+        bytes_text(target)
+    );
+    let unreclaimable = used.unreclaimable();
+    if unreclaimable >= target {
+        let shared = if used.shmem > 0 {
+            format!(", {} of it shared (tmpfs, shm)", bytes_text(used.shmem))
+        } else {
+            String::new()
+        };
+        return format!(
+            "{head}: {} of anonymous memory{shared} cannot be reclaimed, and a limit below it would OOM-kill the container",
+            bytes_text(unreclaimable)
+        );
+    }
+    let then = if background {
+        "it is being reclaimed in the background, and kubelet's next try applies the limit once usage fits"
+    } else {
+        "kubelet's next try reclaims it again"
+    };
+    format!(
+        "{head}: {} of it is page cache, not reclaimed within the update's deadline; {then}",
+        bytes_text(used.file)
+    )
+}
+
+/// Why a container's decrease is refused for the pod step kubelet takes right after it
+/// (`setPodCgroupConfig` after `updatePodContainerResources`, `kuberuntime_manager.go`): the pod
+/// cgroup goes from `pod_limit` to `new_pod_limit`, below the pod's memory that is not page
+/// cache (`pinned`, [`not_page_cache`]). On cgroup v2 that write OOM-kills inside the pod.
+pub fn pod_step_reason(pinned: u64, pod_limit: u64, new_pod_limit: u64) -> String {
+    format!(
+        "the pod's memory that is not page cache ({}) does not fit under the pod limit kubelet writes right after this update ({}, now {}): a pod cgroup below it would OOM-kill inside the pod",
+        bytes_text(pinned),
+        bytes_text(new_pod_limit),
+        bytes_text(pod_limit)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::policy::annotation::test_support::ann;
+
+    #[test]
+    fn memory_that_is_not_page_cache_counts_kernel_charges() {
+        const MI: u64 = 1 << 20;
+        let used = MemoryUse {
+            usage: 300 * MI,
+            anon: 100 * MI,
+            shmem: 20 * MI,
+            file: 150 * MI,
+        };
+        // 300 - (150 - 20): the 30Mi the breakdown does not name (slab, page tables) stay.
+        assert_eq!(not_page_cache(&used), 170 * MI);
+        // A breakdown larger than usage (read at another moment) never goes below anon + shmem.
+        let racy = MemoryUse {
+            usage: 100 * MI,
+            anon: 90 * MI,
+            shmem: 30 * MI,
+            file: 40 * MI,
+        };
+        assert_eq!(not_page_cache(&racy), 120 * MI);
+    }
+
+    #[test]
+    fn a_decrease_below_usage_is_refused_with_its_figures() {
+        const MI: u64 = 1 << 20;
+        let anon = MemoryUse {
+            usage: 310 * MI,
+            anon: 300 * MI,
+            shmem: 0,
+            file: 10 * MI,
+        };
+        assert_eq!(
+            below_usage_reason(&anon, 100 * MI, false),
+            "usage 310Mi above the requested limit 100Mi: 300Mi of anonymous memory cannot be reclaimed, and a limit below it would OOM-kill the container"
+        );
+        let cache = MemoryUse {
+            usage: 310 * MI,
+            anon: 20 * MI,
+            shmem: 0,
+            file: 290 * MI,
+        };
+        assert_eq!(
+            below_usage_reason(&cache, 100 * MI, true),
+            "usage 310Mi above the requested limit 100Mi: 290Mi of it is page cache, not reclaimed within the update's deadline; it is being reclaimed in the background, and kubelet's next try applies the limit once usage fits"
+        );
+        assert!(below_usage_reason(&cache, 100 * MI, false)
+            .ends_with("kubelet's next try reclaims it again"));
+        assert_eq!(
+            pod_step_reason(300 * MI, 612 * MI, 200 * MI),
+            "the pod's memory that is not page cache (300Mi) does not fit under the pod limit kubelet writes right after this update (200Mi, now 612Mi): a pod cgroup below it would OOM-kill inside the pod"
+        );
+    }
 
     #[test]
     fn container_annotation_wins_over_pod_and_node() {

@@ -1,6 +1,6 @@
 //! The kubelet update path: one container's `UpdateContainer`, decided by the resize policy,
-//! admitted against the node, a memory decrease below usage staged, and the pod cgroup raised
-//! first where KEP ordering needs it.
+//! admitted against the node, a memory decrease below usage refused (never answered with another
+//! limit: [`super::decrease`]), and the pod cgroup raised first where KEP ordering needs it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,7 +21,7 @@ impl Engine {
     /// A kubelet-driven `UpdateContainer`: see the module docs. Runs for the NRI handler on a
     /// blocking thread, sharing the runtime's `deadline`: cgroup reads first, then at most the
     /// pod cgroup's raise; every outcome that depends on the answer reaching the runtime (a
-    /// refusal recorded, a restart, a staged decrease) commits the deadline first, and acts on
+    /// refusal recorded, a restart, a background reclaim) commits the deadline first, and acts on
     /// nothing when the runtime was already answered fail-open (`resize::late`).
     pub fn on_update(
         self: &Arc<Self>,
@@ -35,8 +35,9 @@ impl Engine {
         let allocated = ctr.resources.clone().unwrap_or_default();
         let mut desired = allocated.clone();
         desired.merge(requested);
-        // kubelet re-sending a decrease that is staged or was deferred: answered with its
-        // progress or reason (kubelet's PodResizeInProgress message); a newer update supersedes.
+        // kubelet retrying a refused decrease while its page cache is reclaimed (or one a
+        // whole-pod step staged): answered with the progress (kubelet's PodResizeInProgress
+        // message) until usage fits; a newer update supersedes.
         if let Some(answer) = self.repeated_decrease(pod, ctr, requested, &desired, &allocated) {
             return Err(answer);
         }
@@ -92,10 +93,23 @@ impl Engine {
             let message = format!("resize of {subject} is {state:?}: {reason}");
             return refuse(state, reason, outcome, message);
         }
-        let mut interim = None;
         match self.decide_decrease(pod, ctr, &allocated, &desired, deadline) {
             decrease::DecreaseVerdict::Direct => {}
-            decrease::DecreaseVerdict::Interim(limit) => interim = Some(limit),
+            // Never answered with another limit on kubelet's path: refused below usage.
+            decrease::DecreaseVerdict::BelowUsage(used) => {
+                too_late(&subject, deadline)?;
+                timer.finish("deferred");
+                return self.refuse_below_usage(pod, ctr, &desired, &allocated, &used, enforce);
+            }
+            // `decide_decrease` turns the strategy's reclaim into `BelowUsage`; were one to come
+            // through, it is refused all the same.
+            decrease::DecreaseVerdict::Reclaim => {
+                too_late(&subject, deadline)?;
+                timer.finish("deferred");
+                let reason = "memory decrease below usage".to_string();
+                let message = format!("resize of {subject} refused: {reason}");
+                return refuse(ResizeState::Deferred, &reason, "deferred", message);
+            }
             decrease::DecreaseVerdict::Reject(reason) => {
                 too_late(&subject, deadline)?;
                 info!(container = %subject, %reason, enforce, "memory decrease rejected");
@@ -116,10 +130,6 @@ impl Engine {
             self.raise_pod_first(pod, ctr, &desired, &subject)?;
         }
         too_late(&subject, deadline)?;
-        if let Some(limit) = interim {
-            timer.finish("in_place");
-            return Ok(self.start_staged_decrease(pod, ctr, &desired, limit));
-        }
         self.record(pod, ctr, Some(&desired), Some(ResizeState::InProgress), "");
         self.state.metrics.resize_outcome("in_place");
         timer.finish("in_place");

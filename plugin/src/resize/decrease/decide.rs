@@ -1,6 +1,7 @@
-//! Deciding a kubelet-driven memory decrease: direct, staged (with an interim limit), restart
-//! or reject, after a page-cache reclaim inside the update where that is enough; and kubelet
-//! asking again for a decrease that is staged or was deferred.
+//! Deciding a kubelet-driven memory decrease: direct, refused below usage ([`super::toward`]),
+//! restart or reject, after a page-cache reclaim inside the update where that is enough and a
+//! look at the pod step kubelet takes right after it ([`super::pod_step`]); and kubelet asking
+//! again while the page cache in the way is reclaimed.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,7 +16,7 @@ use crate::model::{Container, LinuxResources, Pod};
 use crate::nri::{Deadline, Rejection};
 use crate::policy::{
     bytes_text, effective_decrease_strategy, mib, plan_decrease, DecreasePlan,
-    MemoryDecreaseStrategy, ResizeState,
+    MemoryDecreaseStrategy,
 };
 use crate::resize::reply::answered_already;
 use crate::sync::Locked as _;
@@ -50,8 +51,12 @@ fn inline_pass_size(done: u64, took: Duration, left: Duration) -> u64 {
 pub(in crate::resize) enum DecreaseVerdict {
     /// The limit is above usage: the runtime writes it as asked.
     Direct,
-    /// Accept with this memory limit now (the interim); reclaim runs.
-    Interim(u64),
+    /// Reclaim toward the requested limit (the strategy `reclaim`): within a whole-pod step;
+    /// on kubelet's path it becomes [`Self::BelowUsage`] (never an interim limit).
+    Reclaim,
+    /// kubelet's path: usage (as read after the inline reclaim) is above the requested limit;
+    /// refused, and the page cache in the way reclaimed in the background where that can help.
+    BelowUsage(crate::policy::MemoryUse),
     /// Restart (evict) with this reason.
     Restart(String),
     /// Fail the update with this reason (`Deferred`).
@@ -65,7 +70,6 @@ impl DecreaseVerdict {
     pub(in crate::resize) fn of_strategy(
         strategy: MemoryDecreaseStrategy,
         what: &str,
-        interim: u64,
         can_restart: bool,
     ) -> Self {
         match strategy {
@@ -78,7 +82,7 @@ impl DecreaseVerdict {
             MemoryDecreaseStrategy::Restart => Self::Reject(format!(
                 "{what}: memory-decrease strategy restart, and a whole-pod resize cannot restart a container"
             )),
-            MemoryDecreaseStrategy::Reclaim => Self::Interim(interim),
+            MemoryDecreaseStrategy::Reclaim => Self::Reclaim,
         }
     }
 
@@ -86,7 +90,8 @@ impl DecreaseVerdict {
     /// decrease here (`None`: it goes on, directly or staged).
     pub(in crate::resize) fn outcome(&self) -> Option<DecreaseOutcome> {
         match self {
-            Self::Direct | Self::Interim(_) => None,
+            // A refusal below usage is counted where it is answered (`toward`).
+            Self::Direct | Self::Reclaim | Self::BelowUsage(_) => None,
             Self::Restart(_) => Some(DecreaseOutcome::Restarted),
             Self::Reject(_) => Some(DecreaseOutcome::Rejected),
         }
@@ -127,10 +132,21 @@ impl Engine {
                 ));
             }
         };
+        // kubelet lowers the pod cgroup right after the container: what is not page cache in
+        // the pod must fit under it (on cgroup v2 the pod write OOM-kills otherwise).
+        if let Some(old) = old {
+            if let Some(reason) = self.pod_step_refusal(pod, old, target, deadline) {
+                info!(container = %ctr.name, pod = %pod.full_name(), %reason, "memory decrease refused for the pod step after it");
+                self.state
+                    .metrics
+                    .decrease
+                    .outcome(DecreaseOutcome::Rejected);
+                return DecreaseVerdict::Reject(reason);
+            }
+        }
         let cfg = self.config();
         let md = &cfg.memory_decrease;
-        let DecreasePlan::Staged { interim, .. } =
-            plan_decrease(old, target, usage.usage, md.headroom)
+        let DecreasePlan::Staged { .. } = plan_decrease(old, target, usage.usage, md.headroom)
         else {
             self.state.metrics.decrease.outcome(DecreaseOutcome::Direct);
             return DecreaseVerdict::Direct;
@@ -163,11 +179,20 @@ impl Engine {
         if strategy == MemoryDecreaseStrategy::Reclaim && cfg.resize.mode == Mode::Enforce {
             // Trimming stays off the container while the update reclaims it.
             let _pause = self.pause_trimming(&ctr.id);
-            if self.reclaim_inline(ctr, target, &usage, md.inline_max, deadline) {
+            if self.reclaim_inline(ctr, (old, target), &usage, md.inline_max, deadline) {
                 return DecreaseVerdict::Direct;
             }
         }
-        let verdict = DecreaseVerdict::of_strategy(strategy, &what, interim, true);
+        let verdict = match DecreaseVerdict::of_strategy(strategy, &what, true) {
+            // Never an interim on kubelet's path: refused with the usage as it is now.
+            DecreaseVerdict::Reclaim => {
+                let now = container_path(&ctr.cgroups_path)
+                    .and_then(|p| cg.memory_use(&p))
+                    .unwrap_or(usage);
+                DecreaseVerdict::BelowUsage(now)
+            }
+            other => other,
+        };
         if let Some(o) = verdict.outcome() {
             self.state.metrics.decrease.outcome(o);
         }
@@ -203,14 +228,14 @@ impl Engine {
     /// runtime's deadline (750 ms with containerd's default 2 s). It reclaims in
     /// [`INLINE_CHUNK`] passes — v1: the limit lowered a chunk at a time (the kernel reclaims
     /// inside the write or refuses with `EBUSY`, never an OOM kill), v2: `memory.reclaim` a chunk
-    /// at a time — and stops when usage fits or the time is spent; the decrease then continues as
-    /// a staged one. `inline_max` (0: off) caps the bytes reclaimed here: a larger decrease
-    /// reclaims that much inline and the rest staged. `true`: usage fits the target now, and the
-    /// runtime writes the limit as asked.
+    /// at a time — and stops when usage fits or the time is spent; the decrease is then refused
+    /// (v1: the limit its spec says put back) and the rest reclaimed in the background.
+    /// `inline_max` (0: off) caps the bytes reclaimed here. `true`: usage fits the target now,
+    /// and the runtime writes the limit as asked.
     fn reclaim_inline(
         &self,
         ctr: &Container,
-        target: u64,
+        (old, target): (Option<u64>, u64),
         usage: &crate::policy::MemoryUse,
         inline_max: u64,
         deadline: &Deadline,
@@ -219,7 +244,7 @@ impl Engine {
         if need == 0 || inline_max == 0 || usage.unreclaimable() >= target {
             return false;
         }
-        // Bytes reclaimed inline stop here even with time left (the staged decrease takes over).
+        // Bytes reclaimed inline stop here even with time left (the background reclaim takes over).
         let floor = usage.usage.saturating_sub(inline_max).max(target);
         let (Some(cg), Ok(path)) = (self.cgroups.as_ref(), container_path(&ctr.cgroups_path))
         else {
@@ -265,29 +290,38 @@ impl Engine {
                     spent += pass_started.elapsed();
                     now_usage = u.usage;
                 }
-                // Nothing more comes out (or the cgroup is unreadable): staged, which waits.
+                // Nothing more comes out (or the cgroup is unreadable): refused, kubelet retries.
                 _ => break false,
             }
         };
         let took = started.elapsed();
+        if !fits && cg.version() == crate::cgroup::CgroupVersion::V1 {
+            // The passes lowered the v1 limit toward the target: the decrease is refused, so the
+            // container keeps the limit its spec says (a lower one would be a divergence nobody
+            // sees, and an OOM kill nearer than anyone asked for).
+            if let Err(e) = cg.set_memory_limit(&path, old) {
+                warn!(container = %ctr.name, error = %e, "could not put the container's memory limit back after the inline reclaim");
+            }
+        }
         if fits {
             info!(container = %ctr.name, target_mib = mib(target), reclaimed_mib = mib(need), took_ms = took.as_millis(), "page cache reclaimed inside the update");
             self.state.metrics.decrease.inline(need, took.as_secs_f64());
         } else {
-            info!(container = %ctr.name, target_mib = mib(target), left_mib = mib(now_usage.saturating_sub(target)), took_ms = took.as_millis(), "inline reclaim ran out of its share of the deadline; the decrease continues staged");
+            info!(container = %ctr.name, target_mib = mib(target), left_mib = mib(now_usage.saturating_sub(target)), took_ms = took.as_millis(), "inline reclaim ran out of its share of the deadline; the decrease is refused");
         }
         fits
     }
 
-    /// kubelet shows the error text of `UpdateContainerResources` in the pod's
-    /// `PodResizeInProgress` condition, and re-sends the update while `ContainerStatus` differs
-    /// from what it asked. So the same decrease asked again is answered with an error carrying:
-    /// - while it is staged: its progress (the reclaim goes on);
-    /// - once it was deferred: the reason, and the reclaim starts again from the limit kept.
+    /// kubelet asking again for a decrease while a reclaim of the container is in flight
+    /// (kubelet retries a refused update after its pod worker's backoff and shows the error text
+    /// in `PodResizeInProgress`):
+    /// - the background reclaim toward a refused limit ([`super::toward`]): the same limit
+    ///   asked again is answered with its progress while usage is still above it; once usage
+    ///   fits the reclaim ends and the update is decided anew (and goes through);
+    /// - a staged decrease (a whole-pod step's, or one resumed from a checkpoint): the same
+    ///   request, nothing else differing from what is allocated, is answered with its progress.
     ///
-    /// Nothing else of the request differs from what is allocated (a request that changes
-    /// anything else is a newer one: it supersedes the staged decrease and is decided anew).
-    /// `None`: not a repeat.
+    /// Any other update supersedes the reclaim and is decided anew. `None`: decide anew.
     pub(in crate::resize) fn repeated_decrease(
         self: &Arc<Self>,
         pod: &Pod,
@@ -298,6 +332,16 @@ impl Engine {
     ) -> Option<Rejection> {
         let asked = memory_limit(requested);
         let subject = format!("{}/{}", pod.full_name(), ctr.name);
+        if let Some(target) = self.reclaim_toward_in_flight(&ctr.id) {
+            if asked == Some(target) {
+                return self.repeat_toward(ctr, &subject, target);
+            }
+            self.take_reclaim(
+                &ctr.id,
+                "newer update: the reclaim toward the refused limit ends",
+            );
+            return None;
+        }
         if let Some((interim, target)) = self.reclaim_in_flight(&ctr.id) {
             if asked == Some(target) && answered_already(desired, allocated, target, interim) {
                 let progress = self
@@ -316,39 +360,8 @@ impl Engine {
                     "the staged memory decrease of {subject} is being applied by the runtime at this moment; this newer update goes through when kubelet asks again"
                 )));
             }
-            return None;
         }
-        let (deferred, reason) = {
-            let all = self.containers.locked();
-            let r = all.get(&ctr.id)?;
-            (r.deferred_target?, r.reason.clone())
-        };
-        let kept = memory_limit(allocated)?;
-        if asked != Some(deferred)
-            || deferred >= kept
-            || !answered_already(desired, allocated, deferred, kept)
-            || self.config().resize.mode != Mode::Enforce
-        {
-            return None;
-        }
-        info!(container = %subject, target = %bytes_text(deferred), kept = %bytes_text(kept), "deferred memory decrease asked again: reclaiming again");
-        self.record(
-            pod,
-            ctr,
-            Some(desired),
-            Some(ResizeState::InProgress),
-            &format!(
-                "reclaiming again: limit {} requested; the cgroup holds {} until usage fits (was deferred: {reason})",
-                bytes_text(deferred),
-                bytes_text(kept)
-            ),
-        );
-        self.spawn_reclaim(pod.id.clone(), ctr, deferred, kept, Instant::now());
-        // The runtime applies nothing (the answer is an error): start at once.
-        self.notify_reclaim_applied(&ctr.id);
-        Some(Rejection(format!(
-            "memory decrease of {subject} deferred: {reason}; reclaiming again"
-        )))
+        None
     }
 }
 
@@ -371,12 +384,7 @@ mod tests {
     #[test]
     fn one_mapping_from_strategy_to_verdict_and_outcome() {
         let v = |s, can_restart| {
-            DecreaseVerdict::of_strategy(
-                s,
-                "usage 300Mi above requested limit 100Mi",
-                400 << 20,
-                can_restart,
-            )
+            DecreaseVerdict::of_strategy(s, "usage 300Mi above requested limit 100Mi", can_restart)
         };
         let reject = v(MemoryDecreaseStrategy::Reject, true);
         assert!(matches!(&reject, DecreaseVerdict::Reject(r) if r.contains("strategy reject")));
@@ -389,13 +397,13 @@ mod tests {
         assert!(matches!(&whole_pod, DecreaseVerdict::Reject(r) if r.contains("cannot restart")));
         assert_eq!(whole_pod.outcome(), Some(DecreaseOutcome::Rejected));
         let reclaim = v(MemoryDecreaseStrategy::Reclaim, false);
-        assert!(matches!(reclaim, DecreaseVerdict::Interim(b) if b == 400 << 20));
+        assert!(matches!(reclaim, DecreaseVerdict::Reclaim));
         assert_eq!(reclaim.outcome(), None);
     }
 
     /// A decrease below the working set trimming found is refused with that figure, before any
     /// reclaim; one above it goes on as before (here: reclaimed inline, the fixture's "kernel"
-    /// taking nothing, then staged).
+    /// taking nothing, then refused below usage).
     #[tokio::test]
     #[expect(
         clippy::too_many_lines,
@@ -525,9 +533,13 @@ mod tests {
             "",
             "nothing reclaimed"
         );
-        // Above the working set: reclaimed inline (asked of the kernel), then staged.
+        // Above the working set: reclaimed inline (asked of the kernel), then refused below
+        // usage (the fixture's kernel took nothing), never an interim.
         let verdict = engine.decide_decrease(&pod, &ctr, &limit(512), &limit(216), &deadline);
-        assert!(matches!(verdict, DecreaseVerdict::Interim(_)), "staged");
+        assert!(
+            matches!(&verdict, DecreaseVerdict::BelowUsage(u) if u.usage == 230 * MI),
+            "refused below usage"
+        );
         assert!(
             !std::fs::read_to_string(dir.join("memory.reclaim"))
                 .expect("read")

@@ -17,6 +17,15 @@ use crate::resize::runtime_update::UpdateError;
 use crate::resize::ContainerResize;
 use crate::sync::Locked as _;
 
+/// Whose progress a reclaim reports: a staged decrease's (an interim limit in the runtime's
+/// spec, the requested one applied at the end) or the background reclaim toward a limit kubelet
+/// was refused ([`super::toward`]: nothing applied, kubelet's retry does it).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Progress {
+    Staged,
+    Toward,
+}
+
 impl Engine {
     /// Runs reclaim until the target is applied, time runs out, or a newer update takes over.
     /// The container's record is this decrease's (`generation`) only while no newer update
@@ -55,7 +64,7 @@ impl Engine {
                 max_stall: self.max_stall_of(id),
             };
             let outcome = self
-                .reclaim_reporting(id, generation, target, &cg, &cgroup, job, cancel)
+                .reclaim_reporting(id, generation, &cg, job, cancel, Progress::Staged)
                 .await;
             match outcome {
                 ReclaimOutcome::Reached {
@@ -140,22 +149,17 @@ impl Engine {
 
     /// Runs [`reclaim_to`] on a blocking thread; after each pass the cgroup is read back and
     /// [`Self::reclaim_progress`] records where it stands.
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "one staged decrease's pass: its container, generation, target, cgroup and job"
-    )]
-    async fn reclaim_reporting(
+    pub(super) async fn reclaim_reporting(
         &self,
         id: &str,
         generation: u64,
-        target: u64,
         cg: &crate::cgroup::Cgroups,
-        cgroup: &std::path::Path,
         job: ReclaimJob,
         cancel: &CancellationToken,
+        progress: Progress,
     ) -> ReclaimOutcome {
-        let interim = job.interim;
-        let (cg2, cancel2, path) = (cg.clone(), cancel.clone(), cgroup.to_path_buf());
+        let (target, interim) = (job.target, job.interim);
+        let (cg2, cancel2, path) = (cg.clone(), cancel.clone(), job.cgroup.clone());
         let (tx, mut passes) = tokio::sync::watch::channel(None);
         let mut task = tokio::task::spawn_blocking(move || {
             reclaim_to(&cg2, &job, &cancel2, |p| {
@@ -170,33 +174,41 @@ impl Engine {
                 Ok(()) = passes.changed() => {
                     let seen = *passes.borrow_and_update();
                     if let Some((pass, actual)) = seen {
-                        self.reclaim_progress(id, generation, target, interim, &pass, actual.as_ref());
+                        self.reclaim_progress(id, generation, (target, interim), progress, &pass, actual.as_ref());
                     }
                 }
             }
         }
     }
 
-    /// A staged decrease after one pass: the record's reason says the limit the cgroup holds
-    /// now (read back), and the confirmation's actual values follow it.
+    /// A reclaim after one pass: the record's reason says the limit the cgroup holds now (read
+    /// back) and the usage, and the confirmation's actual values follow it.
     fn reclaim_progress(
         &self,
         id: &str,
         generation: u64,
-        target: u64,
-        interim: u64,
+        (target, interim): (u64, u64),
+        progress: Progress,
         pass: &reclaim::Pass,
         actual: Option<&crate::cgroup::ActualResources>,
     ) {
         let holds = actual
             .and_then(|a| a.memory_limit)
             .map_or_else(|| bytes_text(pass.limit), memory_limit_text);
-        let reason = format!(
-            "reclaiming: limit {} requested; the cgroup holds {holds} now (usage {}); the runtime's spec says {} until usage fits",
-            bytes_text(target),
-            bytes_text(pass.usage.usage),
-            bytes_text(interim)
-        );
+        let reason = match progress {
+            Progress::Staged => format!(
+                "reclaiming: limit {} requested; the cgroup holds {holds} now (usage {}); the runtime's spec says {} until usage fits",
+                bytes_text(target),
+                bytes_text(pass.usage.usage),
+                bytes_text(interim)
+            ),
+            Progress::Toward => format!(
+                "usage {} above the requested limit {}: refused until usage fits; reclaiming page cache in the background ({} left), the cgroup keeps {holds}; kubelet's next try applies the limit once usage fits",
+                bytes_text(pass.usage.usage),
+                bytes_text(target),
+                bytes_text(pass.usage.file)
+            ),
+        };
         let own = self.own_record(id, generation, |r| {
             if r.state == Some(ResizeState::InProgress) {
                 r.reason = reason;
@@ -363,7 +375,14 @@ mod tests {
             stall: None,
         };
         // While it owns the record, a pass reports its progress there.
-        engine.reclaim_progress("c", generation, 100 * MIB, 317 * MIB, &pass, None);
+        engine.reclaim_progress(
+            "c",
+            generation,
+            (100 * MIB, 317 * MIB),
+            Progress::Staged,
+            &pass,
+            None,
+        );
         assert!(engine.container_resizes()["c"]
             .reason
             .contains("usage 250Mi"));
@@ -372,7 +391,14 @@ mod tests {
         engine.supersede_reclaim("c");
         engine.record(&pod, &ctr, None, Some(ResizeState::InProgress), "");
         // The superseded decrease's last pass, its end and its allocation all come too late.
-        engine.reclaim_progress("c", generation, 100 * MIB, 317 * MIB, &pass, None);
+        engine.reclaim_progress(
+            "c",
+            generation,
+            (100 * MIB, 317 * MIB),
+            Progress::Staged,
+            &pass,
+            None,
+        );
         engine.finish_record("c", generation, Some(ResizeState::Deferred), "timed out");
         let r = &engine.container_resizes()["c"];
         assert_eq!(

@@ -1,23 +1,33 @@
 //! Safe memory decrease inside the engine: when an update lowers a container's memory limit
 //! below its usage, the strategy (`reclaim`, `restart`, `reject`; see
-//! [`crate::policy::MemoryDecreaseStrategy`]) decides. `reclaim` accepts the update with a safe
-//! interim limit, reclaims on a blocking thread ([`super::reclaim`]) and applies the requested
-//! limit through NRI `UpdateContainers` once usage fits, so the runtime's spec — what kubelet
-//! reads back as actual — says the new limit only when it is really in place.
+//! [`crate::policy::MemoryDecreaseStrategy`]) decides.
 //!
-//! One staged decrease per container: a newer update for the container cancels it at once (a
-//! repeat of the same request keeps it). Each is checkpointed in the state directory and resumed
-//! after a plugin restart.
+//! On kubelet's path ([`decide`]) the runtime is never answered with a limit other than the one
+//! asked: kubelet records an accepted update as actuated, never sends it again, and lowers the
+//! pod cgroup right after it. With `reclaim`, page cache in the way is reclaimed inside the
+//! update where the deadline allows; otherwise the update is refused with the figures and the
+//! page cache keeps being reclaimed in the background toward the limit ([`toward`]), so that
+//! kubelet's own retry goes through. The pod step that follows is judged with it
+//! ([`pod_step`]).
 //!
-//! [`decide`]: what a decrease below usage becomes (and a repeat of one); [`staged`]: accepting
-//! one and its reclaim task, driven by [`drive`]; [`whole_pod`]: a whole-pod step's decrease;
-//! [`resume`]: the checkpoints and their resumption.
+//! A whole-pod step ([`whole_pod`], nri-resize's own API) may still stage a decrease: accepted
+//! with a safe interim limit, reclaimed on a blocking thread ([`super::reclaim`], driven by
+//! [`drive`], task in [`staged`]) and the requested limit applied through NRI
+//! `UpdateContainers` once usage fits. Each is checkpointed in the state directory and resumed
+//! after a plugin restart ([`resume`]).
+//!
+//! One reclaim per container (its [`ReclaimHandle`]): a newer update for the container cancels
+//! it at once.
 
 mod decide;
 mod drive;
+#[cfg(test)]
+mod kubelet_path_tests;
 mod pacing;
+mod pod_step;
 mod resume;
 mod staged;
+mod toward;
 mod whole_pod;
 
 use std::sync::Arc;
@@ -50,6 +60,9 @@ pub(in crate::resize) struct ReclaimHandle {
     applying: bool,
     /// Trimming of the container stays off while the handle lives (held for its `Drop`).
     trim_pause: Option<TrimPause>,
+    /// The background reclaim toward a limit kubelet was refused ([`toward`]): no interim, no
+    /// limit applied at the end; `interim` is the limit the container keeps.
+    toward: bool,
 }
 
 impl ReclaimHandle {
@@ -69,7 +82,14 @@ impl ReclaimHandle {
             generation,
             applying: false,
             trim_pause: None,
+            toward: false,
         }
+    }
+
+    /// The handle of a background reclaim toward a refused limit ([`toward`]).
+    pub(super) fn toward(mut self) -> Self {
+        self.toward = true;
+        self
     }
 
     /// The handle, holding `pause` (trimming of the container) for as long as it lives.
@@ -289,7 +309,18 @@ impl Engine {
         self.reclaims
             .locked()
             .get(container_id)
+            .filter(|h| !h.toward)
             .map(|h| (h.interim, h.target))
+    }
+
+    /// The target of the background reclaim toward a refused limit in flight for
+    /// `container_id` ([`toward`]).
+    pub(in crate::resize) fn reclaim_toward_in_flight(&self, container_id: &str) -> Option<u64> {
+        self.reclaims
+            .locked()
+            .get(container_id)
+            .filter(|h| h.toward)
+            .map(|h| h.target)
     }
 }
 

@@ -1,5 +1,6 @@
-//! Accepting a staged decrease: the runtime gets the interim limit, and a reclaim task (owned
-//! by the engine's tracker, checkpointed) drives the container to the requested one.
+//! A staged decrease's reclaim task (owned by the engine's tracker, checkpointed), which drives
+//! the container from its interim limit to the requested one. Whole-pod steps and checkpoints
+//! only: kubelet's path never answers with an interim ([`super::toward`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -8,66 +9,14 @@ use tokio::sync::Notify;
 use tracing::info;
 
 use super::resume::ReclaimCheckpoint;
-use super::{memory_limit, Engine, ReclaimHandle};
+use super::{Engine, ReclaimHandle};
 use crate::cgroup::container_path;
-use crate::config::Mode;
-use crate::model::{Container, LinuxResources, Pod};
-use crate::nri::{ContainerUpdate, UpdateReply};
-use crate::policy::{bytes_text, mib, ResizeState};
-use crate::resize::reply::interim_reply;
+use crate::model::Container;
 use crate::sync::Locked as _;
 
 impl Engine {
-    /// Accepts a staged decrease: the reply for the runtime (interim limit) and the reclaim task.
-    pub(in crate::resize) fn start_staged_decrease(
-        self: &Arc<Self>,
-        pod: &Pod,
-        ctr: &Container,
-        desired: &LinuxResources,
-        interim: u64,
-    ) -> UpdateReply {
-        let target = memory_limit(desired).unwrap_or(interim);
-        let subject = format!("{}/{}", pod.full_name(), ctr.name);
-        if self.config().resize.mode == Mode::Observe {
-            self.record(
-                pod,
-                ctr,
-                Some(desired),
-                Some(ResizeState::Proposed),
-                &format!(
-                    "mode = observe: would keep {} and reclaim down to {}",
-                    bytes_text(interim),
-                    bytes_text(target)
-                ),
-            );
-            return UpdateReply::default();
-        }
-        let adjusted = interim_reply(desired, target, interim);
-        let reason = format!(
-            "reclaiming: limit {} requested; the cgroup holds {} until usage fits",
-            bytes_text(target),
-            bytes_text(interim)
-        );
-        info!(container = %subject, target_mib = mib(target), interim_mib = mib(interim), "memory decrease below usage: staged reclaim");
-        self.record(
-            pod,
-            ctr,
-            Some(desired),
-            Some(ResizeState::InProgress),
-            &reason,
-        );
-        self.state.metrics.resize_outcome("in_place");
-        self.spawn_reclaim(pod.id.clone(), ctr, target, interim, Instant::now());
-        UpdateReply {
-            updates: vec![ContainerUpdate {
-                container_id: ctr.id.clone(),
-                resources: adjusted,
-                ignore_failure: false,
-            }],
-            evictions: Vec::new(),
-        }
-    }
-
+    /// Starts the reclaim task of a staged decrease of `ctr` (a whole-pod step's, or one resumed
+    /// from its checkpoint) toward `target` while the container holds `interim`.
     pub(super) fn spawn_reclaim(
         self: &Arc<Self>,
         pod_id: String,

@@ -69,7 +69,7 @@ impl Engine {
                 return Err(StepFailure::Deferred(reason));
             }
         }
-        let verdict = DecreaseVerdict::of_strategy(strategy, &what, interim, false);
+        let verdict = DecreaseVerdict::of_strategy(strategy, &what, false);
         if let Some(o) = verdict.outcome() {
             self.state.metrics.decrease.outcome(o);
         }
