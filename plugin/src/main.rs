@@ -367,15 +367,10 @@ async fn status_once(api: &ApiArgs, json: bool, one_line: bool) -> anyhow::Resul
         return Ok(text + "\n");
     }
     let resizes = client.resizes().await.unwrap_or_default();
-    let page_size = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
-        .ok()
-        .flatten()
-        .and_then(|p| u64::try_from(p).ok())
-        .unwrap_or(4096);
     Ok(nri_resize::api::render_status(
         &status,
         &resizes,
-        page_size,
+        nri_resize::cgroup::page_size(),
         nri_resize::clock::now_ms(),
     ))
 }

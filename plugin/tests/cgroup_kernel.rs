@@ -309,6 +309,72 @@ fn memory_limits_written_through_cgroup_io_read_back_with_usage() {
     });
 }
 
+/// The kernel holds a memory limit in whole pages, rounded down (issue 38): `1G` (1000000000
+/// bytes) reads back 999997440 with 4 KiB pages, and a VPA-like byte count loses its odd bytes.
+/// Written through [`CgroupIo`] and read back through it, the confirmation's comparison calls
+/// each in effect, though the bytes read back are not the bytes asked; a page less is a
+/// difference, named in bytes that differ.
+#[test]
+fn a_memory_limit_not_in_whole_pages_is_in_effect_as_the_kernel_holds_it() {
+    use nri_resize::model::{held_memory_limit, LinuxResources, MemoryResources};
+    use nri_resize::state::{desired_matches, differences};
+
+    let tree = Tree::create("pages");
+    let io = &tree.cgroups;
+    let ctr = &PathBuf::from(tree.ctr());
+    let page = nri_resize::cgroup::page_size();
+    eprintln!("page size: {page} bytes");
+    let file = match io.version() {
+        CgroupVersion::V1 => "memory.limit_in_bytes",
+        CgroupVersion::V2 => "memory.max",
+    };
+    let bytes = |b: u64| i64::try_from(b).expect("a limit in i64");
+    for asked in [1_000_000_000_u64, 256 * MIB + 1] {
+        io.set_memory_limit(ctr, Some(asked))
+            .unwrap_or_else(|e| panic!("set a {asked}-byte limit: {e}"));
+        let actual = io.read_actual(ctr).expect("read the container cgroup");
+        let raw = tree.raw("memory", &tree.ctr(), file);
+        eprintln!("asked {asked}, {file} holds {raw}");
+        assert_ne!(
+            actual.memory_limit,
+            Some(bytes(asked)),
+            "{asked} is not a whole number of {page}-byte pages: the kernel rounds it"
+        );
+        assert_eq!(
+            actual.memory_limit,
+            Some(bytes(held_memory_limit(asked, page))),
+            "{file} holds {raw}"
+        );
+        assert_eq!(raw, held_memory_limit(asked, page).to_string());
+        let desired = LinuxResources {
+            memory: Some(MemoryResources {
+                limit: Some(bytes(asked)),
+                ..MemoryResources::default()
+            }),
+            ..LinuxResources::default()
+        };
+        assert_eq!(
+            desired_matches(&desired, &actual, io.version(), page),
+            Some(true),
+            "asked {asked}, read back {raw}: in effect"
+        );
+
+        // A page below what the kernel holds of it is not.
+        let short = held_memory_limit(asked, page) - page;
+        io.set_memory_limit(ctr, Some(short))
+            .unwrap_or_else(|e| panic!("set a {short}-byte limit: {e}"));
+        let actual = io.read_actual(ctr).expect("read the container cgroup");
+        assert_eq!(actual.memory_limit, Some(bytes(short)));
+        let found = differences(&desired, &actual, io.version(), page).expect("comparable");
+        assert_eq!(found.len(), 1, "{found:?}");
+        let (d, a) = found[0]
+            .strip_prefix("memory limit: desired ")
+            .and_then(|t| t.split_once(", actual "))
+            .unwrap_or_else(|| panic!("one memory difference: {found:?}"));
+        assert_ne!(d, a, "named as different, read alike: {found:?}");
+    }
+}
+
 /// A container re-reading 160 MiB of page cache is brought down to 48 MiB by the staged
 /// decrease's loop with `max_stall = 0.05`. On cgroup v2 with PSI the loop is paced: its first
 /// step asks for 1 MiB, every pass after the first has a stall share measured from the

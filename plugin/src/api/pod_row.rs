@@ -6,37 +6,13 @@
 use super::row::Row;
 use super::{PodStatus, Status};
 use crate::model::PodLimits;
-use crate::policy::{cpu_quantity, memory_quantity, with_overhead, Limits};
-use crate::state::limits_text;
-
-/// What differs between the pod cgroup's desired and actual limits, each with both values: in
-/// quantities, or in exact units where the quantities read the same (`128Mi` either side of a
-/// few KiB).
-fn differences(desired: &PodLimits, actual: &PodLimits) -> Vec<String> {
-    let mut out = Vec::new();
-    if desired.cpu_millis != actual.cpu_millis {
-        let q = |v: Option<u64>| v.map_or_else(|| "max".into(), cpu_quantity);
-        out.push(format!(
-            "cpu: desired {}, actual {}",
-            q(desired.cpu_millis),
-            q(actual.cpu_millis)
-        ));
-    }
-    if desired.memory_bytes != actual.memory_bytes {
-        let q = |v: Option<u64>| v.map_or_else(|| "max".into(), memory_quantity);
-        let exact = |v: Option<u64>| v.map_or_else(|| "max".into(), |b| format!("{b} bytes"));
-        let (mut d, mut a) = (q(desired.memory_bytes), q(actual.memory_bytes));
-        if d == a {
-            (d, a) = (exact(desired.memory_bytes), exact(actual.memory_bytes));
-        }
-        out.push(format!("memory: desired {d}, actual {a}"));
-    }
-    out
-}
+use crate::policy::{with_overhead, Limits};
+use crate::state::{limits_differences, limits_text};
 
 /// The cells of the pod row (same columns as the container rows), when the pod has pod-level
-/// resources.
-pub fn pod_row(p: &PodStatus) -> Option<Row> {
+/// resources. `page_size`: the node's, in bytes (the pod cgroup holds its memory limit in
+/// whole pages).
+pub fn pod_row(p: &PodStatus, page_size: u64) -> Option<Row> {
     let l = p.pod_level.as_ref()?;
     // What the runtime holds: the pod-level limits plus overhead, as the pod cgroup has them.
     let allocated = p.pod.resources.as_ref().map_or_else(
@@ -58,7 +34,7 @@ pub fn pod_row(p: &PodStatus) -> Option<Row> {
             let named = l
                 .actual
                 .as_ref()
-                .map(|a| differences(&l.desired, a))
+                .map(|a| limits_differences(&l.desired, a, page_size))
                 .unwrap_or_default();
             reason = if named.is_empty() {
                 "actual differs from desired".into()
@@ -84,12 +60,12 @@ pub fn pod_row(p: &PodStatus) -> Option<Row> {
 }
 
 /// Inserts each pod's row before its first container row (rows start with the pod's name).
-pub fn with_pod_rows(s: &Status, rows: Vec<Row>) -> Vec<Row> {
+pub fn with_pod_rows(s: &Status, rows: Vec<Row>, page_size: u64) -> Vec<Row> {
     let mut out = Vec::with_capacity(rows.len() + s.pods.len());
     let mut pending: Vec<(String, Row)> = s
         .pods
         .iter()
-        .filter_map(|p| Some((p.pod.full_name(), pod_row(p)?)))
+        .filter_map(|p| Some((p.pod.full_name(), pod_row(p, page_size)?)))
         .collect();
     for row in rows {
         if let Some(i) = pending.iter().position(|(name, _)| *name == row[0]) {
@@ -209,12 +185,12 @@ mod tests {
             ..PodLevelStatus::default()
         };
         let s = status(level);
-        let row = pod_row(&s.pods[0]).expect("a row");
+        let row = pod_row(&s.pods[0], 4096).expect("a row");
         assert_eq!(row[2], "500m/max");
         assert_eq!(row[11], "actual differs from desired");
         let mut none = s.clone();
         none.pods[0].pod_level = None;
-        assert!(pod_row(&none.pods[0]).is_none());
+        assert!(pod_row(&none.pods[0], 4096).is_none());
     }
 
     #[test]
@@ -232,7 +208,7 @@ mod tests {
             matches: Some(false),
             ..PodLevelStatus::default()
         };
-        let row = pod_row(&status(level).pods[0]).expect("a row");
+        let row = pod_row(&status(level).pods[0], 4096).expect("a row");
         assert_eq!(
             (row[2].as_str(), row[4].as_str()),
             ("500m/128Mi", "400m/128Mi")

@@ -223,8 +223,8 @@ fn rows(s: &Status, resizes: &Resizes, page_size: u64) -> Vec<Row> {
         .collect()
 }
 
-/// Renders the status table. `page_size` converts reclaimed pages to bytes (the node's page
-/// size: the API is node-local).
+/// Renders the status table. `page_size` converts reclaimed pages to bytes and compares a pod
+/// cgroup's memory limit in whole pages (the node's page size: the API is node-local).
 pub fn render_status(s: &Status, resizes: &Resizes, page_size: u64, now_ms: u64) -> String {
     let mut out = String::new();
     let _ = writeln!(
@@ -272,7 +272,7 @@ pub fn render_status(s: &Status, resizes: &Resizes, page_size: u64, now_ms: u64)
             s.state_dir.problems.last().map_or("", String::as_str)
         );
     }
-    let rows = super::pod_row::with_pod_rows(s, rows(s, resizes, page_size));
+    let rows = super::pod_row::with_pod_rows(s, rows(s, resizes, page_size), page_size);
     let header = [
         "POD",
         "CONTAINER",

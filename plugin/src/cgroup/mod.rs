@@ -259,13 +259,11 @@ fn memory_breakdown(
     })
 }
 
-/// The kernel's page size (`memory.stat` counts events in pages); 4 KiB if it cannot be read.
-fn page_size() -> u64 {
-    nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
-        .ok()
-        .flatten()
-        .and_then(|p| u64::try_from(p).ok())
-        .unwrap_or(4096)
+/// The running kernel's page size in bytes (4 KiB on x86-64; 4, 16 or 64 KiB on arm64):
+/// `memory.stat` counts events in pages, and memory limits are held in whole pages
+/// ([`crate::model::held_memory_limit`]). From the auxiliary vector: it cannot fail.
+pub fn page_size() -> u64 {
+    rustix::param::page_size() as u64
 }
 
 /// A v2 pressure file's totals; `Unsupported` where it is absent or unreadable (EOPNOTSUPP

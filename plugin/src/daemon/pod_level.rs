@@ -37,7 +37,7 @@ use crate::policy::{
     admit_pod_level, admit_unchecked_memory, effective_enforce, with_overhead, Admission, Limit,
     Limits, MemoryUse, PodMemory, ResizeState,
 };
-use crate::state::{limits_text, NodeReserve, NodeState, PodLevelStatus};
+use crate::state::{limits_differences, limits_text, NodeReserve, NodeState, PodLevelStatus};
 use crate::sync::ReadWriteLocked as _;
 use crate::trim::TrimPause;
 
@@ -300,9 +300,11 @@ async fn confirm_pod(state: &NodeState, pod: &Pod, report_drift: bool) -> Option
                 r.actual = Some(actual);
                 r.memory_usage = usage;
                 r.error = None;
-                r.matches = Some(actual == desired);
+                // The memory limit as the kernel holds it: in whole pages.
+                let held = actual == desired.as_held(crate::cgroup::page_size());
+                r.matches = Some(held);
                 matches = r.matches;
-                if actual == desired {
+                if held {
                     if r.state == Some(ResizeState::InProgress) {
                         r.state = None;
                         r.reason.clear();
@@ -326,6 +328,7 @@ async fn confirm_pod(state: &NodeState, pod: &Pod, report_drift: bool) -> Option
             pod = %pod.full_name(),
             desired = %limits_text(&desired),
             actual = %limits_text(&actual),
+            differences = %limits_differences(&desired, &actual, crate::cgroup::page_size()).join("; "),
             "pod-level resize not in effect: desired and actual differ"
         );
     }

@@ -139,6 +139,7 @@ pub const CATALOG: &[Entry] = &[
     e("nri_resize_pod_actual_cpu_cores", Kind::Gauge, "cores", P, "CPU limit in the pod cgroup when last read back; absent when unlimited"),
     e("nri_resize_pod_desired_memory_bytes", Kind::Gauge, "bytes", P, "pod-level memory limit last asked of the runtime; absent when unlimited"),
     e("nri_resize_pod_actual_memory_bytes", Kind::Gauge, "bytes", P, "memory limit in the pod cgroup when last read back; absent when unlimited"),
+    e("nri_resize_node_page_size_bytes", Kind::Gauge, "bytes", &[], "the kernel's page size: a cgroup holds a memory limit in whole pages, rounded down (1G, 1000000000 bytes, reads back 999997440 with 4 KiB pages), so a limit is in effect when desired minus actual is at least 0 and below this"),
     // Per container: what the observer measures.
     cadvisor(e("nri_resize_container_cpu_cfs_throttled_periods_total", Kind::Counter, "periods", C, "CFS throttle events of the container's cgroup (docs/observer.md: what one event is per strategy); cAdvisor: `container_cpu_cfs_throttled_periods_total`")),
     cadvisor(e("nri_resize_container_cpu_cfs_throttled_seconds_total", Kind::Counter, "seconds", C, "time the container's cgroup spent CFS-throttled; cAdvisor: `container_cpu_cfs_throttled_seconds_total`")),

@@ -155,6 +155,22 @@ fn build_info(r: &Registry) -> Result<(), MetricsError> {
     Ok(())
 }
 
+/// `nri_resize_node_page_size_bytes`: memory limits are held in whole pages, rounded down, and
+/// the alert on limits not in effect allows for less than one (a limit asked in bytes, as VPA
+/// and `1G` ask, is never read back byte for byte).
+fn node_page_size(r: &Registry) -> Result<(), MetricsError> {
+    let page = register(
+        r,
+        IntGauge::with_opts(opts(
+            "node_page_size_bytes",
+            "The kernel's page size in bytes: memory limits are held in whole pages, rounded down.",
+        ))
+        .map_err(MetricsError::Register)?,
+    )?;
+    page.set(i64::try_from(crate::cgroup::page_size()).unwrap_or(i64::MAX));
+    Ok(())
+}
+
 /// `nri_resize_resizes{state}`, every state present (at 0).
 fn resize_states(r: &Registry) -> Result<IntGaugeVec, MetricsError> {
     let states = register(
@@ -201,6 +217,7 @@ impl Metrics {
                 .and_then(|c| register(r, c))
         };
         build_info(r)?;
+        node_page_size(r)?;
         Ok(Metrics {
             process: process_registry()?,
             resize_states: resize_states(r)?,
@@ -672,7 +689,7 @@ mod tests {
             format!("nri_resize_container_cpu_cfs_throttled_seconds_total{l} 3"),
             format!(
                 "nri_resize_container_memory_reclaimed_bytes_total{l} {}",
-                10 * series::page_size()
+                10 * crate::cgroup::page_size()
             ),
             format!("nri_resize_container_memory_direct_reclaim_seconds_total{l} 0.5"),
             format!("nri_resize_container_oom_kills_total{l} 1"),
@@ -772,6 +789,13 @@ mod tests {
             text.contains(&format!(
                 "nri_resize_build_info{{ebpf_object=\"{}\",version=\"{version}\"}} 1\n",
                 cfg!(nri_resize_ebpf_object)
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "\nnri_resize_node_page_size_bytes {}\n",
+                crate::cgroup::page_size()
             )),
             "{text}"
         );

@@ -22,14 +22,6 @@ fn ns_to_secs(ns: u64) -> f64 {
     ns as f64 / 1e9
 }
 
-pub(super) fn page_size() -> u64 {
-    nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
-        .ok()
-        .flatten()
-        .and_then(|p| u64::try_from(p).ok())
-        .unwrap_or(4096)
-}
-
 /// What grew since the last reading (a counter that went backwards counts from zero).
 fn delta(new: u64, old: u64) -> u64 {
     if new >= old {
@@ -45,7 +37,7 @@ impl ContainerSeries {
             families,
             labels,
             last: Observation::default(),
-            page_size: page_size(),
+            page_size: crate::cgroup::page_size(),
         }
     }
 

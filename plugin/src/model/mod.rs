@@ -5,6 +5,7 @@ mod diff;
 #[cfg(test)]
 pub mod fixtures;
 mod journal;
+mod pages;
 mod pod_limits;
 mod resources;
 
@@ -14,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 pub use diff::{fields_changed, values_of};
 pub use journal::{EventKind, EventRecord, Journal};
+pub use pages::held_memory_limit;
 pub use pod_limits::PodLimits;
 pub use resources::{
     limited_bytes, CpuResources, HugepageLimit, LinuxResources, MemoryResources, UNLIMITED_BYTES,

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{limited_bytes, LinuxResources};
+use super::{held_memory_limit, limited_bytes, LinuxResources};
 
 /// CPU and memory limits of a pod; `None` = unlimited.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -30,6 +30,19 @@ impl PodLimits {
         PodLimits {
             cpu_millis,
             memory_bytes: memory(memory_limit),
+        }
+    }
+}
+
+impl PodLimits {
+    /// These limits as a cgroup holds them once written: the memory limit in whole pages of
+    /// `page_size` bytes, rounded down ([`held_memory_limit`]). A pod cgroup read back holds
+    /// what was asked when its limits equal these.
+    #[must_use]
+    pub fn as_held(&self, page_size: u64) -> Self {
+        PodLimits {
+            cpu_millis: self.cpu_millis,
+            memory_bytes: self.memory_bytes.map(|b| held_memory_limit(b, page_size)),
         }
     }
 }

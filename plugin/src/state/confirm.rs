@@ -1,5 +1,6 @@
 //! Resize confirmation: a container's cgroup read back and compared with what was asked
 //! (desired vs actual), field by field in quantities, recorded in [`Observed`] and the metrics.
+//! A memory limit is compared as the kernel holds it, in whole pages ([`held_memory_limit`]).
 //!
 //! [`Observed`]: super::Observed
 
@@ -8,25 +9,31 @@ use tracing::{debug, warn};
 use super::{Confirmation, NodeState};
 use crate::cgroup::{self, ActualResources, CgroupIo as _, CgroupLimits, CgroupVersion};
 use crate::clock::now_ms;
-use crate::model::LinuxResources;
+use crate::model::{held_memory_limit, limited_bytes, LinuxResources};
 use crate::policy::{cpu_quota_text, memory_limit_text, DEFAULT_CFS_PERIOD_US};
 
 /// Whether every limit `desired` sets is what `actual` shows. Only CFS quota/period, v1 shares
-/// and the memory limit are compared (v2 weight is a lossy conversion of shares).
+/// and the memory limit are compared (v2 weight is a lossy conversion of shares); the memory
+/// limit in whole pages of `page_size` bytes, as the kernel holds it.
 pub fn desired_matches(
     desired: &LinuxResources,
     actual: &ActualResources,
     version: CgroupVersion,
+    page_size: u64,
 ) -> Option<bool> {
-    differences(desired, actual, version).map(|d| d.is_empty())
+    differences(desired, actual, version, page_size).map(|d| d.is_empty())
 }
 
 /// What differs between `desired` and `actual`, each naming the field and both values in
-/// quantities (`memory limit: desired 40Mi, actual 66.6Mi`); `None`: nothing comparable.
+/// quantities (`memory limit: desired 40Mi, actual 66.6Mi`); `None`: nothing comparable. A
+/// memory limit differs when `actual` is not `desired` rounded down to whole pages of
+/// `page_size` bytes (1G, 1000000000 bytes, is held as 999997440 with 4 KiB pages: no
+/// difference).
 pub fn differences(
     desired: &LinuxResources,
     actual: &ActualResources,
     version: CgroupVersion,
+    page_size: u64,
 ) -> Option<Vec<String>> {
     let mut compared = false;
     let mut found = Vec::new();
@@ -71,16 +78,45 @@ pub fn differences(
             &|s| s.to_string(),
         );
     }
-    check(
-        "memory limit",
-        desired
-            .memory_limit()
-            .filter(|l| *l != 0)
-            .map(|l| l.max(-1)),
-        actual.memory_limit,
-        &|l| memory_limit_text(l),
-    );
+    if let Some(asked) = desired
+        .memory_limit()
+        .filter(|l| *l != 0)
+        .map(|l| l.max(-1))
+    {
+        compared = true;
+        let held = held_memory_limit_of(asked, page_size);
+        if actual.memory_limit != Some(held) {
+            found.push(memory_difference(asked, held, actual.memory_limit));
+        }
+    }
     compared.then_some(found)
+}
+
+/// [`held_memory_limit`] of a limit as the runtime gives it (`-1`: unlimited, held as asked).
+fn held_memory_limit_of(asked: i64, page_size: u64) -> i64 {
+    limited_bytes(asked)
+        .and_then(|b| i64::try_from(held_memory_limit(b, page_size)).ok())
+        .unwrap_or(asked)
+}
+
+/// `memory limit: desired 40Mi, actual 66.6Mi`; in bytes where the quantities read the same
+/// (`desired 1000000000 bytes (999997440 in whole pages), actual 999993344 bytes`), so the two
+/// values named as different never read alike.
+fn memory_difference(asked: i64, held: i64, actual: Option<i64>) -> String {
+    let (d, a) = (
+        memory_limit_text(asked),
+        actual.map_or_else(|| "unreadable".to_string(), memory_limit_text),
+    );
+    if d != a {
+        return format!("memory limit: desired {d}, actual {a}");
+    }
+    let held = if held == asked {
+        String::new()
+    } else {
+        format!(" ({held} in whole pages)")
+    };
+    let a = actual.map_or_else(|| "unreadable".to_string(), |a| format!("{a} bytes"));
+    format!("memory limit: desired {asked} bytes{held}, actual {a}")
 }
 
 /// An update taken for confirmation: what it asked and when (`None`: none was waiting).
@@ -131,7 +167,7 @@ impl NodeState {
             let c = o.confirmations.entry(id.to_owned()).or_default();
             c.seq = seq;
             if let (Some(d), Some(v)) = (&c.desired, version) {
-                let diff = differences(d, actual, v);
+                let diff = differences(d, actual, v, cgroup::page_size());
                 c.matches = diff.as_ref().map(Vec::is_empty);
                 c.differences = diff.unwrap_or_default();
             }
@@ -177,7 +213,7 @@ impl NodeState {
                 let diff = confirmation
                     .desired
                     .as_ref()
-                    .and_then(|d| differences(d, &actual, version));
+                    .and_then(|d| differences(d, &actual, version, cgroup::page_size()));
                 confirmation.matches = diff.as_ref().map(Vec::is_empty);
                 // The cgroups above it, up to the pod's: what caps the limits in effect. Judged
                 // only once its own cgroup holds what was asked: before that (runc writes a new
@@ -240,6 +276,8 @@ mod tests {
     use super::super::fixtures::{actual, ctr, pod, res};
     use super::*;
 
+    const PAGE: u64 = 4096;
+
     #[test]
     fn desired_matches_compares_only_what_was_asked() {
         let v = CgroupVersion::V2;
@@ -247,7 +285,8 @@ mod tests {
             desired_matches(
                 &res(200_000, 100_000, 100 << 20),
                 &actual(200_000, 100_000, 100 << 20),
-                v
+                v,
+                PAGE
             ),
             Some(true)
         );
@@ -255,19 +294,57 @@ mod tests {
             desired_matches(
                 &res(200_000, 100_000, 100 << 20),
                 &actual(10_000, 100_000, 100 << 20),
-                v
+                v,
+                PAGE
             ),
             Some(false)
         );
         // Memory limit 0 means unset in CRI: not compared.
         assert_eq!(
-            desired_matches(&res(-1, 100_000, 0), &actual(-1, 100_000, 12345), v),
+            desired_matches(&res(-1, 100_000, 0), &actual(-1, 100_000, 12345), v, PAGE),
             Some(true)
         );
         assert_eq!(
-            desired_matches(&LinuxResources::default(), &actual(1, 1, 1), v),
+            desired_matches(&LinuxResources::default(), &actual(1, 1, 1), v, PAGE),
             None
         );
+    }
+
+    /// The kernel holds a memory limit in whole pages, rounded down: 1G (1000000000 bytes)
+    /// reads back 999997440 with 4 KiB pages, and that is the limit asked, in effect.
+    #[test]
+    fn a_memory_limit_is_in_effect_when_the_cgroup_holds_it_in_whole_pages() {
+        let v = CgroupVersion::V1;
+        let held = |asked, page, have| {
+            desired_matches(
+                &res(-1, 100_000, asked),
+                &actual(-1, 100_000, have),
+                v,
+                page,
+            )
+        };
+        // (asked, page size, read back, in effect)
+        let table = [
+            (1_000_000_000, PAGE, 999_997_440, true),
+            (268_435_457, PAGE, 268_435_456, true),
+            (256 << 20, PAGE, 256 << 20, true),
+            (1_000_000_000, 16 * 1024, 999_997_440, true),
+            (1_000_000_000, 64 * 1024, 999_948_288, true),
+            // The bytes asked are not what a 4 KiB-page kernel holds.
+            (1_000_000_000, PAGE, 1_000_000_000, false),
+            // A page short of what the kernel would hold; a page more.
+            (1_000_000_000, PAGE, 999_993_344, false),
+            (1_000_000_000, PAGE, 1_000_001_536, false),
+            (1_000_000_000, 64 * 1024, 999_997_440, false),
+            (1_000_000_000, PAGE, -1, false),
+        ];
+        for (asked, page, have, in_effect) in table {
+            assert_eq!(
+                held(asked, page, have),
+                Some(in_effect),
+                "asked {asked}, read back {have}, {page}-byte pages"
+            );
+        }
     }
 
     #[test]
@@ -276,6 +353,7 @@ mod tests {
             &res(80_000, 100_000, 40 << 20),
             &actual(100_000, 100_000, 69_828_608),
             CgroupVersion::V2,
+            PAGE,
         );
         assert_eq!(
             d.expect("comparable"),
@@ -288,7 +366,43 @@ mod tests {
             differences(
                 &res(-1, 100_000, -1),
                 &actual(-1, 100_000, -1),
-                CgroupVersion::V2
+                CgroupVersion::V2,
+                PAGE
+            ),
+            Some(Vec::new())
+        );
+    }
+
+    /// Values that differ by a page read alike as quantities (953.7Mi): they are named in
+    /// bytes, with what the kernel would hold of the one asked.
+    #[test]
+    fn a_memory_difference_never_reads_desired_x_actual_x() {
+        let d = differences(
+            &res(-1, 100_000, 1_000_000_000),
+            &actual(-1, 100_000, 999_993_344),
+            CgroupVersion::V2,
+            PAGE,
+        );
+        assert_eq!(
+            d.expect("comparable"),
+            ["memory limit: desired 1000000000 bytes (999997440 in whole pages), actual 999993344 bytes"]
+        );
+        let d = differences(
+            &res(-1, 100_000, 256 << 20),
+            &actual(-1, 100_000, (256 << 20) - 4096),
+            CgroupVersion::V2,
+            PAGE,
+        );
+        assert_eq!(
+            d.expect("comparable"),
+            ["memory limit: desired 268435456 bytes, actual 268431360 bytes"]
+        );
+        assert_eq!(
+            differences(
+                &res(-1, 100_000, 1_000_000_000),
+                &actual(-1, 100_000, 999_997_440),
+                CgroupVersion::V2,
+                PAGE
             ),
             Some(Vec::new())
         );

@@ -31,7 +31,7 @@ pub use capacity::{
 pub use caps::RECHECK_EVERY_TICKS;
 pub use confirm::{desired_matches, differences, TakenUpdate};
 pub use observed::{Confirmation, ContainerObservation, Observed, ObserverInfo, Target};
-pub use pod_level::{limits_text, PodLevelStatus};
+pub use pod_level::{limits_differences, limits_text, PodLevelStatus};
 pub use reevaluation::{Reevaluation, ReevaluationOutcome};
 pub use reserve::{NodeReserve, ReserveSource, ReserveStatus};
 pub use state_dir::StateDirStatus;
