@@ -1,8 +1,11 @@
 //! Faults against the real runtime (issue 9), each asserting that nothing is lost and nothing is
 //! applied twice:
 //!
-//! - the plugin killed (SIGKILL) in the middle of a staged memory decrease resumes it from its checkpoint
-//!   after a restart and reaches the desired limit (the whole-pod case is in `resize_runtime`);
+//! - a staged memory decrease an earlier nri-resize checkpointed (kubelet's path no longer stages
+//!   one behind an interim limit, but a plugin upgraded mid-decrease finds the checkpoint) is
+//!   resumed once, and again from its checkpoint after a SIGKILL, and reaches the desired limit;
+//!   one whose container's limit changed since is dropped, not resumed (the whole-pod case is in
+//!   `resize_runtime`);
 //! - a container removed while its reclaim is pending: one clear line, no retry storm, the daemon
 //!   serves on;
 //! - the state directory unusable or holding a corrupt checkpoint: a clear error, the daemon still
@@ -13,7 +16,7 @@
 //!   the late decision acts on nothing, and the next update is handled normally; a memory
 //!   decrease under the same fault is refused instead (never written unchecked), the container
 //!   lives;
-//! - SIGTERM during a staged decrease; `mode = "Observe"` with a checkpoint.
+//! - SIGTERM during a resumed decrease; `mode = "Observe"` with a checkpoint.
 //!
 //! (A plugin frozen past the runtime's deadline is `nri_runtime::frozen_plugin_fails_open`;
 //! eBPF refused is the polling instance of `observer_containerd`.)
@@ -123,27 +126,86 @@ async fn kill_dd(ctrd: &Containerd, id: &str) {
     }
 }
 
-/// SIGKILL during a staged memory decrease; the memory is freed while the plugin is down; the
-/// restarted plugin resumes from its checkpoint and applies the requested limit exactly once.
+/// Writes the checkpoint an earlier nri-resize left for a staged decrease of container `id` (of
+/// sandbox `pod_id`) to `target`, the container's spec holding `interim`: before kubelet's path
+/// stopped answering a decrease below usage with an interim limit, such a decrease was
+/// checkpointed in the state directory as this JSON record, and an upgraded plugin finds it.
+fn legacy_checkpoint(plugin: &PluginProcess, pod_id: &str, id: &str, target: i64, interim: i64) {
+    std::fs::create_dir_all(&plugin.state_dir).expect("state dir");
+    let record = serde_json::json!({
+        "container_id": id,
+        "pod_id": pod_id,
+        "target": target,
+        "interim": interim,
+    });
+    std::fs::write(
+        plugin.state_dir.join(format!("reclaim-{id}.json")),
+        record.to_string(),
+    )
+    .expect("checkpoint");
+}
+
+/// A container `app` (512 MiB) running `script` (once it uses `min_usage`), and a plugin with
+/// `config`, stopped, whose state directory holds an earlier nri-resize's checkpoint of a staged
+/// decrease of the container to 100 MiB (the container's 512 MiB its interim): its next start
+/// resumes it.
+async fn with_legacy_checkpoint(
+    ctrd: &Containerd,
+    config: &str,
+    name: &str,
+    script: &str,
+    min_usage: i64,
+) -> (PluginProcess, String) {
+    let mut plugin = PluginProcess::start_ready(ctrd, "nri-resize", Some(config)).await;
+    let (pod, id) = ctrd.loaded_pod(name, &[], script, min_usage).await;
+    assert_eq!(
+        plugin.stop_with(Signal::SIGTERM, Duration::from_secs(10)),
+        Some(0)
+    );
+    legacy_checkpoint(&plugin, &pod.id, &id, 100 * MIB, 512 * MIB);
+    (plugin, id)
+}
+
+/// A staged decrease an earlier nri-resize checkpointed is resumed at the next start; SIGKILL
+/// in the middle of it, the memory freed while the plugin is down: the restarted plugin resumes
+/// it from its checkpoint again and applies the requested limit exactly once. A checkpoint
+/// whose container no longer holds the interim it names (a newer update moved it) is dropped,
+/// the container left alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn plugin_killed_mid_memory_decrease_resumes_from_its_checkpoint() {
     let ctrd = Containerd::start(ContainerdVersion::V2, ContainerdOptions::default()).await;
-    let mut plugin = PluginProcess::start_ready(
+    let (mut plugin, id) = with_legacy_checkpoint(
         &ctrd,
-        "nri-resize",
-        Some("[memory_decrease]\ntimeout = \"120s\"\n"),
+        "[memory_decrease]\ntimeout = \"120s\"\n",
+        "killed",
+        ANON_300,
+        300 * MIB,
     )
     .await;
+    // A second container whose checkpoint names an interim it no longer holds.
+    let (moved_pod, moved) = ctrd.loaded_pod("moved", &[], "sleep 3600", 0).await;
+    legacy_checkpoint(&plugin, &moved_pod.id, &moved, 100 * MIB, 400 * MIB);
     let api = plugin.api();
-    let id = container(&ctrd, "killed", ANON_300, 300 * MIB).await;
-    ctrd.update_container_resources(&id, &Resources::limits(100_000, 100 * MIB))
-        .await
-        .expect("accepted with an interim limit");
+    plugin.restart();
+    plugin.wait_ready(READY).await;
     reclaiming(&plugin, &id, Duration::from_secs(30)).await;
     let checkpoints = reclaim_checkpoints(&plugin);
+    assert_eq!(
+        checkpoints,
+        [format!("reclaim-{id}.json")],
+        "the resumed decrease's checkpoint, the moved container's dropped"
+    );
     assert!(
-        !checkpoints.is_empty(),
-        "a checkpoint of the staged decrease: {checkpoints:?}"
+        plugin
+            .log_tail(100)
+            .contains("the container's limit changed since it was checkpointed"),
+        "{}",
+        plugin.log_tail(40)
+    );
+    assert_eq!(
+        limit(&ctrd, &moved),
+        512 * MIB,
+        "the moved container left alone"
     );
 
     assert_eq!(
@@ -186,8 +248,8 @@ async fn plugin_killed_mid_memory_decrease_resumes_from_its_checkpoint() {
     let log = std::fs::read_to_string(&plugin.log_path).expect("plugin log");
     assert_eq!(
         count(&log, "resuming a checkpointed memory decrease"),
-        1,
-        "{log}"
+        2,
+        "once per start: {log}"
     );
     assert_eq!(
         count(&log, "staged memory decrease done"),
@@ -202,17 +264,17 @@ async fn plugin_killed_mid_memory_decrease_resumes_from_its_checkpoint() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn container_removed_during_a_reclaim_is_one_clear_line_not_a_retry_storm() {
     let ctrd = Containerd::start(ContainerdVersion::V1_7, ContainerdOptions::default()).await;
-    let plugin = PluginProcess::start_ready(
+    let (mut plugin, id) = with_legacy_checkpoint(
         &ctrd,
-        "nri-resize",
-        Some("[memory_decrease]\ntimeout = \"60s\"\n"),
+        "[memory_decrease]\ntimeout = \"60s\"\n",
+        "gone",
+        ANON_300,
+        300 * MIB,
     )
     .await;
+    plugin.restart();
+    plugin.wait_ready(READY).await;
     let api = plugin.api();
-    let id = container(&ctrd, "gone", ANON_300, 300 * MIB).await;
-    ctrd.update_container_resources(&id, &Resources::limits(100_000, 100 * MIB))
-        .await
-        .expect("accepted");
     reclaiming(&plugin, &id, Duration::from_secs(30)).await;
     ctrd.stop_container(&id, 0).await.expect("stop");
     ctrd.remove_container(&id).await.expect("remove");
@@ -357,17 +419,17 @@ async fn containerd_restart_metrics_continue() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigterm_during_a_staged_decrease_exits_at_once_and_resumes() {
     let ctrd = Containerd::start(ContainerdVersion::V2, ContainerdOptions::default()).await;
-    let mut plugin = PluginProcess::start_ready(
+    let (mut plugin, id) = with_legacy_checkpoint(
         &ctrd,
-        "nri-resize",
-        Some("[memory_decrease]\ntimeout = \"120s\"\n"),
+        "[memory_decrease]\ntimeout = \"120s\"\n",
+        "sigterm",
+        ANON_300,
+        300 * MIB,
     )
     .await;
     let api = plugin.api();
-    let id = container(&ctrd, "sigterm", ANON_300, 300 * MIB).await;
-    ctrd.update_container_resources(&id, &Resources::limits(100_000, 100 * MIB))
-        .await
-        .expect("accepted with an interim limit");
+    plugin.restart();
+    plugin.wait_ready(READY).await;
     reclaiming(&plugin, &id, Duration::from_secs(30)).await;
     // Order and outcome, not time (how fast it exits is the `deadlines` benchmark's): the exit
     // status is 0, and the reclaim ended because of the shutdown (its checkpoint kept), not by
@@ -420,8 +482,8 @@ async fn sigterm_during_a_staged_decrease_exits_at_once_and_resumes() {
     let log = std::fs::read_to_string(&plugin.log_path).expect("plugin log");
     assert_eq!(
         count(&log, "resuming a checkpointed memory decrease"),
-        1,
-        "{log}"
+        2,
+        "once per start: {log}"
     );
 }
 
@@ -433,18 +495,10 @@ async fn sigterm_during_a_staged_decrease_exits_at_once_and_resumes() {
 async fn observe_mode_does_not_resume_checkpoints() {
     let ctrd = Containerd::start(ContainerdVersion::V2, ContainerdOptions::default()).await;
     let enforce = "[memory_decrease]\ntimeout = \"120s\"\n";
-    let mut plugin = PluginProcess::start_ready(&ctrd, "nri-resize", Some(enforce)).await;
+    let (mut plugin, id) =
+        with_legacy_checkpoint(&ctrd, enforce, "observe-resume", ANON_300, 300 * MIB).await;
     let config = ctrd.base_dir().join("nri-resize.toml");
     let api = plugin.api();
-    let id = container(&ctrd, "observe-resume", ANON_300, 300 * MIB).await;
-    ctrd.update_container_resources(&id, &Resources::limits(100_000, 100 * MIB))
-        .await
-        .expect("accepted with an interim limit");
-    reclaiming(&plugin, &id, Duration::from_secs(30)).await;
-    assert_eq!(
-        plugin.stop_with(Signal::SIGKILL, Duration::from_secs(5)),
-        None
-    );
     // The workload frees its memory: a resumed decrease would converge at once.
     kill_dd(&ctrd, &id).await;
     let interim = limit(&ctrd, &id);

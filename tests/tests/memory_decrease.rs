@@ -559,7 +559,7 @@ async fn a_second_update_during_a_reclaim_wins() {
         );
     }
     let started = Instant::now();
-    ctrd.update_container_resources(&id, &Resources::limits(100_000, 400 * MIB))
+    ctrd.update_container_resources(&id, &Resources::limits(100_000, 500 * MIB))
         .await
         .expect("the newer update");
     let rec = settled(&api, &id, Duration::from_secs(10)).await;
@@ -576,8 +576,8 @@ async fn a_second_update_during_a_reclaim_wins() {
             "the background reclaim ended with the newer update (or had reached its target):\n{log}"
         );
     }
-    assert_eq!(limit(&ctrd, &id), 400 * MIB);
-    assert_eq!(status_limit(&ctrd, &id).await, 400 * MIB);
+    assert_eq!(limit(&ctrd, &id), 500 * MIB);
+    assert_eq!(status_limit(&ctrd, &id).await, 500 * MIB);
     assert!(running(&ctrd, &id).await);
     assert_eq!(oom_kills(&ctrd, &id), 0);
 }

@@ -132,18 +132,6 @@ impl Engine {
                 ));
             }
         };
-        // kubelet lowers the pod cgroup right after the container: what is not page cache in
-        // the pod must fit under it (on cgroup v2 the pod write OOM-kills otherwise).
-        if let Some(old) = old {
-            if let Some(reason) = self.pod_step_refusal(pod, old, target, deadline) {
-                info!(container = %ctr.name, pod = %pod.full_name(), %reason, "memory decrease refused for the pod step after it");
-                self.state
-                    .metrics
-                    .decrease
-                    .outcome(DecreaseOutcome::Rejected);
-                return DecreaseVerdict::Reject(reason);
-            }
-        }
         let cfg = self.config();
         let md = &cfg.memory_decrease;
         let DecreasePlan::Staged { .. } = plan_decrease(old, target, usage.usage, md.headroom)

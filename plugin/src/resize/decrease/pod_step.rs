@@ -17,9 +17,9 @@ use std::time::Instant;
 
 use tracing::{info, warn};
 
-use super::Engine;
-use crate::cgroup::{pod_path, CgroupError, CgroupIo as _, CgroupVersion};
-use crate::model::{limited_bytes, Pod};
+use super::{memory_limit, Engine};
+use crate::cgroup::{container_path, pod_path, CgroupError, CgroupIo as _, CgroupVersion};
+use crate::model::{limited_bytes, Container, LinuxResources, Pod};
 use crate::nri::Deadline;
 use crate::policy::{bytes_text, not_page_cache, pod_step_reason, reclaim_request};
 
@@ -33,12 +33,38 @@ pub(super) fn pod_limit_after(pod_limit: u64, old: u64, target: u64) -> u64 {
 }
 
 impl Engine {
-    /// Why the container's decrease from `old` to `target` must be refused for the pod step
-    /// that follows it (`None`: the pod has no memory limit, or what is not page cache fits
-    /// under the lowered one). A pod cgroup that cannot be read is a refusal: unchecked, the pod
+    /// Why the container's decrease from `allocated` to `desired` (its usage already judged to
+    /// fit) must be refused for the pod step that follows it (`None`: no memory decrease, the
+    /// pod has no memory limit, or what is not page cache fits under the lowered one). A pod cgroup that cannot be read is a refusal: unchecked, the pod
     /// write may OOM-kill on cgroup v2. A pod without a cgroup of its own (no `cgroup_parent`,
     /// or the directory is gone) has no pod step.
     pub(in crate::resize) fn pod_step_refusal(
+        &self,
+        pod: &Pod,
+        ctr: &Container,
+        allocated: &LinuxResources,
+        desired: &LinuxResources,
+        deadline: &Deadline,
+    ) -> Option<String> {
+        let (old, target) = (memory_limit(allocated)?, memory_limit(desired)?);
+        if target >= old {
+            return None;
+        }
+        let refusal = self.judge_pod_step(pod, old, target, deadline)?;
+        // cgroup v1: the inline reclaim may have written the target into the container's cgroup
+        // already; refused, the container keeps the limit its spec says.
+        if let (Some(cg), Ok(path)) = (self.cgroups.as_ref(), container_path(&ctr.cgroups_path)) {
+            if cg.version() == CgroupVersion::V1 {
+                if let Err(e) = cg.set_memory_limit(&path, Some(old)) {
+                    warn!(container = %ctr.name, error = %e, "could not put the container's memory limit back");
+                }
+            }
+        }
+        Some(refusal)
+    }
+
+    /// [`Self::pod_step_refusal`]'s judgement of the pod cgroup, from `old` to `target`.
+    fn judge_pod_step(
         &self,
         pod: &Pod,
         old: u64,

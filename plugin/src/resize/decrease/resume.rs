@@ -1,5 +1,12 @@
 //! Staged decreases survive a restart: each is checkpointed in the state directory and resumed
 //! after the first synchronize; in `mode = "Observe"` they are reported, not resumed.
+//!
+//! Only checkpoints written by an earlier nri-resize remain to resume: kubelet's path no longer
+//! stages a decrease behind an interim limit ([`super::toward`]). Such a container holds the
+//! interim while kubelet believes the target in place (it never sends an accepted update
+//! again), so the decrease is finished here, once, when the container still holds the interim
+//! the checkpoint names; a container whose limit changed since (a newer update) is left alone
+//! and its checkpoint dropped.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -87,6 +94,12 @@ impl Engine {
                 let _ = store.remove(&key);
                 continue;
             };
+            let holds = ctr.resources.as_ref().and_then(memory_limit);
+            if !still_staged(&rec, holds) {
+                warn!(container = %ctr.name, pod = %pod.full_name(), target = %bytes_text(rec.target), interim = %bytes_text(rec.interim), holds = ?holds.map(bytes_text), "checkpointed memory decrease not resumed: the container's limit changed since it was checkpointed; dropping it");
+                let _ = store.remove(&key);
+                continue;
+            }
             info!(container = %ctr.name, pod = %pod.full_name(), target_mib = mib(rec.target), "resuming a checkpointed memory decrease");
             self.record(
                 &pod,
@@ -98,21 +111,39 @@ impl Engine {
                     bytes_text(rec.target)
                 ),
             );
-            let interim = ctr
-                .resources
-                .as_ref()
-                .and_then(memory_limit)
-                .unwrap_or(rec.interim);
-            self.spawn_reclaim(rec.pod_id, &ctr, rec.target, interim, Instant::now());
+            self.spawn_reclaim(rec.pod_id, &ctr, rec.target, rec.interim, Instant::now());
             // Nothing to wait for: the interim limit is in place already.
             self.notify_reclaim_applied(&ctr.id);
         }
     }
 }
 
+/// Whether a checkpointed decrease is still what the container's spec says: it holds the
+/// interim limit the checkpoint names (anything else, a newer update changed it).
+fn still_staged(rec: &ReclaimCheckpoint, holds: Option<u64>) -> bool {
+    holds == Some(rec.interim) && rec.target < rec.interim
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_checkpoint_is_resumed_only_while_the_container_holds_its_interim() {
+        const MI: u64 = 1 << 20;
+        let rec = ReclaimCheckpoint {
+            container_id: "c".into(),
+            pod_id: "p".into(),
+            target: 100 * MI,
+            interim: 317 * MI,
+        };
+        assert!(still_staged(&rec, Some(317 * MI)));
+        // A newer update took the container elsewhere (up, or down to the target itself), or
+        // the limit went: resuming would write over it.
+        assert!(!still_staged(&rec, Some(512 * MI)));
+        assert!(!still_staged(&rec, Some(100 * MI)));
+        assert!(!still_staged(&rec, None));
+    }
 
     #[test]
     fn checkpoint_keys_are_safe() {
