@@ -5,18 +5,19 @@
 //! (`tests/go-plugin`, independent of nri-resize's code and transport): on every
 //! `UpdateContainer` it sets the cpuset and, on cgroup v2, one `unified` key.
 //!
-//! Through a CPU resize, a staged memory decrease below usage (the interim limit held above
-//! anonymous usage) and a resize that needs a restart, every CRI update succeeds and both plugins' adjustments are in
-//! place: read back from the cgroup (cpuset, quota, memory limit) and from the runtime's spec
-//! (`ContainerStatus`) where the container has already exited.
+//! Through a CPU resize and a resize that needs a restart every CRI update succeeds and both
+//! plugins' adjustments are in place: read back from the cgroup (cpuset, quota, memory limit) and
+//! from the runtime's spec (`ContainerStatus`) where the container has already exited. A memory
+//! decrease below anonymous usage is refused with nri-resize's own reason (never a conflict
+//! between the plugins), and nothing of it lands.
 
 use std::time::{Duration, Instant};
 
 use nri_resize::policy::ResizeState;
 use nri_resize_tests::cri::ContainerState;
 use nri_resize_tests::{
-    go_plugin_binary, resize_record, scrape_metrics, settled, CgroupMode, Containerd,
-    ContainerdOptions, ContainerdVersion, GoPlugin, GoPluginMode, PluginProcess, Resources,
+    go_plugin_binary, resize_record, scrape_metrics, CgroupMode, Containerd, ContainerdOptions,
+    ContainerdVersion, GoPlugin, GoPluginMode, PluginProcess, Resources,
 };
 
 const MIB: i64 = 1 << 20;
@@ -62,12 +63,10 @@ async fn coexist(version: ContainerdVersion) {
     // Built (or found in the cache) before containerd and nri-resize start.
     let _ = go_plugin_binary();
     let ctrd = Containerd::start(version, ContainerdOptions::default()).await;
-    // `inline_max = 0`: a decrease below usage takes the staged path (the interim limit in the
-    // reply, then the reclaim), the reply this test is about.
     let plugin = PluginProcess::start_ready(
         &ctrd,
         "nri-resize",
-        Some("[memory_decrease]\ntimeout = \"5s\"\ninline_max = 0\n"),
+        Some("[memory_decrease]\ntimeout = \"5s\"\n"),
     )
     .await;
     // After nri-resize (index 50): the order in which a claimed field conflicts.
@@ -86,7 +85,7 @@ async fn coexist(version: ContainerdVersion) {
         plugin: &plugin,
         other: &other,
     };
-    resize_and_staged_decrease(&s).await;
+    resize_and_refused_decrease(&s).await;
     restart(&s).await;
 }
 
@@ -110,14 +109,12 @@ impl Sides<'_> {
     }
 }
 
-/// A CPU resize (step 1), then a staged decrease below usage (step 2): 300 MiB of anonymous
-/// memory, limit to 100 MiB. Anonymous memory (no swap) is what neither the reclaim nor the
-/// host's own memory pressure can take away, so the container stays above the new limit:
-/// nri-resize's reply holds an interim limit above usage in the cgroup (its adjustment, where
-/// kubelet asked 100 MiB), the other plugin's the cpuset, in the same update. (Page cache, which
-/// would let the reclaim converge, is evicted by the host's global reclaim when the machine is
-/// short of free memory.)
-async fn resize_and_staged_decrease(s: &Sides<'_>) {
+/// A CPU resize (step 1), then a decrease below usage (step 2): 300 MiB of anonymous memory,
+/// limit to 100 MiB. Anonymous memory (no swap) cannot go, so nri-resize refuses the update
+/// (kubelet never writes an interim): the runtime's error is nri-resize's reason, not a clash
+/// of the two plugins' adjustments, and the container keeps its limit, quota and the other
+/// plugin's cpuset.
+async fn resize_and_refused_decrease(s: &Sides<'_>) {
     let Sides {
         ctrd,
         plugin,
@@ -135,47 +132,45 @@ async fn resize_and_staged_decrease(s: &Sides<'_>) {
     assert_other_plugin_in_cgroup(ctrd, &a, "after the CPU resize");
     assert_eq!(other.updates_of(&a), 1, "{}", other.log_tail(10));
 
-    // 2. The staged decrease.
-    ctrd.update_container_resources(&a, &Resources::limits(150_000, 100 * MIB))
+    // 2. The decrease below usage: refused with nri-resize's reason.
+    let err = ctrd
+        .update_container_resources(&a, &Resources::limits(150_000, 100 * MIB))
         .await
-        .unwrap_or_else(|e| panic!("the staged memory decrease failed: {e:?}\n{}", logs()));
-    assert_other_plugin_in_cgroup(ctrd, &a, "after the staged decrease's update");
-    let rec = settled(&api, &a, Duration::from_secs(30)).await;
-    assert_eq!(rec.state, Some(ResizeState::Deferred), "{rec:?}");
+        .expect_err("a decrease below anonymous usage is refused");
     assert!(
-        rec.reason
-            .contains("anonymous memory cannot be reclaimed without swap"),
-        "{rec:?}"
+        err.message().contains("nri-resize")
+            && err
+                .message()
+                .contains("anonymous memory cannot be reclaimed"),
+        "nri-resize's reason, not a conflict: {err:?}\n{}",
+        logs()
     );
-    // Through the staged path (the reply this test is about).
+    let rec = resize_record(&api, &a).await;
+    assert_eq!(rec.state, Some(ResizeState::Deferred), "{rec:?}");
     let metrics = scrape_metrics(&api).await;
     assert!(
         metrics.lines().any(|l| l.starts_with(
             "nri_resize_memory_decrease_outcomes_total{outcome=\"deferred_anonymous\"} "
         ) && !l.ends_with(" 0")),
-        "no staged decrease in /metrics\n{}",
+        "no refused decrease in /metrics\n{}",
         logs()
     );
-    let (kept, used) = (
+    assert_eq!(
         ctrd.container_memory_limit(&a),
-        ctrd.container_memory_usage(&a),
-    );
-    assert!(
-        kept > used && kept > 100 * MIB && kept <= 512 * MIB,
-        "nri-resize's interim limit {kept} in the cgroup, above usage {used}"
+        512 * MIB,
+        "the limit as it was"
     );
     assert_eq!(ctrd.container_cpu_quota(&a), 150_000);
-    assert_other_plugin_in_cgroup(ctrd, &a, "after the reclaim gave up");
+    assert_other_plugin_in_cgroup(ctrd, &a, "after the refused decrease");
     let status = ctrd
         .container_resources(&a)
         .await
         .expect("ContainerStatus")
         .expect("resources");
-    assert_eq!(status.memory_limit_in_bytes, kept, "{status:?}");
+    assert_eq!(status.memory_limit_in_bytes, 512 * MIB, "{status:?}");
     assert_eq!(status.cpuset_cpus, OTHER_CPUS, "{status:?}");
     assert!(running(ctrd, &a).await, "never restarted");
     assert_eq!(oom_kills(ctrd, &a), 0);
-    assert_eq!(other.updates_of(&a), 2, "{}", other.log_tail(10));
 }
 
 /// A resize that needs a restart (step 3).

@@ -94,23 +94,7 @@ impl Engine {
             return refuse(state, reason, outcome, message);
         }
         match self.decide_decrease(pod, ctr, &allocated, &desired, deadline) {
-            // kubelet lowers the pod cgroup right after the container: what is not page cache in
-            // the pod must fit under it too (on cgroup v2 the pod write OOM-kills otherwise).
-            decrease::DecreaseVerdict::Direct => {
-                if let Some(reason) =
-                    self.pod_step_refusal(pod, ctr, &allocated, &desired, deadline)
-                {
-                    too_late(&subject, deadline)?;
-                    info!(container = %subject, %reason, enforce, "memory decrease refused for the pod step after it");
-                    timer.finish("deferred");
-                    self.state
-                        .metrics
-                        .decrease
-                        .outcome(crate::metrics::DecreaseOutcome::Rejected);
-                    let message = format!("resize of {subject} refused: {reason}");
-                    return refuse(ResizeState::Deferred, &reason, "deferred", message);
-                }
-            }
+            decrease::DecreaseVerdict::Direct => {}
             // Never answered with another limit on kubelet's path: refused below usage.
             decrease::DecreaseVerdict::BelowUsage(used) => {
                 too_late(&subject, deadline)?;

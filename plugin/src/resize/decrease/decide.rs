@@ -100,9 +100,38 @@ impl DecreaseVerdict {
 
 impl Engine {
     /// Decides a kubelet-driven memory decrease from `allocated` to `desired` (see the module
-    /// docs). Reads the container's usage, and reclaims page cache inline within a share of the
-    /// runtime's `deadline` where that is enough.
+    /// docs): the container ([`Self::decide_container_decrease`]), then, where it may go
+    /// through, the pod step kubelet takes right after it ([`Self::pod_step_refusal`]: what is
+    /// not page cache in the pod must fit under the lowered pod limit, or on cgroup v2 kubelet's
+    /// pod write OOM-kills).
     pub(in crate::resize) fn decide_decrease(
+        &self,
+        pod: &Pod,
+        ctr: &Container,
+        allocated: &LinuxResources,
+        desired: &LinuxResources,
+        deadline: &Deadline,
+    ) -> DecreaseVerdict {
+        let verdict = self.decide_container_decrease(pod, ctr, allocated, desired, deadline);
+        if !matches!(verdict, DecreaseVerdict::Direct) {
+            return verdict;
+        }
+        match self.pod_step_refusal(pod, ctr, allocated, desired, deadline) {
+            Some(reason) => {
+                info!(container = %ctr.name, pod = %pod.full_name(), %reason, "memory decrease refused for the pod step after it");
+                self.state
+                    .metrics
+                    .decrease
+                    .outcome(DecreaseOutcome::Rejected);
+                DecreaseVerdict::Reject(reason)
+            }
+            None => verdict,
+        }
+    }
+
+    /// The container's part of [`Self::decide_decrease`]: reads its usage, and reclaims page
+    /// cache inline within a share of the runtime's `deadline` where that is enough.
+    fn decide_container_decrease(
         &self,
         pod: &Pod,
         ctr: &Container,
