@@ -17,7 +17,7 @@ use crate::cgroup::{Cgroups, V2};
 use crate::config::Config;
 use crate::model::{Container, CpuResources, MemoryResources};
 use crate::nri::{
-    Handler, Mux, PluginIdentity, RuntimeLink, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN,
+    Deadline, Handler, Mux, PluginIdentity, RuntimeLink, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN,
 };
 use crate::resize::node::NodeReader;
 use crate::state::NodeState;
@@ -153,6 +153,7 @@ async fn an_admitted_resize_is_kept_in_the_model_and_confirmed_after_kubelet_wro
         pod(),
         Some(limits(100, 16 * MI)),
         Some(limits(500, 128 * MI)),
+        Deadline::none(),
     )
     .await
     .expect("admitted");
@@ -196,7 +197,7 @@ async fn the_pod_cgroup_is_read_back_after_the_answer_without_post_update() {
     let f = Fixture::new();
     let (state, h) = f.handler_reading_back(Mode::Enforce);
     h.run_pod_sandbox(pod()).await.expect("run");
-    h.update_pod_sandbox(pod(), None, Some(limits(500, 128 * MI)))
+    h.update_pod_sandbox(pod(), None, Some(limits(500, 128 * MI)), Deadline::none())
         .await
         .expect("admitted");
     // kubelet 1.36: the pod cgroup is written once the call has returned.
@@ -233,7 +234,12 @@ async fn a_pod_memory_decrease_whose_usage_cannot_be_read_is_refused() {
     h.run_pod_sandbox(p.clone()).await.expect("run");
     std::fs::remove_dir_all(f.cg.path().join(POD_CG.trim_start_matches('/'))).expect("rm");
     let refused = h
-        .update_pod_sandbox(p.clone(), None, Some(limits(500, 128 * MI)))
+        .update_pod_sandbox(
+            p.clone(),
+            None,
+            Some(limits(500, 128 * MI)),
+            Deadline::none(),
+        )
         .await
         .expect_err("a decrease checked against nothing is refused");
     assert!(
@@ -248,7 +254,7 @@ async fn a_pod_memory_decrease_whose_usage_cannot_be_read_is_refused() {
     let kept = state.read_model(|m| m.pod("pA").cloned()).expect("pod");
     assert_eq!(kept.resources, Some(limits(500, 256 * MI)));
     // A raise under the same failed read goes through.
-    h.update_pod_sandbox(p, None, Some(limits(500, 512 * MI)))
+    h.update_pod_sandbox(p, None, Some(limits(500, 512 * MI)), Deadline::none())
         .await
         .expect("a raise needs no usage");
 }
@@ -257,7 +263,7 @@ async fn a_pod_memory_decrease_whose_usage_cannot_be_read_is_refused() {
 async fn drift_is_reported_when_the_pod_cgroup_does_not_hold_the_request() {
     let f = Fixture::new();
     let (state, h) = f.handler(Mode::Enforce);
-    h.update_pod_sandbox(pod(), None, Some(limits(500, 128 * MI)))
+    h.update_pod_sandbox(pod(), None, Some(limits(500, 128 * MI)), Deadline::none())
         .await
         .expect("admitted");
     // Nobody wrote the pod cgroup: still unlimited.
@@ -279,7 +285,7 @@ async fn enforce_refuses_and_keeps_the_model_observe_records_only() {
         let (state, h) = f.handler(mode);
         h.run_pod_sandbox(pod()).await.expect("run");
         let out = h
-            .update_pod_sandbox(pod(), None, Some(limits(500, 100 * MI)))
+            .update_pod_sandbox(pod(), None, Some(limits(500, 100 * MI)), Deadline::none())
             .await;
         let r = record(&state);
         assert_eq!(r.state, Some(ResizeState::Deferred), "{r:?}");
@@ -307,7 +313,7 @@ async fn infeasible_pod_limits_and_the_annotation_that_only_tightens() {
         .await
         .expect("create");
     // Observe lets it through, with the reason recorded.
-    h.update_pod_sandbox(pod(), None, Some(limits(400, 512 * MI)))
+    h.update_pod_sandbox(pod(), None, Some(limits(400, 512 * MI)), Deadline::none())
         .await
         .expect("observe mode lets it through");
     let r = record(&state);
@@ -322,7 +328,7 @@ async fn infeasible_pod_limits_and_the_annotation_that_only_tightens() {
         .annotations
         .insert(crate::policy::POD_MODE_ANNOTATION.into(), "Enforce".into());
     let e = h
-        .update_pod_sandbox(strict, None, Some(limits(3000, 512 * MI)))
+        .update_pod_sandbox(strict, None, Some(limits(3000, 512 * MI)), Deadline::none())
         .await
         .expect_err("enforced by the annotation");
     assert!(
@@ -579,7 +585,7 @@ async fn page_cache_in_the_way_of_a_pod_decrease_is_reclaimed_first_and_the_figu
         let (state, h) = f.handler(mode);
         h.run_pod_sandbox(pod()).await.expect("run");
         let out = h
-            .update_pod_sandbox(pod(), None, Some(limits(500, 100 * MI)))
+            .update_pod_sandbox(pod(), None, Some(limits(500, 100 * MI)), Deadline::none())
             .await;
         assert_eq!(out.is_err(), refused, "{mode:?}: {out:?}");
         let r = record(&state);
@@ -599,7 +605,7 @@ async fn page_cache_in_the_way_of_a_pod_decrease_is_reclaimed_first_and_the_figu
     f.pod_memory(40 * MI, 0, 260 * MI);
     let (state, h) = f.handler(Mode::Enforce);
     let out = h
-        .update_pod_sandbox(pod(), None, Some(limits(500, 32 * MI)))
+        .update_pod_sandbox(pod(), None, Some(limits(500, 32 * MI)), Deadline::none())
         .await;
     assert!(out.is_err());
     assert_eq!(
@@ -667,7 +673,7 @@ async fn a_pod_decrease_below_the_working_set_trimming_found_is_refused() {
         trimmer.state(&app.id)
     );
     let out = h
-        .update_pod_sandbox(pod(), None, Some(limits(500, 128 * MI)))
+        .update_pod_sandbox(pod(), None, Some(limits(500, 128 * MI)), Deadline::none())
         .await;
     assert!(out.is_err(), "{out:?}");
     assert_eq!(
@@ -682,7 +688,7 @@ async fn a_pod_decrease_below_the_working_set_trimming_found_is_refused() {
     // Above the working set: page cache is reclaimed first (and, the fixture's kernel
     // reclaiming nothing, the limit waits).
     let out = h
-        .update_pod_sandbox(pod(), None, Some(limits(500, 256 * MI)))
+        .update_pod_sandbox(pod(), None, Some(limits(500, 256 * MI)), Deadline::none())
         .await;
     assert!(out.is_err(), "{out:?}");
     assert_eq!(f.reclaim_written(), (16 * MI).to_string());
@@ -698,7 +704,7 @@ async fn a_pod_whose_memory_stat_cannot_be_read_is_judged_by_its_usage_alone() {
     std::fs::create_dir_all(dir.join("memory.stat")).expect("mkdir");
     let (state, h) = f.handler(Mode::Enforce);
     let out = h
-        .update_pod_sandbox(pod(), None, Some(limits(500, 100 * MI)))
+        .update_pod_sandbox(pod(), None, Some(limits(500, 100 * MI)), Deadline::none())
         .await;
     assert!(out.is_err(), "{out:?}");
     assert_eq!(
@@ -706,7 +712,7 @@ async fn a_pod_whose_memory_stat_cannot_be_read_is_judged_by_its_usage_alone() {
         "usage 300Mi above requested pod limit 100Mi: memory.stat gives no breakdown, so all of it counts as memory that cannot be reclaimed"
     );
     // A raise needs no breakdown.
-    h.update_pod_sandbox(pod(), None, Some(limits(500, 512 * MI)))
+    h.update_pod_sandbox(pod(), None, Some(limits(500, 512 * MI)), Deadline::none())
         .await
         .expect("a raise is admitted");
 }
