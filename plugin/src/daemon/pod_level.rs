@@ -11,14 +11,14 @@
 //! bounded by [`READ_BUDGET`] and the runtime's deadline); on cgroup v2, where a lower memory
 //! limit is below usage and only page cache stands in the way, it reclaims that cache first
 //! ([`reclaim_pod`], bounded by its own budget and the same deadline, trimming of the pod's
-//! containers paused meanwhile); it admits the request
-//! ([`admit_pod_level`]: anonymous and shared memory, trimming's working sets, usage) and
-//! records desired, actual and the verdict; in `enforce` mode (or when the pod's annotation
-//! tightens to it) a refused request is answered with a [`Rejection`], so that under kubelet
-//! 1.36 the pod cgroup is never written. A call that overruns the runtime's deadline is
-//! answered fail-open by the transport, except a memory decrease, which is refused and recorded
-//! ([`ModelHandler::refuse_undecided_pod_decrease`]). A revert is one more `UpdatePodSandbox`: it replaces the record and the
-//! model's resources, nothing is counted twice. The pod cgroup is read back after the answer
+//! containers paused meanwhile); it admits the request ([`admit_pod_level`]: anonymous and
+//! shared memory, trimming's working sets, usage) and records desired, actual and the verdict;
+//! in `enforce` mode (or when the pod's annotation tightens to it) a refused request is answered
+//! with a [`Rejection`], so that under kubelet 1.36 the pod cgroup is never written. A call
+//! that overruns the runtime's deadline is answered fail-open by the transport, except a memory
+//! decrease, which is recorded and refused
+//! ([`ModelHandler::refuse_undecided_pod_decrease`]). A revert is one more `UpdatePodSandbox`:
+//! it replaces the record and the model's resources, nothing is counted twice. The pod cgroup is read back after the answer
 //! (kubelet 1.36 writes it after the call) and on `PostUpdatePodSandbox`, and compared with what
 //! was asked, as containers are confirmed.
 
@@ -66,13 +66,8 @@ impl ModelHandler {
         )
         .await;
         let overhead = overhead.or(pod.overhead.as_ref());
-        let asked = Limits::from_linux(resources);
-        let extra = overhead.map(Limits::from_linux).unwrap_or_default();
-        let cgroup = with_overhead(&asked, &extra);
-        let desired = PodLimits {
-            cpu_millis: cgroup.cpu.value(),
-            memory_bytes: cgroup.memory.value(),
-        };
+        let ask = PodAsk::new(resources, overhead);
+        let (cgroup, desired) = (ask.cgroup, ask.desired);
         let containers: BTreeMap<String, Limits> = state.read_model(|m| {
             m.containers()
                 .filter(|c| c.pod_id == pod.id && c.state != ContainerState::Stopped)
@@ -113,8 +108,8 @@ impl ModelHandler {
         };
         let verdict = match admit_pod_level(
             &read.node.unwrap_or_default(),
-            &asked,
-            &extra,
+            &ask.asked,
+            &ask.extra,
             &containers,
             memory.as_ref(),
         ) {
@@ -172,8 +167,9 @@ impl ModelHandler {
     ) -> Option<Rejection> {
         let state = self.state();
         let overhead = overhead.or(pod.overhead.as_ref());
-        let extra = overhead.map(Limits::from_linux).unwrap_or_default();
-        let cgroup = with_overhead(&Limits::from_linux(resources), &extra);
+        let PodAsk {
+            cgroup, desired, ..
+        } = PodAsk::new(resources, overhead);
         let previous = known_pod_memory(state, &pod.id);
         let Some(Admission::Deferred { reason }) =
             admit_unchecked_memory(cgroup.memory, previous, UNDECIDED_POD_DECREASE)
@@ -182,10 +178,6 @@ impl ModelHandler {
         };
         let node_enforces = state.config.read_locked().resize.mode == Mode::Enforce;
         let (enforce, _) = effective_enforce(node_enforces, &pod.annotations);
-        let desired = PodLimits {
-            cpu_millis: cgroup.cpu.value(),
-            memory_bytes: cgroup.memory.value(),
-        };
         state.pod_level(|m| {
             // What the last read found stays; desired and the verdict are this request's.
             let r = m.entry(pod.id.clone()).or_default();
@@ -285,6 +277,36 @@ impl ModelHandler {
         let id = format!("pod:{}", pod.id);
         self.read_backs()
             .start_async(&id, follow_reads(self.shared_state(), pod, after));
+    }
+}
+
+/// What an `UpdatePodSandbox` asks of the pod cgroup.
+struct PodAsk {
+    /// The pod-level limits.
+    asked: Limits,
+    /// The pod overhead's.
+    extra: Limits,
+    /// Their sum, which kubelet writes to the pod cgroup.
+    cgroup: Limits,
+    /// `cgroup` as the pod-level record shows it.
+    desired: PodLimits,
+}
+
+impl PodAsk {
+    fn new(resources: &LinuxResources, overhead: Option<&LinuxResources>) -> Self {
+        let asked = Limits::from_linux(resources);
+        let extra = overhead.map(Limits::from_linux).unwrap_or_default();
+        let cgroup = with_overhead(&asked, &extra);
+        let desired = PodLimits {
+            cpu_millis: cgroup.cpu.value(),
+            memory_bytes: cgroup.memory.value(),
+        };
+        PodAsk {
+            asked,
+            extra,
+            cgroup,
+            desired,
+        }
     }
 }
 

@@ -5,7 +5,8 @@
 //! is page cache (admission has checked that anonymous and shared memory fit, and that trimming
 //! found no working set above the limit), the handler asks `memory.reclaim` for the difference
 //! in small passes within [`RECLAIM_BUDGET`] and the runtime's deadline, on a blocking thread;
-//! the limit is admitted only if usage then fits. What was reclaimed stays reclaimed: when kubelet asks again, less is left.
+//! the limit is admitted only if usage then fits. What was reclaimed stays reclaimed: when
+//! kubelet asks again, less is left.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -13,6 +13,7 @@ use ttrpc::r#async::{Client, Server, TtrpcContext};
 
 use super::*;
 use crate::capacity::snapshot::fixture::meminfo;
+use crate::cgroup::gate::{Gate, Gated};
 use crate::cgroup::{Cgroups, V2};
 use crate::config::Config;
 use crate::model::{Container, CpuResources, MemoryResources};
@@ -85,6 +86,21 @@ impl Fixture {
     fn handler(&self, mode: Mode) -> (Arc<NodeState>, ModelHandler) {
         let (state, h) = self.handler_reading_back(mode);
         (state, h.with_pod_read_back(&[]))
+    }
+
+    /// The handlers, with no read-back, on cgroup I/O whose reads wait at the returned gate
+    /// until the test opens it (a stuck cgroupfs).
+    fn handler_gated(&self, mode: Mode) -> (Arc<NodeState>, ModelHandler, Gate) {
+        let mut cfg = Config::default();
+        cfg.resize.mode = mode;
+        let (cgroups, gate) = Gated::wrap(Cgroups::V2(V2 {
+            root: self.cg.path().to_owned(),
+        }));
+        let state = NodeState::with_cgroups(cfg, Some(cgroups));
+        let h = ModelHandler::new(state.clone())
+            .with_node(NodeReader::new(self.node.path()))
+            .with_pod_read_back(&[]);
+        (state, h, gate)
     }
 
     /// The handlers as the daemon has them: the pod cgroup read back after the answer.
@@ -405,6 +421,12 @@ struct Wire {
 
 impl Wire {
     async fn connect(h: ModelHandler) -> Self {
+        Self::connect_with_request_timeout(h, 0).await
+    }
+
+    /// Connected to a runtime that announces `request_timeout_ms` as its per-request deadline
+    /// (0: none announced, NRI's default).
+    async fn connect_with_request_timeout(h: ModelHandler, request_timeout_ms: i64) -> Self {
         let (plugin_end, runtime_end) = tokio::io::duplex(1 << 20);
         let (link, cancel) = (RuntimeLink::default(), CancellationToken::new());
         let session = {
@@ -432,6 +454,7 @@ impl Wire {
             runtime_name: "fake".into(),
             runtime_version: "2.3".into(),
             NRI_version: "v0.12.0".into(),
+            request_timeout: request_timeout_ms,
             ..Default::default()
         };
         let events = plugin
@@ -715,4 +738,155 @@ async fn a_pod_whose_memory_stat_cannot_be_read_is_judged_by_its_usage_alone() {
     h.update_pod_sandbox(pod(), None, Some(limits(500, 512 * MI)), Deadline::none())
         .await
         .expect("a raise is admitted");
+}
+
+/// What the pod-level handler holds against a pod memory limit it could not check in time:
+/// `UpdatePodSandbox` overran the runtime's deadline.
+fn pod_asking(memory: Option<u64>) -> LinuxResources {
+    LinuxResources {
+        memory: memory.map(|m| MemoryResources {
+            limit: Some(i64::try_from(m).expect("fits")),
+            ..MemoryResources::default()
+        }),
+        ..limits(500, 0)
+    }
+}
+
+/// `UpdatePodSandbox` not decided within the runtime's deadline (the transport asks the
+/// handler before it answers fail-open): a pod memory limit below the one nri-resize knows, one
+/// set where the pod had none, or one for a pod it knows nothing of is refused when enforcing,
+/// recorded Deferred with the reason and counted; a raise, an equal limit (a CPU-only change)
+/// and no limit at all are let through; observing, the decrease is recorded and let through.
+#[tokio::test]
+async fn a_pod_memory_decrease_not_decided_in_time_is_refused_recorded_and_counted() {
+    let f = Fixture::new();
+    let (state, h) = f.handler(Mode::Enforce);
+    let mut known = pod();
+    known.resources = Some(limits(500, 256 * MI));
+    h.run_pod_sandbox(known.clone()).await.expect("run");
+
+    for (asked, what) in [
+        (Some(512 * MI), "a raise"),
+        (Some(256 * MI), "a CPU-only change"),
+        (None, "no memory limit"),
+    ] {
+        assert_eq!(
+            h.undecided_pod_memory_decrease(&known, None, &pod_asking(asked)),
+            None,
+            "{what} is let through"
+        );
+    }
+    assert!(state.pod_levels().is_empty(), "nothing to record");
+
+    let refused = h
+        .undecided_pod_memory_decrease(&known, None, &pod_asking(Some(128 * MI)))
+        .expect("a decrease nobody checked is refused");
+    for part in [
+        "pod-level resize of ns/web refused",
+        "pod memory limit 128Mi not checked against the pod's usage",
+        "within the runtime's deadline",
+        "kubelet asks again",
+    ] {
+        assert!(refused.0.contains(part), "{part:?} missing: {refused}");
+    }
+    let r = record(&state);
+    assert_eq!(r.state, Some(ResizeState::Deferred), "{r:?}");
+    assert!(r.reason.contains("within the runtime's deadline"), "{r:?}");
+    assert_eq!(limits_text(&r.desired), "500m/128Mi");
+    let text = state.metrics.encode().expect("encode");
+    let counted = r#"nri_resize_resize_outcomes_total{outcome="deferred"} 1"#;
+    assert!(text.contains(counted), "{counted} missing:\n{text}");
+
+    // Overhead counts: 112Mi asked plus 16Mi overhead is the pod cgroup's 128Mi, below 256Mi.
+    assert!(h
+        .undecided_pod_memory_decrease(
+            &known,
+            Some(&pod_asking(Some(16 * MI))),
+            &pod_asking(Some(112 * MI))
+        )
+        .is_some());
+    // Where the pod had no memory limit, or nothing is known of it: it cannot be checked.
+    let mut unlimited = pod();
+    unlimited.id = "pB".into();
+    unlimited.resources = Some(pod_asking(None));
+    h.run_pod_sandbox(unlimited.clone()).await.expect("run");
+    let mut unknown = pod();
+    unknown.id = "pC".into();
+    for p in [&unlimited, &unknown] {
+        assert!(
+            h.undecided_pod_memory_decrease(p, None, &pod_asking(Some(512 * MI)))
+                .is_some(),
+            "{}: a limit set unchecked is refused",
+            p.id
+        );
+    }
+
+    // Observing: recorded, let through.
+    let (state, h) = f.handler(Mode::Observe);
+    h.run_pod_sandbox(known.clone()).await.expect("run");
+    assert_eq!(
+        h.undecided_pod_memory_decrease(&known, None, &pod_asking(Some(128 * MI))),
+        None
+    );
+    assert_eq!(record(&state).state, Some(ResizeState::Deferred));
+}
+
+/// kubelet 1.36 calls `UpdatePodSandbox` before it writes the pod cgroup. The pod cgroup read
+/// is held (a stuck cgroupfs) past the deadline of a runtime that gives plugins 200 ms: a pod
+/// memory decrease is answered with a refusal while the read is still held, never let
+/// through; a CPU-only change and a raise under the same held read are answered OK.
+#[tokio::test]
+async fn a_pod_memory_decrease_whose_read_is_held_past_the_deadline_is_refused_over_the_wire() {
+    let f = Fixture::new();
+    let (state, h, gate) = f.handler_gated(Mode::Enforce);
+    let _open = gate.open_on_drop();
+    let wire = Wire::connect_with_request_timeout(h, 200).await;
+    let plugin = &wire.plugin;
+    // The pod as it runs: 200m/64Mi (pb_pod's resources), no overhead.
+    let run = pb::RunPodSandboxRequest {
+        pod: MessageField::some(pb_pod()),
+        ..Default::default()
+    };
+    plugin.run_pod_sandbox(ctx(), &run).await.expect("run");
+    let asking = |cpu_millis, memory| pb::UpdatePodSandboxRequest {
+        pod: MessageField::some(pb_pod()),
+        linux_resources: MessageField::some(pb_resources(cpu_millis, memory)),
+        ..Default::default()
+    };
+
+    let err = plugin
+        .update_pod_sandbox(ctx(), &asking(200, 32 << 20))
+        .await
+        .expect_err("a decrease nobody checked is refused");
+    assert!(gate.held() > 0, "answered while the read was still held");
+    let msg = err.to_string();
+    for part in [
+        "ns/web",
+        "pod memory limit 32Mi not checked against the pod's usage",
+        "within the runtime's deadline",
+    ] {
+        assert!(msg.contains(part), "{part:?} missing: {msg}");
+    }
+    let r = record(&state);
+    assert_eq!(r.state, Some(ResizeState::Deferred), "{r:?}");
+    assert!(r.reason.contains("within the runtime's deadline"), "{r:?}");
+    let kept = state.read_model(|m| m.pod("pA").cloned()).expect("pod");
+    assert_eq!(
+        kept.resources
+            .map(|r| limits_text(&PodLimits::from_linux(&r))),
+        Some("200m/64Mi".into()),
+        "the model keeps the pod as it was"
+    );
+
+    plugin
+        .update_pod_sandbox(ctx(), &asking(500, 64 << 20))
+        .await
+        .expect("a CPU-only change is answered OK");
+    plugin
+        .update_pod_sandbox(ctx(), &asking(500, 128 << 20))
+        .await
+        .expect("a raise is answered OK");
+    assert!(gate.held() > 0, "the reads were still held");
+    gate.open();
+    wire.close().await;
 }
