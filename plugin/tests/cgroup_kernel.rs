@@ -1006,7 +1006,14 @@ fn a_pod_decrease_with_page_cache_in_the_way_is_reclaimed_inside_the_call_then_a
     // where the cache never goes.
     let mut refusals = Vec::new();
     let admitted = (0..20).any(|_| {
-        match rt.block_on(handler.update_pod_sandbox(pod.clone(), None, Some(asked.clone()))) {
+        // No runtime deadline: the handler's own read and reclaim budgets bound the call.
+        let call = handler.update_pod_sandbox(
+            pod.clone(),
+            None,
+            Some(asked.clone()),
+            nri_resize::nri::Deadline::none(),
+        );
+        match rt.block_on(call) {
             Ok(()) => true,
             Err(e) => {
                 refusals.push(e.0);

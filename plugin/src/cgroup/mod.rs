@@ -21,6 +21,8 @@
 mod effective;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
+#[cfg(test)]
+pub mod gate;
 mod layout;
 mod parse;
 mod path;
@@ -303,6 +305,9 @@ pub enum Cgroups {
     /// Unit tests only: notes the calls made on the async worker ([`worker_check`]).
     #[cfg(test)]
     OffWorkerOnly(worker_check::OffWorkerOnly),
+    /// Unit tests only: reads held until the test lets them through ([`gate`]).
+    #[cfg(test)]
+    Gated(gate::Gated),
 }
 
 impl Cgroups {
@@ -679,6 +684,8 @@ impl Cgroups {
             Self::Slow(v) => v,
             #[cfg(test)]
             Self::OffWorkerOnly(v) => v,
+            #[cfg(test)]
+            Self::Gated(v) => v,
         }
     }
 }

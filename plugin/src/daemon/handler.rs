@@ -220,10 +220,14 @@ impl Handler for ModelHandler {
         mut pod: Pod,
         overhead: Option<LinuxResources>,
         resources: Option<LinuxResources>,
+        deadline: Deadline,
     ) -> Result<(), Rejection> {
         let asked = resources.is_some();
         let verdict = match &resources {
-            Some(r) => self.admit_pod_update(&pod, overhead.as_ref(), r).await,
+            Some(r) => {
+                self.admit_pod_update(&pod, overhead.as_ref(), r, &deadline)
+                    .await
+            }
             None => Ok(()),
         };
         if resources.is_some() {
@@ -250,6 +254,15 @@ impl Handler for ModelHandler {
             self.follow_pod_update(admitted);
         }
         Ok(())
+    }
+
+    fn undecided_pod_memory_decrease(
+        &self,
+        pod: &Pod,
+        overhead: Option<&LinuxResources>,
+        resources: &LinuxResources,
+    ) -> Option<Rejection> {
+        self.refuse_undecided_pod_decrease(pod, overhead, resources)
     }
 
     async fn post_update_pod_sandbox(&self, mut pod: Pod) {

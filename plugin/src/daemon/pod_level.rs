@@ -8,14 +8,17 @@
 //! `PostUpdatePodSandbox`; CRI-O relays `UpdatePodSandbox` only.
 //!
 //! On `UpdatePodSandbox` the handler reads the pod cgroup and the node (off the async workers,
-//! bounded by [`READ_BUDGET`]); on cgroup v2, where a lower memory limit is below usage and
-//! only page cache stands in the way, it reclaims that cache first ([`reclaim_pod`], bounded
-//! by its own budget, trimming of the pod's containers paused meanwhile); it admits the request
-//! ([`admit_pod_level`]: anonymous and shared memory, trimming's working sets, usage) and
-//! records desired, actual and the verdict; in `enforce` mode (or when the pod's annotation
-//! tightens to it) a refused request is answered with a [`Rejection`], so that under kubelet
-//! 1.36 the pod cgroup is never written. A revert is one more `UpdatePodSandbox`: it replaces the record and the
-//! model's resources, nothing is counted twice. The pod cgroup is read back after the answer
+//! bounded by [`READ_BUDGET`] and the runtime's deadline); on cgroup v2, where a lower memory
+//! limit is below usage and only page cache stands in the way, it reclaims that cache first
+//! ([`reclaim_pod`], bounded by its own budget and the same deadline, trimming of the pod's
+//! containers paused meanwhile); it admits the request ([`admit_pod_level`]: anonymous and
+//! shared memory, trimming's working sets, usage) and records desired, actual and the verdict;
+//! in `enforce` mode (or when the pod's annotation tightens to it) a refused request is answered
+//! with a [`Rejection`], so that under kubelet 1.36 the pod cgroup is never written. A call
+//! that overruns the runtime's deadline is answered fail-open by the transport, except a memory
+//! decrease, which is recorded and refused
+//! ([`ModelHandler::refuse_undecided_pod_decrease`]). A revert is one more `UpdatePodSandbox`:
+//! it replaces the record and the model's resources, nothing is counted twice. The pod cgroup is read back after the answer
 //! (kubelet 1.36 writes it after the call) and on `PostUpdatePodSandbox`, and compared with what
 //! was asked, as containers are confirmed.
 
@@ -23,7 +26,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::handler::ModelHandler;
 use super::pod_read::{read_pod, PodReadError};
@@ -32,7 +35,7 @@ use crate::cgroup::{CgroupIo as _, CgroupVersion};
 use crate::clock::now_ms;
 use crate::config::Mode;
 use crate::model::{ContainerState, LinuxResources, Pod, PodLimits};
-use crate::nri::Rejection;
+use crate::nri::{Deadline, Rejection};
 use crate::policy::{
     admit_pod_level, admit_unchecked_memory, effective_enforce, with_overhead, Admission, Limit,
     Limits, MemoryUse, PodMemory, ResizeState,
@@ -48,6 +51,7 @@ impl ModelHandler {
         pod: &Pod,
         overhead: Option<&LinuxResources>,
         resources: &LinuxResources,
+        deadline: &Deadline,
     ) -> Result<(), Rejection> {
         let state = self.state();
         let cfg = state.config.read_locked().clone();
@@ -58,16 +62,12 @@ impl ModelHandler {
             snapshot,
             pod.cgroup_parent.clone(),
             state.node_reserve(),
+            deadline,
         )
         .await;
         let overhead = overhead.or(pod.overhead.as_ref());
-        let asked = Limits::from_linux(resources);
-        let extra = overhead.map(Limits::from_linux).unwrap_or_default();
-        let cgroup = with_overhead(&asked, &extra);
-        let desired = PodLimits {
-            cpu_millis: cgroup.cpu.value(),
-            memory_bytes: cgroup.memory.value(),
-        };
+        let ask = PodAsk::new(resources, overhead);
+        let (cgroup, desired) = (ask.cgroup, ask.desired);
         let containers: BTreeMap<String, Limits> = state.read_model(|m| {
             m.containers()
                 .filter(|c| c.pod_id == pod.id && c.state != ContainerState::Stopped)
@@ -96,7 +96,10 @@ impl ModelHandler {
             _ => None,
         };
         let memory = match used {
-            Some(used) => Some(self.pod_memory(pod, used, cgroup.memory, enforce).await),
+            Some(used) => Some(
+                self.pod_memory(pod, used, cgroup.memory, enforce, deadline)
+                    .await,
+            ),
             None => None,
         };
         let (actual, usage, error) = match read.actual {
@@ -105,8 +108,8 @@ impl ModelHandler {
         };
         let verdict = match admit_pod_level(
             &read.node.unwrap_or_default(),
-            &asked,
-            &extra,
+            &ask.asked,
+            &ask.extra,
             &containers,
             memory.as_ref(),
         ) {
@@ -151,6 +154,56 @@ impl ModelHandler {
         Ok(())
     }
 
+    /// `UpdatePodSandbox` of `pod` asking for `resources` (with `overhead` apart) was not
+    /// decided within the runtime's deadline. When it lowers the pod's memory limit below what
+    /// nri-resize knows of it (or sets one where the pod had none, or nothing is known: it
+    /// cannot be checked) it is recorded Deferred with the reason and, when enforcing, refused
+    /// and counted; anything else is let through (`None`), as the transport answers fail-open.
+    pub(super) fn refuse_undecided_pod_decrease(
+        &self,
+        pod: &Pod,
+        overhead: Option<&LinuxResources>,
+        resources: &LinuxResources,
+    ) -> Option<Rejection> {
+        let state = self.state();
+        let overhead = overhead.or(pod.overhead.as_ref());
+        let PodAsk {
+            cgroup, desired, ..
+        } = PodAsk::new(resources, overhead);
+        let previous = known_pod_memory(state, &pod.id);
+        let Some(Admission::Deferred { reason }) =
+            admit_unchecked_memory(cgroup.memory, previous, UNDECIDED_POD_DECREASE)
+        else {
+            return None;
+        };
+        let node_enforces = state.config.read_locked().resize.mode == Mode::Enforce;
+        let (enforce, _) = effective_enforce(node_enforces, &pod.annotations);
+        state.pod_level(|m| {
+            // What the last read found stays; desired and the verdict are this request's.
+            let r = m.entry(pod.id.clone()).or_default();
+            r.desired = desired;
+            r.overhead = overhead.map(PodLimits::from_linux);
+            r.matches = None;
+            r.state = Some(ResizeState::Deferred);
+            r.reason.clone_from(&reason);
+            r.updated_ms = now_ms();
+        });
+        state
+            .metrics
+            .pod
+            .set_desired(&pod.namespace, &pod.name, desired);
+        if !enforce {
+            warn!(pod = %pod.full_name(), %reason, "pod memory decrease not decided within the runtime's deadline; observing, let through");
+            return None;
+        }
+        error!(pod = %pod.full_name(), %reason, "pod memory decrease not decided within the runtime's deadline: refused");
+        state.metrics.resize_outcome("deferred");
+        Some(Rejection(format!(
+            "pod-level resize of {} refused: {reason}; kubelet asks again",
+            pod.full_name()
+        )))
+    }
+
     /// The pod's memory as admission judges it: `used` as read, what trimming found for its
     /// containers, and — on cgroup v2, enforcing, when only page cache stands between usage and
     /// a lower `limit` — after that cache was reclaimed inside the call ([`reclaim_pod`]).
@@ -160,6 +213,7 @@ impl ModelHandler {
         used: MemoryUse,
         limit: Limit,
         enforce: bool,
+        deadline: &Deadline,
     ) -> PodMemory {
         let cgroups = self.state().cgroups.clone();
         let trimmer = self.trimmer();
@@ -188,7 +242,8 @@ impl ModelHandler {
                 let _pauses: Vec<TrimPause> = trimmer
                     .map(|t| ids.iter().map(|id| t.pause(id)).collect())
                     .unwrap_or_default();
-                let after = reclaim_pod(cg, pod.cgroup_parent.clone(), limit, m.used).await;
+                let after =
+                    reclaim_pod(cg, pod.cgroup_parent.clone(), limit, m.used, deadline).await;
                 m.reclaimed = m.used.usage.saturating_sub(after.used.usage);
                 m.used = after.used;
                 m.reclaim_unsupported = after.unsupported;
@@ -225,6 +280,36 @@ impl ModelHandler {
     }
 }
 
+/// What an `UpdatePodSandbox` asks of the pod cgroup.
+struct PodAsk {
+    /// The pod-level limits.
+    asked: Limits,
+    /// The pod overhead's.
+    extra: Limits,
+    /// Their sum, which kubelet writes to the pod cgroup.
+    cgroup: Limits,
+    /// `cgroup` as the pod-level record shows it.
+    desired: PodLimits,
+}
+
+impl PodAsk {
+    fn new(resources: &LinuxResources, overhead: Option<&LinuxResources>) -> Self {
+        let asked = Limits::from_linux(resources);
+        let extra = overhead.map(Limits::from_linux).unwrap_or_default();
+        let cgroup = with_overhead(&asked, &extra);
+        let desired = PodLimits {
+            cpu_millis: cgroup.cpu.value(),
+            memory_bytes: cgroup.memory.value(),
+        };
+        PodAsk {
+            asked,
+            extra,
+            cgroup,
+            desired,
+        }
+    }
+}
+
 /// The pod cgroup's memory limit as far as the model knows (the last accepted update, or the
 /// sandbox's resources, overhead included); `None`: unknown. A request below it is a decrease.
 fn known_pod_memory(state: &NodeState, pod_id: &str) -> Option<Limit> {
@@ -240,6 +325,11 @@ fn known_pod_memory(state: &NodeState, pod_id: &str) -> Option<Limit> {
         })
     })
 }
+
+/// Why an `UpdatePodSandbox` memory limit went unchecked when the call overran the runtime's
+/// deadline (the policy's reason names the limit around it).
+const UNDECIDED_POD_DECREASE: &str = "the check did not finish within the runtime's deadline; \
+     a limit below usage is an OOM kill on cgroup v2";
 
 /// Why the pod's memory usage is unknown after `read`: the read failed or ran out of its
 /// budget, or the cgroup has no usage; `None` when it is known, or when cgroup access is turned
@@ -288,6 +378,8 @@ async fn confirm_pod(state: &NodeState, pod: &Pod, report_drift: bool) -> Option
         None,
         pod.cgroup_parent.clone(),
         NodeReserve::default(),
+        // After the answer, or on an event whose answer does not depend on it: READ_BUDGET.
+        &Deadline::none(),
     )
     .await;
     let mut drift = None;

@@ -1,7 +1,7 @@
 //! One bounded read for the pod-level handlers: the pod cgroup's limits, usage and its
 //! breakdown, and the node's capacity, on a blocking thread (cgroupfs and procfs reads never
-//! run on an async worker), given up after [`READ_BUDGET`] so a handler stays inside the
-//! runtime's deadline.
+//! run on an async worker), given up after [`READ_BUDGET`] or at the runtime's deadline,
+//! whichever comes first, so a handler answers inside that deadline.
 
 use std::time::Duration;
 
@@ -9,6 +9,7 @@ use tracing::warn;
 
 use crate::cgroup::{pod_path, CgroupError, CgroupIo, Cgroups};
 use crate::model::PodLimits;
+use crate::nri::Deadline;
 use crate::policy::{MemoryUse, NodeCapacity};
 use crate::resize::node::NodeReader;
 use crate::state::NodeReserve;
@@ -29,6 +30,9 @@ pub(super) enum PodReadError {
     Failed(#[source] tokio::task::JoinError),
     #[error("pod cgroup read took longer than {budget:?}")]
     TooSlow { budget: Duration },
+    /// The runtime's deadline came before the read (and before [`READ_BUDGET`]).
+    #[error("pod cgroup not read within the runtime's deadline")]
+    PastDeadline,
 }
 
 /// One read of the pod cgroup and the node.
@@ -40,15 +44,18 @@ pub(super) struct PodRead {
 }
 
 /// Reads the pod cgroup (and the node, when a reader is given: the capacity watcher's
-/// `snapshot` when there is one) on a blocking thread, at most
-/// [`READ_BUDGET`].
+/// `snapshot` when there is one) on a blocking thread, at most [`READ_BUDGET`] and never past
+/// `deadline`.
 pub(super) async fn read_pod(
     cgroups: Option<Cgroups>,
     node: Option<NodeReader>,
     snapshot: Option<NodeStatus>,
     cgroup_parent: String,
     reserve: NodeReserve,
+    deadline: &Deadline,
 ) -> PodRead {
+    let by_budget = tokio::time::Instant::now() + READ_BUDGET;
+    let until = by_budget.min(deadline.at());
     let work = tokio::task::spawn_blocking(move || {
         let actual = match &cgroups {
             None => Err(PodReadError::NoCgroupAccess),
@@ -80,7 +87,7 @@ pub(super) async fn read_pod(
             node,
         }
     });
-    match tokio::time::timeout(READ_BUDGET, work).await {
+    match tokio::time::timeout_at(until, work).await {
         Ok(Ok(read)) => read,
         Ok(Err(e)) => PodRead {
             actual: Err(PodReadError::Failed(e)),
@@ -88,8 +95,12 @@ pub(super) async fn read_pod(
             node: None,
         },
         Err(_) => PodRead {
-            actual: Err(PodReadError::TooSlow {
-                budget: READ_BUDGET,
+            actual: Err(if until < by_budget {
+                PodReadError::PastDeadline
+            } else {
+                PodReadError::TooSlow {
+                    budget: READ_BUDGET,
+                }
             }),
             memory: None,
             node: None,

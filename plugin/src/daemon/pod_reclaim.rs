@@ -4,8 +4,9 @@
 //! inside that write and OOM-kill in the pod when it cannot get under it. So where what must go
 //! is page cache (admission has checked that anonymous and shared memory fit, and that trimming
 //! found no working set above the limit), the handler asks `memory.reclaim` for the difference
-//! in small passes within [`RECLAIM_BUDGET`], on a blocking thread; the limit is admitted only
-//! if usage then fits. What was reclaimed stays reclaimed: when kubelet asks again, less is left.
+//! in small passes within [`RECLAIM_BUDGET`] and the runtime's deadline, on a blocking thread;
+//! the limit is admitted only if usage then fits. What was reclaimed stays reclaimed: when
+//! kubelet asks again, less is left.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -14,10 +15,11 @@ use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
 use crate::cgroup::{pod_path, CgroupError, CgroupIo as _, Cgroups};
+use crate::nri::Deadline;
 use crate::policy::{bytes_text, reclaim_request, MemoryUse};
 
-/// How long the handler may spend reclaiming a pod cgroup (on top of its read budget; both
-/// together stay well inside containerd's 2 s plugin deadline).
+/// How long the handler may spend reclaiming a pod cgroup (on top of its read budget), at most:
+/// never past the runtime's deadline, whatever is left of it.
 pub const RECLAIM_BUDGET: Duration = Duration::from_millis(500);
 
 /// The most one `memory.reclaim` pass asks for: a pass is one write the kernel returns from
@@ -36,13 +38,15 @@ pub(super) struct Reclaimed {
 }
 
 /// Reclaims page cache from the pod cgroup under `cgroup_parent` until its usage is at most
-/// `limit` or [`RECLAIM_BUDGET`] is spent.
+/// `limit` or [`RECLAIM_BUDGET`], or what `deadline` leaves if less, is spent.
 pub(super) async fn reclaim_pod(
     cgroups: Cgroups,
     cgroup_parent: String,
     limit: u64,
     start: MemoryUse,
+    deadline: &Deadline,
 ) -> Reclaimed {
+    let budget = RECLAIM_BUDGET.min(deadline.remaining());
     let unchanged = |unsupported| Reclaimed {
         used: start,
         unsupported,
@@ -54,10 +58,7 @@ pub(super) async fn reclaim_pod(
         let path = pod_path(&parent)?;
         let started = Instant::now();
         let mut used = start;
-        while used.usage > limit
-            && started.elapsed() < RECLAIM_BUDGET
-            && !stopped.load(Ordering::Relaxed)
-        {
+        while used.usage > limit && started.elapsed() < budget && !stopped.load(Ordering::Relaxed) {
             let ask = reclaim_request(used.usage, limit).min(CHUNK);
             match cgroups.reclaim(&path, ask) {
                 // EAGAIN: the kernel got less than asked; what it got shows in the usage.
@@ -73,8 +74,11 @@ pub(super) async fn reclaim_pod(
         }
         Ok::<_, CgroupError>(used)
     });
-    // The thread checks the budget between passes; one pass past it is given a little more.
-    let outcome = tokio::time::timeout(RECLAIM_BUDGET + Duration::from_millis(100), work).await;
+    // The thread checks the budget between passes; one pass past it is given a little more,
+    // but not past the runtime's deadline.
+    let until =
+        (tokio::time::Instant::now() + budget + Duration::from_millis(100)).min(deadline.at());
+    let outcome = tokio::time::timeout_at(until, work).await;
     let used = match outcome {
         Ok(Ok(Ok(used))) => used,
         Ok(Ok(Err(e @ CgroupError::Unsupported { .. }))) => {

@@ -186,13 +186,30 @@ pub trait Handler: Send + Sync + 'static {
     async fn run_pod_sandbox(&self, pod: Pod) -> Result<(), Rejection> {
         Ok(())
     }
+    /// `resources` (with `overhead` apart) is what the update asks for the pod; `pod` still
+    /// holds the current resources. Work within the call stays inside `deadline` (see
+    /// [`Deadline`](super::Deadline)).
     async fn update_pod_sandbox(
         &self,
         pod: Pod,
         overhead: Option<LinuxResources>,
         resources: Option<LinuxResources>,
+        deadline: super::Deadline,
     ) -> Result<(), Rejection> {
         Ok(())
+    }
+    /// `update_pod_sandbox` of `pod` asking for `resources` (with `overhead` apart) did not
+    /// answer within the runtime's deadline. The transport answers fail-open — the runtime
+    /// applies the update and kubelet writes the pod cgroup — unless this returns a refusal: a
+    /// handler that guards pod memory decreases refuses one it could not check (on cgroup v2 a
+    /// pod `memory.max` below usage is an OOM kill); kubelet asks again.
+    fn undecided_pod_memory_decrease(
+        &self,
+        pod: &Pod,
+        overhead: Option<&LinuxResources>,
+        resources: &LinuxResources,
+    ) -> Option<Rejection> {
+        None
     }
     async fn post_update_pod_sandbox(&self, pod: Pod) {}
     async fn stop_pod_sandbox(&self, pod: Pod) {}

@@ -497,15 +497,35 @@ impl<H: Handler> Plugin for PluginService<H> {
         let overhead = req.overhead_linux_resources.as_ref().map(resources_from_pb);
         let resources = req.linux_resources.as_ref().map(resources_from_pb);
         let subject = pod.full_name();
-        if let Some(Err(r)) = self
-            .within(
+        // What the handler is asked, kept for the answer should it overrun.
+        let asked = resources
+            .clone()
+            .map(|r| (pod.clone(), overhead.clone(), r));
+        let deadline = Deadline::after(self.budget());
+        let verdict = self
+            .within_deadline(
                 EventKind::UpdatePodSandbox,
                 &subject,
-                self.handler.update_pod_sandbox(pod, overhead, resources),
+                &deadline,
+                self.handler
+                    .update_pod_sandbox(pod, overhead, resources, deadline.clone()),
             )
-            .await
-        {
-            return Err(reject(&r));
+            .await;
+        match verdict {
+            Some(Err(r)) => return Err(reject(&r)),
+            Some(Ok(())) => {}
+            // Overran: fail-open, unless the handler refuses a memory decrease nobody checked.
+            None => {
+                if let Some((pod, overhead, resources)) = &asked {
+                    if let Some(r) = self.handler.undecided_pod_memory_decrease(
+                        pod,
+                        overhead.as_ref(),
+                        resources,
+                    ) {
+                        return Err(reject(&r));
+                    }
+                }
+            }
         }
         Ok(pb::UpdatePodSandboxResponse::new())
     }

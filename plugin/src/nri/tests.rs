@@ -20,6 +20,8 @@ struct Recorder {
     calls: Mutex<Vec<String>>,
     sync_sizes: Mutex<Vec<(usize, usize)>>,
     slow: bool,
+    /// `update_pod_sandbox` never answers within the deadline.
+    slow_pod_update: bool,
     /// Blocks the thread this long in `synchronize`: a starved process, which no timer can cut.
     starve_sync: Option<Duration>,
     reject_config: bool,
@@ -64,6 +66,34 @@ impl Handler for Recorder {
     async fn run_pod_sandbox(&self, pod: Pod) -> Result<(), Rejection> {
         self.log(format!("run_pod_sandbox {}", pod.full_name()));
         Ok(())
+    }
+    async fn update_pod_sandbox(
+        &self,
+        pod: Pod,
+        _overhead: Option<LinuxResources>,
+        resources: Option<LinuxResources>,
+        _deadline: Deadline,
+    ) -> Result<(), Rejection> {
+        self.log(format!(
+            "update_pod_sandbox {} mem={:?}",
+            pod.full_name(),
+            resources.as_ref().and_then(LinuxResources::memory_limit)
+        ));
+        if self.slow_pod_update {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        }
+        Ok(())
+    }
+    fn undecided_pod_memory_decrease(
+        &self,
+        pod: &Pod,
+        _overhead: Option<&LinuxResources>,
+        resources: &LinuxResources,
+    ) -> Option<Rejection> {
+        let mem = resources.memory_limit();
+        self.log(format!("undecided {} mem={mem:?}", pod.full_name()));
+        // This double takes every pod memory limit for a decrease.
+        mem.map(|m| Rejection(format!("pod memory limit {m} not checked in time")))
     }
     async fn stop_pod_sandbox(&self, pod: Pod) {
         self.log(format!("stop_pod_sandbox {}", pod.full_name()));
@@ -643,6 +673,77 @@ async fn a_handler_past_the_deadline_is_answered_fail_open() {
             .await
             .expect("answered before the runtime's deadline");
     assert!(r.adjust.is_none(), "fail-open answer adjusts nothing");
+    s.cancel.cancel();
+}
+
+/// `UpdatePodSandbox` past the deadline: the transport asks the handler about the request it
+/// could not decide before answering, and delivers its refusal (a pod memory decrease);
+/// a request the handler lets through, or one without resources, is answered fail-open.
+#[tokio::test]
+async fn a_pod_update_past_the_deadline_is_refused_when_the_handler_says_so() {
+    let s = setup(Recorder {
+        slow_pod_update: true,
+        ..Default::default()
+    })
+    .await;
+    let mut conf = configure_req("v0.12.0", "");
+    conf.request_timeout = 200;
+    s.rt.plugin.configure(ctx(), &conf).await.unwrap();
+    let asking = |memory: Option<i64>| {
+        let mut r = pb::LinuxResources::new();
+        let mut cpu = pb::LinuxCPU::new();
+        cpu.quota = MessageField::some(pb::OptionalInt64 {
+            value: 50_000,
+            ..Default::default()
+        });
+        r.cpu = MessageField::some(cpu);
+        if let Some(m) = memory {
+            let mut mem = pb::LinuxMemory::new();
+            mem.limit = MessageField::some(pb::OptionalInt64 {
+                value: m,
+                ..Default::default()
+            });
+            r.memory = MessageField::some(mem);
+        }
+        pb::UpdatePodSandboxRequest {
+            pod: MessageField::some(pb_pod("p1")),
+            linux_resources: MessageField::some(r),
+            ..Default::default()
+        }
+    };
+    let err =
+        s.rt.plugin
+            .update_pod_sandbox(ctx(), &asking(Some(1 << 20)))
+            .await
+            .expect_err("refused by the handler after the deadline");
+    assert!(
+        err.to_string()
+            .contains("nri-resize: pod memory limit 1048576 not checked in time"),
+        "{err}"
+    );
+    s.rt.plugin
+        .update_pod_sandbox(ctx(), &asking(None))
+        .await
+        .expect("let through by the handler: fail-open");
+    let bare = pb::UpdatePodSandboxRequest {
+        pod: MessageField::some(pb_pod("p1")),
+        ..Default::default()
+    };
+    s.rt.plugin
+        .update_pod_sandbox(ctx(), &bare)
+        .await
+        .expect("no resources asked: fail-open");
+    assert_eq!(
+        s.handler.calls()[1..],
+        [
+            "update_pod_sandbox default/pod-p1 mem=Some(1048576)",
+            "undecided default/pod-p1 mem=Some(1048576)",
+            "update_pod_sandbox default/pod-p1 mem=None",
+            "undecided default/pod-p1 mem=None",
+            "update_pod_sandbox default/pod-p1 mem=None",
+        ],
+        "the handler is asked after its call overran, and only about a request with resources"
+    );
     s.cancel.cancel();
 }
 

@@ -13,11 +13,12 @@ use ttrpc::r#async::{Client, Server, TtrpcContext};
 
 use super::*;
 use crate::capacity::snapshot::fixture::meminfo;
+use crate::cgroup::gate::{Gate, Gated};
 use crate::cgroup::{Cgroups, V2};
 use crate::config::Config;
 use crate::model::{Container, CpuResources, MemoryResources};
 use crate::nri::{
-    Handler, Mux, PluginIdentity, RuntimeLink, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN,
+    Deadline, Handler, Mux, PluginIdentity, RuntimeLink, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN,
 };
 use crate::resize::node::NodeReader;
 use crate::state::NodeState;
@@ -87,6 +88,21 @@ impl Fixture {
         (state, h.with_pod_read_back(&[]))
     }
 
+    /// The handlers, with no read-back, on cgroup I/O whose reads wait at the returned gate
+    /// until the test opens it (a stuck cgroupfs).
+    fn handler_gated(&self, mode: Mode) -> (Arc<NodeState>, ModelHandler, Gate) {
+        let mut cfg = Config::default();
+        cfg.resize.mode = mode;
+        let (cgroups, gate) = Gated::wrap(Cgroups::V2(V2 {
+            root: self.cg.path().to_owned(),
+        }));
+        let state = NodeState::with_cgroups(cfg, Some(cgroups));
+        let h = ModelHandler::new(state.clone())
+            .with_node(NodeReader::new(self.node.path()))
+            .with_pod_read_back(&[]);
+        (state, h, gate)
+    }
+
     /// The handlers as the daemon has them: the pod cgroup read back after the answer.
     fn handler_reading_back(&self, mode: Mode) -> (Arc<NodeState>, ModelHandler) {
         let mut cfg = Config::default();
@@ -153,6 +169,7 @@ async fn an_admitted_resize_is_kept_in_the_model_and_confirmed_after_kubelet_wro
         pod(),
         Some(limits(100, 16 * MI)),
         Some(limits(500, 128 * MI)),
+        Deadline::none(),
     )
     .await
     .expect("admitted");
@@ -196,7 +213,7 @@ async fn the_pod_cgroup_is_read_back_after_the_answer_without_post_update() {
     let f = Fixture::new();
     let (state, h) = f.handler_reading_back(Mode::Enforce);
     h.run_pod_sandbox(pod()).await.expect("run");
-    h.update_pod_sandbox(pod(), None, Some(limits(500, 128 * MI)))
+    h.update_pod_sandbox(pod(), None, Some(limits(500, 128 * MI)), Deadline::none())
         .await
         .expect("admitted");
     // kubelet 1.36: the pod cgroup is written once the call has returned.
@@ -233,7 +250,12 @@ async fn a_pod_memory_decrease_whose_usage_cannot_be_read_is_refused() {
     h.run_pod_sandbox(p.clone()).await.expect("run");
     std::fs::remove_dir_all(f.cg.path().join(POD_CG.trim_start_matches('/'))).expect("rm");
     let refused = h
-        .update_pod_sandbox(p.clone(), None, Some(limits(500, 128 * MI)))
+        .update_pod_sandbox(
+            p.clone(),
+            None,
+            Some(limits(500, 128 * MI)),
+            Deadline::none(),
+        )
         .await
         .expect_err("a decrease checked against nothing is refused");
     assert!(
@@ -248,7 +270,7 @@ async fn a_pod_memory_decrease_whose_usage_cannot_be_read_is_refused() {
     let kept = state.read_model(|m| m.pod("pA").cloned()).expect("pod");
     assert_eq!(kept.resources, Some(limits(500, 256 * MI)));
     // A raise under the same failed read goes through.
-    h.update_pod_sandbox(p, None, Some(limits(500, 512 * MI)))
+    h.update_pod_sandbox(p, None, Some(limits(500, 512 * MI)), Deadline::none())
         .await
         .expect("a raise needs no usage");
 }
@@ -257,7 +279,7 @@ async fn a_pod_memory_decrease_whose_usage_cannot_be_read_is_refused() {
 async fn drift_is_reported_when_the_pod_cgroup_does_not_hold_the_request() {
     let f = Fixture::new();
     let (state, h) = f.handler(Mode::Enforce);
-    h.update_pod_sandbox(pod(), None, Some(limits(500, 128 * MI)))
+    h.update_pod_sandbox(pod(), None, Some(limits(500, 128 * MI)), Deadline::none())
         .await
         .expect("admitted");
     // Nobody wrote the pod cgroup: still unlimited.
@@ -279,7 +301,7 @@ async fn enforce_refuses_and_keeps_the_model_observe_records_only() {
         let (state, h) = f.handler(mode);
         h.run_pod_sandbox(pod()).await.expect("run");
         let out = h
-            .update_pod_sandbox(pod(), None, Some(limits(500, 100 * MI)))
+            .update_pod_sandbox(pod(), None, Some(limits(500, 100 * MI)), Deadline::none())
             .await;
         let r = record(&state);
         assert_eq!(r.state, Some(ResizeState::Deferred), "{r:?}");
@@ -307,7 +329,7 @@ async fn infeasible_pod_limits_and_the_annotation_that_only_tightens() {
         .await
         .expect("create");
     // Observe lets it through, with the reason recorded.
-    h.update_pod_sandbox(pod(), None, Some(limits(400, 512 * MI)))
+    h.update_pod_sandbox(pod(), None, Some(limits(400, 512 * MI)), Deadline::none())
         .await
         .expect("observe mode lets it through");
     let r = record(&state);
@@ -322,7 +344,7 @@ async fn infeasible_pod_limits_and_the_annotation_that_only_tightens() {
         .annotations
         .insert(crate::policy::POD_MODE_ANNOTATION.into(), "Enforce".into());
     let e = h
-        .update_pod_sandbox(strict, None, Some(limits(3000, 512 * MI)))
+        .update_pod_sandbox(strict, None, Some(limits(3000, 512 * MI)), Deadline::none())
         .await
         .expect_err("enforced by the annotation");
     assert!(
@@ -399,6 +421,12 @@ struct Wire {
 
 impl Wire {
     async fn connect(h: ModelHandler) -> Self {
+        Self::connect_with_request_timeout(h, 0).await
+    }
+
+    /// Connected to a runtime that announces `request_timeout_ms` as its per-request deadline
+    /// (0: none announced, NRI's default).
+    async fn connect_with_request_timeout(h: ModelHandler, request_timeout_ms: i64) -> Self {
         let (plugin_end, runtime_end) = tokio::io::duplex(1 << 20);
         let (link, cancel) = (RuntimeLink::default(), CancellationToken::new());
         let session = {
@@ -426,6 +454,7 @@ impl Wire {
             runtime_name: "fake".into(),
             runtime_version: "2.3".into(),
             NRI_version: "v0.12.0".into(),
+            request_timeout: request_timeout_ms,
             ..Default::default()
         };
         let events = plugin
@@ -579,7 +608,7 @@ async fn page_cache_in_the_way_of_a_pod_decrease_is_reclaimed_first_and_the_figu
         let (state, h) = f.handler(mode);
         h.run_pod_sandbox(pod()).await.expect("run");
         let out = h
-            .update_pod_sandbox(pod(), None, Some(limits(500, 100 * MI)))
+            .update_pod_sandbox(pod(), None, Some(limits(500, 100 * MI)), Deadline::none())
             .await;
         assert_eq!(out.is_err(), refused, "{mode:?}: {out:?}");
         let r = record(&state);
@@ -599,7 +628,7 @@ async fn page_cache_in_the_way_of_a_pod_decrease_is_reclaimed_first_and_the_figu
     f.pod_memory(40 * MI, 0, 260 * MI);
     let (state, h) = f.handler(Mode::Enforce);
     let out = h
-        .update_pod_sandbox(pod(), None, Some(limits(500, 32 * MI)))
+        .update_pod_sandbox(pod(), None, Some(limits(500, 32 * MI)), Deadline::none())
         .await;
     assert!(out.is_err());
     assert_eq!(
@@ -667,7 +696,7 @@ async fn a_pod_decrease_below_the_working_set_trimming_found_is_refused() {
         trimmer.state(&app.id)
     );
     let out = h
-        .update_pod_sandbox(pod(), None, Some(limits(500, 128 * MI)))
+        .update_pod_sandbox(pod(), None, Some(limits(500, 128 * MI)), Deadline::none())
         .await;
     assert!(out.is_err(), "{out:?}");
     assert_eq!(
@@ -682,7 +711,7 @@ async fn a_pod_decrease_below_the_working_set_trimming_found_is_refused() {
     // Above the working set: page cache is reclaimed first (and, the fixture's kernel
     // reclaiming nothing, the limit waits).
     let out = h
-        .update_pod_sandbox(pod(), None, Some(limits(500, 256 * MI)))
+        .update_pod_sandbox(pod(), None, Some(limits(500, 256 * MI)), Deadline::none())
         .await;
     assert!(out.is_err(), "{out:?}");
     assert_eq!(f.reclaim_written(), (16 * MI).to_string());
@@ -698,7 +727,7 @@ async fn a_pod_whose_memory_stat_cannot_be_read_is_judged_by_its_usage_alone() {
     std::fs::create_dir_all(dir.join("memory.stat")).expect("mkdir");
     let (state, h) = f.handler(Mode::Enforce);
     let out = h
-        .update_pod_sandbox(pod(), None, Some(limits(500, 100 * MI)))
+        .update_pod_sandbox(pod(), None, Some(limits(500, 100 * MI)), Deadline::none())
         .await;
     assert!(out.is_err(), "{out:?}");
     assert_eq!(
@@ -706,7 +735,158 @@ async fn a_pod_whose_memory_stat_cannot_be_read_is_judged_by_its_usage_alone() {
         "usage 300Mi above requested pod limit 100Mi: memory.stat gives no breakdown, so all of it counts as memory that cannot be reclaimed"
     );
     // A raise needs no breakdown.
-    h.update_pod_sandbox(pod(), None, Some(limits(500, 512 * MI)))
+    h.update_pod_sandbox(pod(), None, Some(limits(500, 512 * MI)), Deadline::none())
         .await
         .expect("a raise is admitted");
+}
+
+/// What the pod-level handler holds against a pod memory limit it could not check in time:
+/// `UpdatePodSandbox` overran the runtime's deadline.
+fn pod_asking(memory: Option<u64>) -> LinuxResources {
+    LinuxResources {
+        memory: memory.map(|m| MemoryResources {
+            limit: Some(i64::try_from(m).expect("fits")),
+            ..MemoryResources::default()
+        }),
+        ..limits(500, 0)
+    }
+}
+
+/// `UpdatePodSandbox` not decided within the runtime's deadline (the transport asks the
+/// handler before it answers fail-open): a pod memory limit below the one nri-resize knows, one
+/// set where the pod had none, or one for a pod it knows nothing of is refused when enforcing,
+/// recorded Deferred with the reason and counted; a raise, an equal limit (a CPU-only change)
+/// and no limit at all are let through; observing, the decrease is recorded and let through.
+#[tokio::test]
+async fn a_pod_memory_decrease_not_decided_in_time_is_refused_recorded_and_counted() {
+    let f = Fixture::new();
+    let (state, h) = f.handler(Mode::Enforce);
+    let mut known = pod();
+    known.resources = Some(limits(500, 256 * MI));
+    h.run_pod_sandbox(known.clone()).await.expect("run");
+
+    for (asked, what) in [
+        (Some(512 * MI), "a raise"),
+        (Some(256 * MI), "a CPU-only change"),
+        (None, "no memory limit"),
+    ] {
+        assert_eq!(
+            h.undecided_pod_memory_decrease(&known, None, &pod_asking(asked)),
+            None,
+            "{what} is let through"
+        );
+    }
+    assert!(state.pod_levels().is_empty(), "nothing to record");
+
+    let refused = h
+        .undecided_pod_memory_decrease(&known, None, &pod_asking(Some(128 * MI)))
+        .expect("a decrease nobody checked is refused");
+    for part in [
+        "pod-level resize of ns/web refused",
+        "pod memory limit 128Mi not checked against the pod's usage",
+        "within the runtime's deadline",
+        "kubelet asks again",
+    ] {
+        assert!(refused.0.contains(part), "{part:?} missing: {refused}");
+    }
+    let r = record(&state);
+    assert_eq!(r.state, Some(ResizeState::Deferred), "{r:?}");
+    assert!(r.reason.contains("within the runtime's deadline"), "{r:?}");
+    assert_eq!(limits_text(&r.desired), "500m/128Mi");
+    let text = state.metrics.encode().expect("encode");
+    let counted = r#"nri_resize_resize_outcomes_total{outcome="deferred"} 1"#;
+    assert!(text.contains(counted), "{counted} missing:\n{text}");
+
+    // Overhead counts: 112Mi asked plus 16Mi overhead is the pod cgroup's 128Mi, below 256Mi.
+    assert!(h
+        .undecided_pod_memory_decrease(
+            &known,
+            Some(&pod_asking(Some(16 * MI))),
+            &pod_asking(Some(112 * MI))
+        )
+        .is_some());
+    // Where the pod had no memory limit, or nothing is known of it: it cannot be checked.
+    let mut unlimited = pod();
+    unlimited.id = "pB".into();
+    unlimited.resources = Some(pod_asking(None));
+    h.run_pod_sandbox(unlimited.clone()).await.expect("run");
+    let mut unknown = pod();
+    unknown.id = "pC".into();
+    for p in [&unlimited, &unknown] {
+        assert!(
+            h.undecided_pod_memory_decrease(p, None, &pod_asking(Some(512 * MI)))
+                .is_some(),
+            "{}: a limit set unchecked is refused",
+            p.id
+        );
+    }
+
+    // Observing: recorded, let through.
+    let (state, h) = f.handler(Mode::Observe);
+    h.run_pod_sandbox(known.clone()).await.expect("run");
+    assert_eq!(
+        h.undecided_pod_memory_decrease(&known, None, &pod_asking(Some(128 * MI))),
+        None
+    );
+    assert_eq!(record(&state).state, Some(ResizeState::Deferred));
+}
+
+/// kubelet 1.36 calls `UpdatePodSandbox` before it writes the pod cgroup. The pod cgroup read
+/// is held (a stuck cgroupfs) past the deadline of a runtime that gives plugins 200 ms: a pod
+/// memory decrease is answered with a refusal while the read is still held, never let
+/// through; a CPU-only change and a raise under the same held read are answered OK.
+#[tokio::test]
+async fn a_pod_memory_decrease_whose_read_is_held_past_the_deadline_is_refused_over_the_wire() {
+    let f = Fixture::new();
+    let (state, h, gate) = f.handler_gated(Mode::Enforce);
+    let _open = gate.open_on_drop();
+    let wire = Wire::connect_with_request_timeout(h, 200).await;
+    let plugin = &wire.plugin;
+    // The pod as it runs: 200m/64Mi (pb_pod's resources), no overhead.
+    let run = pb::RunPodSandboxRequest {
+        pod: MessageField::some(pb_pod()),
+        ..Default::default()
+    };
+    plugin.run_pod_sandbox(ctx(), &run).await.expect("run");
+    let asking = |cpu_millis, memory| pb::UpdatePodSandboxRequest {
+        pod: MessageField::some(pb_pod()),
+        linux_resources: MessageField::some(pb_resources(cpu_millis, memory)),
+        ..Default::default()
+    };
+
+    let err = plugin
+        .update_pod_sandbox(ctx(), &asking(200, 32 << 20))
+        .await
+        .expect_err("a decrease nobody checked is refused");
+    assert!(gate.held() > 0, "answered while the read was still held");
+    let msg = err.to_string();
+    for part in [
+        "ns/web",
+        "pod memory limit 32Mi not checked against the pod's usage",
+        "within the runtime's deadline",
+    ] {
+        assert!(msg.contains(part), "{part:?} missing: {msg}");
+    }
+    let r = record(&state);
+    assert_eq!(r.state, Some(ResizeState::Deferred), "{r:?}");
+    assert!(r.reason.contains("within the runtime's deadline"), "{r:?}");
+    let kept = state.read_model(|m| m.pod("pA").cloned()).expect("pod");
+    assert_eq!(
+        kept.resources
+            .map(|r| limits_text(&PodLimits::from_linux(&r))),
+        Some("200m/64Mi".into()),
+        "the model keeps the pod as it was"
+    );
+
+    plugin
+        .update_pod_sandbox(ctx(), &asking(500, 64 << 20))
+        .await
+        .expect("a CPU-only change is answered OK");
+    plugin
+        .update_pod_sandbox(ctx(), &asking(500, 128 << 20))
+        .await
+        .expect("a raise is answered OK");
+    assert!(gate.held() > 0, "the reads were still held");
+    gate.open();
+    wire.close().await;
 }
