@@ -60,6 +60,11 @@ impl TrimMetrics {
             .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
+    /// The working set found before no longer holds: its series goes until a new one is found.
+    pub fn clear_working_set(&self, labels: &ContainerLabels) {
+        let _ = self.working_set.remove_label_values(&values(labels));
+    }
+
     /// Counts `bytes` trimmed from the container (its series appears at the first step).
     pub fn add_trimmed(&self, labels: &ContainerLabels, bytes: u64) {
         self.trimmed

@@ -131,7 +131,8 @@ pub use resize_policy::{
 };
 pub use share::Share;
 pub use trim::{
-    stall_text, CacheStat, Found, HoldReason, Probe, TrimSettings, TrimStep, REFAULT_FLOOR,
+    stall_text, working_set_holds, CacheStat, Found, HoldReason, Probe, TrimSettings, TrimStep,
+    REFAULT_FLOOR,
 };
 pub use trim_opt_in::{effective_trim, parse_trim_annotation, parse_trim_max_stall, TrimChoice};
 pub use units::{

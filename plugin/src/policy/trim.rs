@@ -137,6 +137,15 @@ impl std::fmt::Display for HoldReason {
     }
 }
 
+/// Whether a working set trimming found (`working_set`: the usage where reclaiming more made the
+/// container refault or stall) still holds for a container using `usage` now: once it uses less,
+/// the finding says nothing about it any more (the workload shrank or dropped its cache), and
+/// keeping it would make decreases that fit wait.
+#[must_use]
+pub fn working_set_holds(working_set: u64, usage: u64) -> bool {
+    usage >= working_set
+}
+
 /// A stall share as a person reads it: `0.15 %`.
 #[must_use]
 pub fn stall_text(share: f64) -> String {

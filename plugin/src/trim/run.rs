@@ -15,8 +15,8 @@ use super::{Shared, TrimTarget};
 use crate::cgroup::CgroupError;
 use crate::config::Config;
 use crate::policy::{
-    bytes_text, effective_trim, stall_text, Found, HoldReason, Probe, TrimChoice, TrimSettings,
-    TrimStep, REFAULT_FLOOR,
+    bytes_text, effective_trim, stall_text, working_set_holds, Found, HoldReason, Probe,
+    TrimChoice, TrimSettings, TrimStep, REFAULT_FLOOR,
 };
 use crate::sync::{Locked as _, ReadWriteLocked as _};
 
@@ -170,7 +170,8 @@ async fn pass(shared: &Arc<Shared>, cfg: &Config, id: &str, mut rec: Record) -> 
 }
 
 /// Takes a turn's outcome into the record: its state and figures, and when its next turn is.
-/// Returns the bytes trimmed and the working set found, for the series.
+/// Returns the bytes trimmed and the working set found, for the series (`Some(0)`: a working
+/// set found before no longer holds, its series goes).
 fn apply(
     rec: &mut Record,
     outcome: Outcome,
@@ -210,6 +211,24 @@ fn apply(
                     rec.view.refaulted_bytes.saturating_add(turn.harm.refaulted);
             }
             rec.next_at = now + interval;
+            // A working set found before stops being true once the container uses less: it
+            // would make a decrease that fits wait (pod-level admission, kubelet's path).
+            if let Some(ws) = rec
+                .view
+                .working_set_bytes
+                .filter(|ws| !working_set_holds(*ws, turn.usage))
+            {
+                info!(
+                    namespace = %rec.target.labels.namespace,
+                    pod = %rec.target.labels.pod,
+                    container = %rec.target.labels.container,
+                    working_set = %bytes_text(ws),
+                    usage = %bytes_text(turn.usage),
+                    "the working set trimming found no longer holds (usage below it); dropped"
+                );
+                rec.view.working_set_bytes = None;
+                working_set = Some(0);
+            }
             match turn.step {
                 None => {
                     rec.view.state = TrimState::Trimming {
@@ -339,8 +358,10 @@ fn publish(
     if trimmed > 0 {
         metrics.add_trimmed(&rec.target.labels, trimmed);
     }
-    if let Some(ws) = working_set {
-        metrics.set_working_set(&rec.target.labels, ws);
+    match working_set {
+        Some(0) => metrics.clear_working_set(&rec.target.labels),
+        Some(ws) => metrics.set_working_set(&rec.target.labels, ws),
+        None => {}
     }
     shared
         .published

@@ -61,6 +61,8 @@ pub struct Turn {
     pub harm: Harm,
     /// Droppable page cache that went with the step (at most what it asked for).
     pub trimmed: u64,
+    /// The container's usage at the end of the turn (`memory.current`).
+    pub usage: u64,
 }
 
 /// One turn of a container: `last` is its previous reading (`None` at the start of a probe),
@@ -79,11 +81,13 @@ pub fn turn(
             step: None,
             harm: Harm::default(),
             trimmed: 0,
+            usage: now.stat.usage,
         });
     };
     let harm = before.harm_until(&now);
     let step = probe.decide(settings, &now.stat, harm);
     let mut trimmed = 0;
+    let mut usage = now.stat.usage;
     if let TrimStep::Reclaim(bytes) = step {
         writer.reclaim(io, cgroup, bytes)?;
         // Measured from the end of the step: the next turn's harm is what the step caused.
@@ -93,11 +97,13 @@ pub fn turn(
             .droppable()
             .saturating_sub(after.stat.droppable())
             .min(bytes);
+        usage = after.stat.usage;
         *last = Some(after);
     }
     Ok(Turn {
         step: Some(step),
         harm,
         trimmed,
+        usage,
     })
 }

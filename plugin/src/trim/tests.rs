@@ -149,6 +149,41 @@ async fn an_opted_in_container_is_trimmed_in_steps_and_its_working_set_exported(
     t.shutdown().await;
 }
 
+/// A working set found stops being true once the container uses less: the next probe drops it
+/// (record and series), so that a decrease that fits is not made to wait for it.
+#[tokio::test]
+async fn a_working_set_is_dropped_once_usage_falls_below_it() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = container(tmp.path(), "hot", 100);
+    let state = state(
+        tmp.path(),
+        "[trim]\ninterval = \"100ms\"\nmax_step = \"4Mi\"\nreprobe_after = \"1s\"\n",
+    );
+    let cancel = CancellationToken::new();
+    let t = Trimmer::start_with(state.clone(), &cancel, || false);
+    t.watch("c1", target("hot", &[(TRIM_ANNOTATION, "on")]));
+    until(&t, "c1", "stepped", |c| c.steps >= 1).await;
+    set_cache(&dir, 100, 256);
+    until(&t, "c1", "converged", |c| {
+        matches!(c.state, TrimState::Converged { .. })
+    })
+    .await;
+    assert_eq!(t.working_set("c1"), Some(108 * MIB));
+    // The workload shrank: 58Mi used, under the 108Mi found.
+    set_cache(&dir, 50, 256);
+    until(&t, "c1", "dropped its working set", |c| {
+        c.working_set_bytes.is_none()
+    })
+    .await;
+    assert_eq!(t.working_set("c1"), None);
+    let text = state.metrics.encode().expect("encode");
+    assert!(
+        !text.contains("nri_resize_container_trim_working_set_bytes{"),
+        "the series went with it: {text}"
+    );
+    t.shutdown().await;
+}
+
 #[tokio::test]
 async fn refaults_after_a_step_end_the_probe_before_the_cache_is_gone() {
     let tmp = tempfile::tempdir().expect("tempdir");

@@ -191,3 +191,11 @@ fn harm_and_hold_read_as_a_person_reads_them() {
         "the container stalls 5 % on its own"
     );
 }
+
+#[test]
+fn a_working_set_holds_while_usage_is_at_or_above_it() {
+    const MI: u64 = 1 << 20;
+    assert!(working_set_holds(208 * MI, 230 * MI));
+    assert!(working_set_holds(208 * MI, 208 * MI));
+    assert!(!working_set_holds(208 * MI, 150 * MI));
+}
