@@ -211,22 +211,7 @@ fn apply(
                     rec.view.refaulted_bytes.saturating_add(turn.harm.refaulted);
             }
             rec.next_at = now + interval;
-            // A working set found before stops being true once the container uses less: it
-            // would make a decrease that fits wait (pod-level admission, kubelet's path).
-            if let Some(ws) = rec
-                .view
-                .working_set_bytes
-                .filter(|ws| !working_set_holds(*ws, turn.usage))
-            {
-                info!(
-                    namespace = %rec.target.labels.namespace,
-                    pod = %rec.target.labels.pod,
-                    container = %rec.target.labels.container,
-                    working_set = %bytes_text(ws),
-                    usage = %bytes_text(turn.usage),
-                    "the working set trimming found no longer holds (usage below it); dropped"
-                );
-                rec.view.working_set_bytes = None;
+            if drop_stale_working_set(rec, turn.usage) {
                 working_set = Some(0);
             }
             match turn.step {
@@ -291,6 +276,29 @@ fn apply(
         }
     }
     (trimmed, working_set)
+}
+
+/// A working set found before stops being true once the container uses less than it
+/// (`usage`): it would make a decrease that fits wait (pod-level admission, kubelet's path).
+/// Drops it from the record; `true` when it did.
+fn drop_stale_working_set(rec: &mut Record, usage: u64) -> bool {
+    let Some(ws) = rec
+        .view
+        .working_set_bytes
+        .filter(|ws| !working_set_holds(*ws, usage))
+    else {
+        return false;
+    };
+    info!(
+        namespace = %rec.target.labels.namespace,
+        pod = %rec.target.labels.pod,
+        container = %rec.target.labels.container,
+        working_set = %bytes_text(ws),
+        usage = %bytes_text(usage),
+        "the working set trimming found no longer holds (usage below it); dropped"
+    );
+    rec.view.working_set_bytes = None;
+    true
 }
 
 /// What a turn on the blocking thread came to.
