@@ -8,6 +8,7 @@ mod handler;
 pub mod mux;
 mod runtime;
 mod service;
+mod update_window;
 mod version;
 
 use std::path::PathBuf;

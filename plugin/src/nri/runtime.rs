@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use super::convert::{eviction_to_pb, update_from_pb, update_to_pb};
 use super::handler::{ContainerUpdate, Eviction, RuntimeInfo};
+use super::update_window::{needs_quiet, UpdateWindow};
 use crate::sync::Locked as _;
 
 /// Why a call to the runtime failed.
@@ -18,6 +19,10 @@ use crate::sync::Locked as _;
 pub enum LinkError {
     #[error("not connected to the runtime")]
     NotConnected,
+    /// The runtime's own container updates stayed in flight: a plugin update beside them can
+    /// deadlock runtimes before NRI v0.12.1 (`update_window`).
+    #[error("the runtime's own container updates stayed in flight for {waited:?}; the update is not sent beside them (NRI before v0.12.1 can deadlock)")]
+    RuntimeBusy { waited: Duration },
     #[error("runtime call {method} failed: {source}")]
     Call {
         method: &'static str,
@@ -65,6 +70,8 @@ pub struct RuntimeLink {
     state: Arc<Mutex<LinkState>>,
     /// Whether a runtime client is set, for [`RuntimeLink::wait_connected`].
     connected: Arc<tokio::sync::watch::Sender<bool>>,
+    /// The runtime's own container updates in flight, which the plugin's wait for.
+    window: UpdateWindow,
 }
 
 impl Default for RuntimeLink {
@@ -72,12 +79,15 @@ impl Default for RuntimeLink {
         RuntimeLink {
             state: Arc::default(),
             connected: Arc::new(tokio::sync::watch::channel(false).0),
+            window: UpdateWindow::default(),
         }
     }
 }
 
 /// How long an unsolicited update may take before we give up waiting for the runtime.
 const UPDATE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an unsolicited update waits for the runtime's own updates to end (`update_window`).
+const QUIET_LIMIT: Duration = Duration::from_secs(10);
 
 impl RuntimeLink {
     fn with<R>(&self, f: impl FnOnce(&mut LinkState) -> R) -> R {
@@ -97,6 +107,16 @@ impl RuntimeLink {
 
     pub(crate) fn set_runtime(&self, info: RuntimeInfo) {
         self.with(|s| s.runtime = Some(info));
+    }
+
+    /// The runtime asked about an update of container `id` (`UpdateContainer`).
+    pub(crate) fn runtime_update_begins(&self, id: &str) {
+        self.window.begins(id);
+    }
+
+    /// The runtime's update of container `id` is over (`PostUpdateContainer`, or refused).
+    pub(crate) fn runtime_update_ends(&self, id: &str) {
+        self.window.ends(id);
     }
 
     pub(crate) fn set_synchronized(&self) {
@@ -136,12 +156,19 @@ impl RuntimeLink {
     }
 
     /// Asks the runtime to update and evict containers. Returns the updates the runtime could not
-    /// apply (an empty list means all applied).
+    /// apply (an empty list means all applied). On a runtime before NRI v0.12.1 the call waits
+    /// until none of the runtime's own container updates is in flight (`update_window`).
     pub async fn update_containers(
         &self,
         updates: &[ContainerUpdate],
         evictions: &[Eviction],
     ) -> Result<Vec<ContainerUpdate>, LinkError> {
+        let nri = self.with(|s| s.runtime.as_ref().map(RuntimeInfo::nri));
+        if needs_quiet(nri.and_then(|n| n.version)) && !self.window.quiet(QUIET_LIMIT).await {
+            return Err(LinkError::RuntimeBusy {
+                waited: QUIET_LIMIT,
+            });
+        }
         let client = self
             .with(|s| s.client.clone())
             .ok_or(LinkError::NotConnected)?;
@@ -165,6 +192,42 @@ impl RuntimeLink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn runtime(nri_version: &str) -> RuntimeInfo {
+        RuntimeInfo {
+            name: "containerd".into(),
+            version: "2.1.9".into(),
+            nri_version: nri_version.into(),
+            request_timeout_ms: 0,
+            registration_timeout_ms: 0,
+        }
+    }
+
+    /// containerd 2.1.9 (NRI v0.8.0): a plugin update waits while the runtime's own update of a
+    /// container is in flight, and goes once its `PostUpdateContainer` came; from NRI v0.12.1 it
+    /// goes at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_plugin_update_waits_for_the_runtimes_own_before_nri_0_12_1() {
+        let link = RuntimeLink::default();
+        link.set_runtime(runtime(""));
+        link.runtime_update_begins("c");
+        let call = tokio::spawn({
+            let link = link.clone();
+            async move { link.update_containers(&[], &[]).await }
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!call.is_finished(), "sent beside the runtime's own update");
+        link.runtime_update_ends("c");
+        let r = call.await.expect("join");
+        assert!(matches!(r, Err(LinkError::NotConnected)), "{r:?}");
+
+        link.set_runtime(runtime("v0.12.1"));
+        link.runtime_update_begins("c");
+        let r = tokio::time::timeout(Duration::from_millis(1), link.update_containers(&[], &[]))
+            .await
+            .expect("no wait from NRI v0.12.1");
+        assert!(matches!(r, Err(LinkError::NotConnected)), "{r:?}");
+    }
 
     #[tokio::test(start_paused = true)]
     async fn waiting_for_a_connection_gives_up_after_its_limit() {

@@ -388,6 +388,8 @@ impl<H: Handler> Plugin for PluginService<H> {
             |current| current.lowers_memory_limit(&resources),
         );
         let id = lowers_memory.then(|| ctr.id.clone());
+        let ctr_id = ctr.id.clone();
+        self.link.runtime_update_begins(&ctr_id);
         let deadline = Deadline::after(self.budget());
         let Some(result) = self
             .within_deadline(
@@ -402,12 +404,17 @@ impl<H: Handler> Plugin for PluginService<H> {
             // Overran: fail-open, but never into a memory decrease nobody checked.
             if let Some(id) = id {
                 if let Some(r) = self.handler.undecided_memory_decrease(&id, &subject) {
+                    self.link.runtime_update_ends(&ctr_id);
                     return Err(reject(&r));
                 }
             }
             return Ok(pb::UpdateContainerResponse::new());
         };
-        let reply = result.map_err(|r| reject(&r))?;
+        // Refused: the runtime applies nothing, and no `PostUpdateContainer` follows.
+        let reply = result.map_err(|r| {
+            self.link.runtime_update_ends(&ctr_id);
+            reject(&r)
+        })?;
         Ok(pb::UpdateContainerResponse {
             update: reply.updates.iter().map(update_to_pb).collect(),
             evict: reply.evictions.iter().map(eviction_to_pb).collect(),
@@ -599,6 +606,7 @@ impl<H: Handler> Plugin for PluginService<H> {
         req: pb::PostUpdateContainerRequest,
     ) -> ttrpc::Result<pb::PostUpdateContainerResponse> {
         let (pod, ctr) = parts(&req.pod, &req.container, "PostUpdateContainer")?;
+        self.link.runtime_update_ends(&ctr.id);
         self.container_event(EventKind::PostUpdateContainer, pod, ctr)
             .await;
         Ok(pb::PostUpdateContainerResponse::new())
