@@ -155,8 +155,8 @@ pub const CATALOG: &[Entry] = &[
     // Safe memory decrease.
     e("nri_resize_memory_decrease_outcomes_total", Kind::Counter, "decreases", &["outcome"], "memory limit decreases by outcome: `direct`, `inline`, `converged`, `deferred_anonymous`, `deferred_timeout`, `superseded`, `rejected`, `restarted`, `error`"),
     e("nri_resize_memory_decrease_reclaimed_bytes_total", Kind::Counter, "bytes", &[], "bytes by which memory decreases brought container usage down"),
-    e("nri_resize_memory_decrease_reclaims_in_progress", Kind::Gauge, "reclaims", &[], "staged memory decreases reclaiming now"),
-    e("nri_resize_memory_decrease_reclaim_duration_seconds", Kind::Histogram, "seconds", &[], "time a decrease below usage took to reclaim: inside the update (inline) or from accepting a staged decrease to its end"),
+    e("nri_resize_memory_decrease_reclaims_in_progress", Kind::Gauge, "reclaims", &[], "memory decreases reclaiming now (in the background toward a refused limit, a whole-pod step's, a resumed checkpoint's)"),
+    e("nri_resize_memory_decrease_reclaim_duration_seconds", Kind::Histogram, "seconds", &[], "time a decrease below usage took to reclaim: inside the update (inline), or a reclaim from its start to its end"),
     // Working-set trimming (docs/trimming.md).
     experimental(e("nri_resize_container_trim_working_set_bytes", Kind::Gauge, "bytes", C, "the memory usage at which working-set trimming's last probe found the container's working set (its first sign of harm: stall over the target or refaults); not cAdvisor's `container_memory_working_set_bytes` (usage minus inactive file cache); absent until a probe converged")),
     e("nri_resize_container_trim_trimmed_bytes_total", Kind::Counter, "bytes", C, "page cache working-set trimming reclaimed from the container"),

@@ -96,7 +96,7 @@ impl DecreaseMetrics {
                 r,
                 IntGauge::with_opts(Opts::new(
                     "memory_decrease_reclaims_in_progress",
-                    "Staged memory decreases reclaiming now.",
+                    "Memory decreases reclaiming now (in the background toward a refused limit, a whole-pod step's, a resumed checkpoint's).",
                 ))
                 .map_err(MetricsError::Register)?,
             )?,
@@ -105,7 +105,7 @@ impl DecreaseMetrics {
                 Histogram::with_opts(
                     HistogramOpts::new(
                         "memory_decrease_reclaim_duration_seconds",
-                        "Time a memory decrease below usage took to reclaim: inside the update (inline), or from accepting a staged decrease to its end (converged, deferred or superseded).",
+                        "Time a memory decrease below usage took to reclaim: inside the update (inline), or a reclaim from its start to its end (converged, deferred or superseded).",
                     )
                     .buckets(vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0]),
                 )
