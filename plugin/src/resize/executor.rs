@@ -762,4 +762,51 @@ mod tests {
         assert_eq!(checkpoints(&root), vec!["pod-pA.json".to_string()]);
         connected.close().await;
     }
+
+    /// `app` to `mib` MiB.
+    fn app_to(mib: u64) -> PodResizeRequest {
+        PodResizeRequest {
+            containers: BTreeMap::from([(
+                "app".to_string(),
+                ContainerTarget {
+                    cpu_millis: None,
+                    memory_bytes: Some(mib * MI),
+                },
+            )]),
+        }
+    }
+
+    /// Audit: a step's reclaim put its handle in place of the one in flight for the container
+    /// (here a kubelet-path reclaim toward a refused limit) without cancelling it, so two
+    /// reclaimers worked on one cgroup.
+    #[tokio::test(start_paused = true)]
+    async fn a_steps_reclaim_cancels_the_reclaim_it_replaces() {
+        let mut cfg = Config::default();
+        // The reclaim gives up at its first pass (the fixture's cgroup gives nothing back).
+        cfg.memory_decrease.timeout_ms = 0;
+        let (root, engine, _) = engine_with(&(256 * MI).to_string(), cfg, false);
+        let app = root.path().join("kubepods/podA/app");
+        std::fs::write(app.join("memory.current"), format!("{}\n", 200 * MI)).expect("write");
+        std::fs::write(
+            app.join("memory.stat"),
+            format!("anon 0\nfile {}\nshmem 0\n", 200 * MI),
+        )
+        .expect("write");
+        let older = engine.reclaim_toward_in_flight_for_test("pA", "cA", 150 * MI, 256 * MI);
+        let result = engine.resize_pod("ns", "web", &app_to(100)).await;
+        assert!(
+            matches!(
+                result,
+                Err(ResizeError::Refused {
+                    state: ResizeState::Deferred,
+                    ..
+                })
+            ),
+            "the step's reclaim ran and timed out: {result:?}"
+        );
+        assert!(
+            older.is_cancelled(),
+            "the reclaim the step replaced goes on beside it"
+        );
+    }
 }

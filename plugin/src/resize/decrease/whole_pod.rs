@@ -82,7 +82,7 @@ impl Engine {
         let generation = self
             .reclaim_generation
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.reclaims.locked().insert(
+        let replaced = self.reclaims.locked().insert(
             ctr.id.clone(),
             ReclaimHandle::new(
                 cancel.clone(),
@@ -93,6 +93,11 @@ impl Engine {
             )
             .pausing(self.pause_trimming(&ctr.id)),
         );
+        // One reclaim per container: the one in flight (kubelet's path reclaiming toward a
+        // refused limit, or an older staged decrease) ends here, as `spawn_reclaim` does.
+        if let Some(old) = replaced {
+            old.cancel.cancel();
+        }
         self.state.metrics.decrease.started();
         // Dropped before the outcome is counted (the resize's task stopped at shutdown): the
         // handle and the in-progress gauge must not outlive it.
