@@ -809,4 +809,36 @@ mod tests {
             "the reclaim the step replaced goes on beside it"
         );
     }
+
+    /// Audit: a step lowering a container's memory whose usage could not be read went ahead, and
+    /// the runtime wrote the limit unchecked (on v2, below anonymous usage: an OOM kill).
+    #[tokio::test(start_paused = true)]
+    async fn a_decrease_whose_usage_cannot_be_read_is_deferred_and_never_written() {
+        // The fixture's `app` has no `memory.current`: its usage cannot be read.
+        let (_root, engine, _) = engine_with(&(256 * MI).to_string(), Config::default(), false);
+        let connected = Connected::start(&engine.link).await;
+        let result = engine.resize_pod("ns", "web", &app_to(100)).await;
+        let record = engine.pod_resizes().pop().expect("record");
+        assert!(
+            matches!(
+                result,
+                Err(ResizeError::Refused {
+                    state: ResizeState::Deferred,
+                    ..
+                })
+            ),
+            "{result:?}"
+        );
+        assert_eq!(record.state, Some(ResizeState::Deferred), "{record:?}");
+        assert!(
+            record.reason.contains("app") && record.reason.contains("memory.current"),
+            "the reason names the container and the read that failed: {record:?}"
+        );
+        assert_eq!(
+            connected.runtime.updates.lock().expect("lock").len(),
+            0,
+            "the runtime was asked to write the decrease"
+        );
+        connected.close().await;
+    }
 }
