@@ -17,7 +17,9 @@ use super::records::{from_snapshot, snapshot};
 use super::runtime_update::UpdateError;
 use super::{Engine, PodResize, ResizeError, SnapshotLimits, StepRecord};
 use crate::model::Pod;
-use crate::policy::{check_invariants, plan, Limit, PlanOptions, ResizeState, Step, Violation};
+use crate::policy::{
+    check_invariants, plan, Limit, PlanOptions, PodResources, ResizeState, Step, Violation,
+};
 use crate::sync::Locked as _;
 
 /// Why a step of a whole-pod resize did not complete.
@@ -237,13 +239,11 @@ impl Engine {
                 .unwrap_or_default();
             record.target = target.clone();
             self.pods.locked().insert(pod.id.clone(), record.clone());
-            let current = self.read_current_pod(pod).await?;
+            let current = self.current_or_end(pod, &mut record).await?;
             let steps = match plan(&current, &from_snapshot(&target), &opts) {
                 Ok(p) => p.steps,
                 Err(e) => {
-                    record.state = Some(ResizeState::Error);
-                    record.reason = format!("no safe plan: {e}");
-                    self.pods.locked().insert(pod.id.clone(), record.clone());
+                    self.end_in_error(&mut record, format!("no safe plan: {e}"));
                     return Err(ResizeError::Failed(record.reason));
                 }
             };
@@ -284,9 +284,8 @@ impl Engine {
                         record.attempts = attempts;
                         warn!(pod = %full, step = %step, error = %e, attempts, "resize step failed; backing off");
                         if attempts >= cfg.resize.max_attempts {
-                            record.state = Some(ResizeState::Error);
-                            record.reason = format!("step {step} failed {attempts} times: {e}");
-                            self.pods.locked().insert(pod.id.clone(), record.clone());
+                            let reason = format!("step {step} failed {attempts} times: {e}");
+                            self.end_in_error(&mut record, reason);
                             self.state.metrics.resize_outcome("error");
                             return Err(ResizeError::Failed(record.reason));
                         }
@@ -304,6 +303,32 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// The pod as it stands, to plan from; unreadable, no plan can be made and `record` ends
+    /// in `Error` like a step that failed for good.
+    async fn current_or_end(
+        self: &Arc<Self>,
+        pod: &Pod,
+        record: &mut PodResize,
+    ) -> Result<PodResources, ResizeError> {
+        let read = self.read_current_pod(pod).await;
+        if let Err(e) = &read {
+            warn!(pod = %record.pod, error = %e, "cannot read the pod to plan its resize");
+            self.end_in_error(record, format!("cannot plan from the actual state: {e}"));
+            self.state.metrics.resize_outcome("error");
+        }
+        read
+    }
+
+    /// Ends `record` in `Error` for `reason`: the executor returns next (and `run` removes the
+    /// checkpoint, as after any resize that ended).
+    fn end_in_error(&self, record: &mut PodResize, reason: String) {
+        record.state = Some(ResizeState::Error);
+        record.reason = reason;
+        self.pods
+            .locked()
+            .insert(record.pod_id.clone(), record.clone());
     }
 
     /// Applies one step, reads the pod's cgroups back and checks the invariants on them; the
@@ -840,5 +865,34 @@ mod tests {
             "the runtime was asked to write the decrease"
         );
         connected.close().await;
+    }
+
+    /// Audit: a re-plan whose read of the pod cgroup failed returned with the record still
+    /// `InProgress`, for ever.
+    #[tokio::test(start_paused = true)]
+    async fn a_replan_that_cannot_read_the_pod_cgroup_ends_the_record_in_error() {
+        let (root, engine, _) = engine_with(&(256 * MI).to_string(), pausing(), false);
+        let caller = tokio::spawn({
+            let engine = Arc::clone(&engine);
+            async move { engine.resize_pod("ns", "web", &grow_app_request()).await }
+        });
+        first_step(&engine).await;
+        // The pod cgroup becomes unreadable: the container step fails (no runtime, and its
+        // result cannot be read back), and the plan after its backoff cannot read the pod.
+        std::fs::write(
+            root.path().join("kubepods/podA/memory.max"),
+            "not a number\n",
+        )
+        .expect("write");
+        let result = caller.await.expect("the caller");
+        assert!(result.is_err(), "{result:?}");
+        let record = engine.pod_resizes().pop().expect("record");
+        assert_eq!(record.state, Some(ResizeState::Error), "{record:?}");
+        assert!(record.reason.contains("pod cgroup"), "{record:?}");
+        assert_eq!(
+            checkpoints(&root),
+            Vec::<String>::new(),
+            "checkpoint removed, as after any failed resize"
+        );
     }
 }
