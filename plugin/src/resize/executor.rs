@@ -17,7 +17,9 @@ use super::records::{from_snapshot, snapshot};
 use super::runtime_update::UpdateError;
 use super::{Engine, PodResize, ResizeError, SnapshotLimits, StepRecord};
 use crate::model::Pod;
-use crate::policy::{check_invariants, plan, Limit, PlanOptions, ResizeState, Step, Violation};
+use crate::policy::{
+    check_invariants, plan, Limit, PlanOptions, PodResources, ResizeState, Step, Violation,
+};
 use crate::sync::Locked as _;
 
 /// Why a step of a whole-pod resize did not complete.
@@ -237,13 +239,11 @@ impl Engine {
                 .unwrap_or_default();
             record.target = target.clone();
             self.pods.locked().insert(pod.id.clone(), record.clone());
-            let current = self.read_current_pod(pod).await?;
+            let current = self.current_or_end(pod, &mut record).await?;
             let steps = match plan(&current, &from_snapshot(&target), &opts) {
                 Ok(p) => p.steps,
                 Err(e) => {
-                    record.state = Some(ResizeState::Error);
-                    record.reason = format!("no safe plan: {e}");
-                    self.pods.locked().insert(pod.id.clone(), record.clone());
+                    self.end_in_error(&mut record, format!("no safe plan: {e}"));
                     return Err(ResizeError::Failed(record.reason));
                 }
             };
@@ -284,9 +284,8 @@ impl Engine {
                         record.attempts = attempts;
                         warn!(pod = %full, step = %step, error = %e, attempts, "resize step failed; backing off");
                         if attempts >= cfg.resize.max_attempts {
-                            record.state = Some(ResizeState::Error);
-                            record.reason = format!("step {step} failed {attempts} times: {e}");
-                            self.pods.locked().insert(pod.id.clone(), record.clone());
+                            let reason = format!("step {step} failed {attempts} times: {e}");
+                            self.end_in_error(&mut record, reason);
                             self.state.metrics.resize_outcome("error");
                             return Err(ResizeError::Failed(record.reason));
                         }
@@ -304,6 +303,32 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// The pod as it stands, to plan from; unreadable, no plan can be made and `record` ends
+    /// in `Error` like a step that failed for good.
+    async fn current_or_end(
+        self: &Arc<Self>,
+        pod: &Pod,
+        record: &mut PodResize,
+    ) -> Result<PodResources, ResizeError> {
+        let read = self.read_current_pod(pod).await;
+        if let Err(e) = &read {
+            warn!(pod = %record.pod, error = %e, "cannot read the pod to plan its resize");
+            self.end_in_error(record, format!("cannot plan from the actual state: {e}"));
+            self.state.metrics.resize_outcome("error");
+        }
+        read
+    }
+
+    /// Ends `record` in `Error` for `reason`: the executor returns next (and `run` removes the
+    /// checkpoint, as after any resize that ended).
+    fn end_in_error(&self, record: &mut PodResize, reason: String) {
+        record.state = Some(ResizeState::Error);
+        record.reason = reason;
+        self.pods
+            .locked()
+            .insert(record.pod_id.clone(), record.clone());
     }
 
     /// Applies one step, reads the pod's cgroups back and checks the invariants on them; the
@@ -761,5 +786,113 @@ mod tests {
         );
         assert_eq!(checkpoints(&root), vec!["pod-pA.json".to_string()]);
         connected.close().await;
+    }
+
+    /// `app` to `mib` MiB.
+    fn app_to(mib: u64) -> PodResizeRequest {
+        PodResizeRequest {
+            containers: BTreeMap::from([(
+                "app".to_string(),
+                ContainerTarget {
+                    cpu_millis: None,
+                    memory_bytes: Some(mib * MI),
+                },
+            )]),
+        }
+    }
+
+    /// Audit: a step's reclaim put its handle in place of the one in flight for the container
+    /// (here a kubelet-path reclaim toward a refused limit) without cancelling it, so two
+    /// reclaimers worked on one cgroup.
+    #[tokio::test(start_paused = true)]
+    async fn a_steps_reclaim_cancels_the_reclaim_it_replaces() {
+        let mut cfg = Config::default();
+        // The reclaim gives up at its first pass (the fixture's cgroup gives nothing back).
+        cfg.memory_decrease.timeout_ms = 0;
+        let (root, engine, _) = engine_with(&(256 * MI).to_string(), cfg, false);
+        let app = root.path().join("kubepods/podA/app");
+        std::fs::write(app.join("memory.current"), format!("{}\n", 200 * MI)).expect("write");
+        std::fs::write(
+            app.join("memory.stat"),
+            format!("anon 0\nfile {}\nshmem 0\n", 200 * MI),
+        )
+        .expect("write");
+        let older = engine.reclaim_toward_in_flight_for_test("pA", "cA", 150 * MI, 256 * MI);
+        let result = engine.resize_pod("ns", "web", &app_to(100)).await;
+        assert!(
+            matches!(
+                result,
+                Err(ResizeError::Refused {
+                    state: ResizeState::Deferred,
+                    ..
+                })
+            ),
+            "the step's reclaim ran and timed out: {result:?}"
+        );
+        assert!(
+            older.is_cancelled(),
+            "the reclaim the step replaced goes on beside it"
+        );
+    }
+
+    /// Audit: a step lowering a container's memory whose usage could not be read went ahead, and
+    /// the runtime wrote the limit unchecked (on v2, below anonymous usage: an OOM kill).
+    #[tokio::test(start_paused = true)]
+    async fn a_decrease_whose_usage_cannot_be_read_is_deferred_and_never_written() {
+        // The fixture's `app` has no `memory.current`: its usage cannot be read.
+        let (_root, engine, _) = engine_with(&(256 * MI).to_string(), Config::default(), false);
+        let connected = Connected::start(&engine.link).await;
+        let result = engine.resize_pod("ns", "web", &app_to(100)).await;
+        let record = engine.pod_resizes().pop().expect("record");
+        assert!(
+            matches!(
+                result,
+                Err(ResizeError::Refused {
+                    state: ResizeState::Deferred,
+                    ..
+                })
+            ),
+            "{result:?}"
+        );
+        assert_eq!(record.state, Some(ResizeState::Deferred), "{record:?}");
+        assert!(
+            record.reason.contains("app") && record.reason.contains("memory.current"),
+            "the reason names the container and the read that failed: {record:?}"
+        );
+        assert_eq!(
+            connected.runtime.updates.lock().expect("lock").len(),
+            0,
+            "the runtime was asked to write the decrease"
+        );
+        connected.close().await;
+    }
+
+    /// Audit: a re-plan whose read of the pod cgroup failed returned with the record still
+    /// `InProgress`, for ever.
+    #[tokio::test(start_paused = true)]
+    async fn a_replan_that_cannot_read_the_pod_cgroup_ends_the_record_in_error() {
+        let (root, engine, _) = engine_with(&(256 * MI).to_string(), pausing(), false);
+        let caller = tokio::spawn({
+            let engine = Arc::clone(&engine);
+            async move { engine.resize_pod("ns", "web", &grow_app_request()).await }
+        });
+        first_step(&engine).await;
+        // The pod cgroup becomes unreadable: the container step fails (no runtime, and its
+        // result cannot be read back), and the plan after its backoff cannot read the pod.
+        std::fs::write(
+            root.path().join("kubepods/podA/memory.max"),
+            "not a number\n",
+        )
+        .expect("write");
+        let result = caller.await.expect("the caller");
+        assert!(result.is_err(), "{result:?}");
+        let record = engine.pod_resizes().pop().expect("record");
+        assert_eq!(record.state, Some(ResizeState::Error), "{record:?}");
+        assert!(record.reason.contains("pod cgroup"), "{record:?}");
+        assert_eq!(
+            checkpoints(&root),
+            Vec::<String>::new(),
+            "checkpoint removed, as after any failed resize"
+        );
     }
 }

@@ -282,6 +282,34 @@ impl Engine {
         }
     }
 
+    /// Tests: a reclaim toward refused limit `target` (kubelet's path, [`toward`]) in flight for
+    /// `container_id` of `pod_id`, which keeps `kept`; its token.
+    #[cfg(test)]
+    pub(in crate::resize) fn reclaim_toward_in_flight_for_test(
+        &self,
+        pod_id: &str,
+        container_id: &str,
+        target: u64,
+        kept: u64,
+    ) -> CancellationToken {
+        let cancel = CancellationToken::new();
+        let generation = self
+            .reclaim_generation
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.reclaims.locked().insert(
+            container_id.to_owned(),
+            ReclaimHandle::new(
+                cancel.clone(),
+                Arc::new(Notify::new()),
+                pod_id.to_owned(),
+                (target, kept),
+                generation,
+            )
+            .toward(),
+        );
+        cancel
+    }
+
     /// Cancels the staged decreases of every container of `pod_id` (a newer whole-pod request).
     pub(in crate::resize) fn supersede_pod_reclaims(&self, pod_id: &str) {
         let ids: Vec<String> = self

@@ -5,16 +5,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
+use tracing::warn;
 
 use super::{
     deferred_outcome, memory_limit, node_has_swap, DecreaseVerdict, Engine, ReclaimHandle,
 };
-use crate::cgroup::{container_path, CgroupIo};
+use crate::cgroup::{container_path, CgroupIo, Cgroups};
 use crate::metrics::DecreaseOutcome;
 use crate::model::{Container, Pod};
 use crate::policy::{
     bytes_text, effective_decrease_strategy, not_reclaimable_reason, plan_decrease, DecreasePlan,
-    MemoryDecreaseStrategy,
+    MemoryDecreaseStrategy, MemoryUse,
 };
 use crate::resize::executor::{StepError, StepFailure};
 use crate::resize::reclaim::{reclaim_to, ReclaimJob, ReclaimOutcome};
@@ -35,14 +36,15 @@ impl Engine {
         let Ok(cgroup) = container_path(&ctr.cgroups_path) else {
             return Ok(());
         };
-        let (cg_read, path) = (cg.clone(), cgroup.clone());
-        let read = tokio::task::spawn_blocking(move || cg_read.memory_use(&path)).await;
-        let Ok(Ok(usage)) = read else {
+        let current = ctr.resources.as_ref().and_then(memory_limit);
+        let Some(usage) = self
+            .usage_before_step(pod, ctr, &cg, &cgroup, current, target)
+            .await?
+        else {
             return Ok(());
         };
         let cfg = self.config();
         let md = &cfg.memory_decrease;
-        let current = ctr.resources.as_ref().and_then(memory_limit);
         let DecreasePlan::Staged { interim, .. } =
             plan_decrease(current, target, usage.usage, md.headroom)
         else {
@@ -82,7 +84,7 @@ impl Engine {
         let generation = self
             .reclaim_generation
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.reclaims.locked().insert(
+        let replaced = self.reclaims.locked().insert(
             ctr.id.clone(),
             ReclaimHandle::new(
                 cancel.clone(),
@@ -93,6 +95,11 @@ impl Engine {
             )
             .pausing(self.pause_trimming(&ctr.id)),
         );
+        // One reclaim per container: the one in flight (kubelet's path reclaiming toward a
+        // refused limit, or an older staged decrease) ends here, as `spawn_reclaim` does.
+        if let Some(old) = replaced {
+            old.cancel.cancel();
+        }
         self.state.metrics.decrease.started();
         // Dropped before the outcome is counted (the resize's task stopped at shutdown): the
         // handle and the in-progress gauge must not outlive it.
@@ -123,6 +130,39 @@ impl Engine {
         let secs = started.elapsed().as_secs_f64();
         self.reclaim_step_result(ctr, target, interim, md.timeout_ms / 1000, outcome, secs)
             .await
+    }
+
+    /// The memory use of `ctr` before its step writes `target` over `current`. A decrease whose
+    /// usage cannot be read is refused (Deferred): unchecked, a limit below usage is an OOM kill
+    /// on cgroup v2, as on kubelet's path. `None`: unreadable, but the step does not lower the
+    /// limit, so there is nothing to check.
+    async fn usage_before_step(
+        &self,
+        pod: &Pod,
+        ctr: &Container,
+        cg: &Cgroups,
+        cgroup: &std::path::Path,
+        current: Option<u64>,
+        target: u64,
+    ) -> Result<Option<MemoryUse>, StepFailure> {
+        let (cg, path) = (cg.clone(), cgroup.to_owned());
+        let read = match tokio::task::spawn_blocking(move || cg.memory_use(&path)).await {
+            Ok(read) => read.map_err(|e| e.to_string()),
+            Err(e) => Err(format!("reading thread: {e}")),
+        };
+        match read {
+            Ok(usage) => Ok(Some(usage)),
+            Err(_) if current.is_some_and(|c| target >= c) => Ok(None),
+            Err(e) => {
+                warn!(container = %ctr.name, pod = %pod.full_name(), error = %e, "memory usage unreadable: the decrease is refused until it can be checked");
+                self.state.metrics.decrease.outcome(DecreaseOutcome::Error);
+                Err(StepFailure::Deferred(format!(
+                    "{}: memory usage unreadable ({e}): a memory decrease to {} is refused until it can be checked against usage",
+                    ctr.name,
+                    bytes_text(target)
+                )))
+            }
+        }
     }
 
     /// A whole-pod step's reclaim as the step's result: done, Deferred (the limit kept applied

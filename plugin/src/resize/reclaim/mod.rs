@@ -202,7 +202,14 @@ pub fn reclaim_with_clock(
             let kept = safe_limit(limit_now, job.target, usage, job.headroom);
             if v1 && kept < limit_now && !cancel.is_cancelled() {
                 // Best effort: a refusal keeps the (higher, still safe) limit in place.
-                if io.set_memory_limit(&job.cgroup, Some(kept)).is_ok() {
+                let written = io.set_memory_limit(&job.cgroup, Some(kept)).is_ok();
+                // Superseded while the kernel reclaimed inside the write: `Cancelled`, not
+                // `TimedOut`, whose `kept` the caller would have the runtime apply over the
+                // newer update's limit (see `v1_pass` on the write itself).
+                if cancel.is_cancelled() {
+                    return cancelled(restore_high(&mut high));
+                }
+                if written {
                     limit_now = kept;
                 }
             }
@@ -245,8 +252,19 @@ fn restore_failed(e: &CgroupError) -> ReclaimOutcome {
 }
 
 /// v1: try the target; on `EBUSY` let the limit follow usage down. Every write is preceded by a
-/// look at `cancel`: once a newer update has superseded the decrease, no lower limit is written
+/// look at `cancel`, and a write during which it fired is the last (the loop then ends
+/// `Cancelled`): once a newer update has superseded the decrease, no lower limit is written
 /// over the runtime's.
+///
+/// The write that raced the cancel is the one left. A v1 limit write blocks while the kernel
+/// reclaims, and the newer update's limit is written by the runtime only after the handler
+/// that cancelled us answered; so a write of ours that returned before then lands first and
+/// the newer limit last. One still inside the kernel at that moment can land after it: the
+/// kernel (`mem_cgroup_resize_max`) sets the limit anew between rounds of reclaim, so the
+/// container can be left at our lower limit instead of the newer one. Nothing here can stop a
+/// write under way (only a signal interrupts it), and the loop does not know the newer limit
+/// to put it back: that race stays open (closing it needs the caller to write the newer limit
+/// again after a v1 loop ended `Cancelled` with a write under way).
 fn v1_pass(
     io: &dyn CgroupIo,
     job: &ReclaimJob,
@@ -256,7 +274,15 @@ fn v1_pass(
     if cancel.is_cancelled() {
         return Ok(());
     }
-    match io.set_memory_limit(&job.cgroup, Some(job.target)) {
+    let wrote = io.set_memory_limit(&job.cgroup, Some(job.target));
+    if cancel.is_cancelled() {
+        // Superseded during the write: nothing follows it (the loop ends `Cancelled`).
+        if wrote.is_ok() {
+            *limit_now = job.target;
+        }
+        return Ok(());
+    }
+    match wrote {
         Ok(()) => {
             *limit_now = job.target;
             Ok(())

@@ -779,3 +779,114 @@ fn a_supersede_at_any_call_of_the_loop_stops_it_there() {
         }
     }
 }
+
+/// A v1 memcg whose limit writes answer from a script (`Ok` or `EBUSY`, in order), holding
+/// 300 MiB it never gives back; its `cancel_at`-th write is where a newer update supersedes the
+/// decrease (the token fires inside the write, as while the kernel reclaims in it).
+#[derive(Debug)]
+struct ScriptedV1 {
+    /// Whether each write succeeds, in order.
+    script: Vec<bool>,
+    cancel_at: usize,
+    cancel: CancellationToken,
+    /// Every limit write (MiB), and whether the token had fired when it was made.
+    writes: Mutex<Vec<(u64, bool)>>,
+}
+
+impl CgroupIo for ScriptedV1 {
+    fn version(&self) -> CgroupVersion {
+        CgroupVersion::V1
+    }
+    fn read_actual(&self, _: &std::path::Path) -> Result<ActualResources, CgroupError> {
+        unreachable!()
+    }
+    fn read_limits(&self, _: &std::path::Path) -> Result<crate::cgroup::CgroupLimits, CgroupError> {
+        unreachable!()
+    }
+    fn set_cpu_limit(&self, _: &std::path::Path, _: CpuLimit) -> Result<(), CgroupError> {
+        unreachable!()
+    }
+    fn procs(&self, _: &std::path::Path) -> Result<Vec<u32>, CgroupError> {
+        unreachable!()
+    }
+    fn set_memory_limit(&self, _: &std::path::Path, limit: Option<u64>) -> Result<(), CgroupError> {
+        let l = limit.unwrap();
+        let mut writes = self.writes.lock().unwrap();
+        writes.push((l / MIB, self.cancel.is_cancelled()));
+        let n = writes.len();
+        if n == self.cancel_at {
+            self.cancel.cancel();
+        }
+        if self.script.get(n - 1).copied().unwrap_or(false) {
+            Ok(())
+        } else {
+            Err(CgroupError::Busy {
+                path: "/x".into(),
+                value: l.to_string(),
+                source: std::io::Error::from_raw_os_error(libc::EBUSY),
+            })
+        }
+    }
+    fn memory_use(&self, _: &std::path::Path) -> Result<MemoryUse, CgroupError> {
+        Ok(MemoryUse {
+            usage: 300 * MIB,
+            anon: 300 * MIB,
+            shmem: 0,
+            file: 0,
+        })
+    }
+    fn reclaim(&self, _: &std::path::Path, _: u64) -> Result<(), CgroupError> {
+        unreachable!("v1 never writes memory.reclaim")
+    }
+    fn set_memory_high(&self, _: &std::path::Path, _: Option<u64>) -> Result<(), CgroupError> {
+        unreachable!("v1 has no memory.high")
+    }
+    fn memory_high(&self, _: &std::path::Path) -> Result<Option<u64>, CgroupError> {
+        Ok(None)
+    }
+}
+
+/// Audit: on v1 a limit write blocks while the kernel reclaims, so a newer update can supersede
+/// the decrease during it. Whichever write that is (the target, the limit following usage down,
+/// or the kept limit written at the timeout), once it returns nothing more is written and the
+/// loop ends `Cancelled`: never `TimedOut` with a `kept` limit the caller would have the runtime
+/// apply over the newer update's.
+#[test]
+fn a_v1_decrease_superseded_during_a_limit_write_writes_nothing_after_it() {
+    // The job times out after its first pass: target 100, following usage down to 316, then
+    // keeping 316 at the timeout.
+    let cases: [(&str, Vec<bool>, usize); 4] = [
+        ("the target write, refused", vec![false], 1),
+        ("the follow-down write", vec![false, true], 2),
+        (
+            "the timeout's write of the kept limit",
+            vec![false, false, true],
+            3,
+        ),
+        (
+            "the timeout's write of the kept limit, refused",
+            vec![false, false, false],
+            3,
+        ),
+    ];
+    for (name, script, cancel_at) in cases {
+        let io = ScriptedV1 {
+            script,
+            cancel_at,
+            cancel: CancellationToken::new(),
+            writes: Mutex::new(Vec::new()),
+        };
+        let mut j = job(100 * MIB, 400 * MIB);
+        j.timeout = Duration::ZERO;
+        let clock = FakeClock::new();
+        let cancel = io.cancel.clone();
+        let out = reclaim_with_clock(&io, &j, &clock, &cancel, |_| {});
+        let writes = io.writes.lock().unwrap().clone();
+        assert_eq!(writes.len(), cancel_at, "{name}: {writes:?}");
+        assert!(
+            writes.iter().all(|(_, late)| !late),
+            "{name}: a limit written after the supersede: {writes:?}"
+        );
+        assert_eq!(out, ReclaimOutcome::Cancelled, "{name}: {writes:?}");
+    }
+}
