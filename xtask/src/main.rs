@@ -306,6 +306,14 @@ fn test(fuzz_seconds: u64) -> anyhow::Result<()> {
             ]),
         )
     });
+    // The README's other set-up command, as a newcomer runs it: its narration must end in
+    // the status table (the plugin binary is the containerd tier's).
+    tier(&mut results, "demo", || {
+        run(
+            "the demo (cargo xtask demo's narrated run)",
+            cargo().args(["run", "-q", "-p", "nri-resize-tests", "--bin", "demo"]),
+        )
+    });
     tier(&mut results, "fuzz", || {
         fuzz(
             &FUZZ_TARGETS,
@@ -447,7 +455,9 @@ pub const TEST_DAEMON_BUILD: [&str; 7] = [
 ];
 
 fn demo() -> anyhow::Result<()> {
-    setup(false)?;
+    // The eBPF toolchain too: the demo builds the observer's programs (a fresh machine has
+    // neither Debian's rustc-web nor bpf-linker until this installs them).
+    setup(true)?;
     // As `test` does: the eBPF object first, so that the daemon built next embeds it (build.rs
     // reads NRI_RESIZE_EBPF_OBJ, which build_ebpf sets) and the demo shows the eBPF observer
     // rather than its polling fallbacks.
@@ -810,7 +820,18 @@ fn parse_arches(arg: Option<&str>) -> anyhow::Result<Vec<cross::Arch>> {
     Ok(arches)
 }
 
-fn main() -> anyhow::Result<()> {
+/// Every failure ends as one sentence with its causes (`error: … : …`), never a backtrace.
+fn main() -> std::process::ExitCode {
+    match xtask_main() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("\nerror: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn xtask_main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let arg = |name: &str| {
         args.iter()
