@@ -808,6 +808,77 @@ async fn a_newer_request_mid_resize_wins() {
     assert_cgroups(&ctrd, &pod, &ids, &newest, "latest wins").await;
 }
 
+/// kubelet's `UpdateContainerResources` in flight while nri-resize's own whole-pod API updates
+/// the same pod through NRI `UpdateContainers`: containerd before NRI v0.12.1 can deadlock on
+/// the two (containerd/containerd#13733), so the plugin sends its update only once none of the
+/// runtime's own is in flight (`nri::update_window`). Rounds of both at once, each bounded: none
+/// hangs, and the runtime still answers CRI afterwards.
+async fn kubelet_updates_beside_whole_pod_resizes(version: ContainerdVersion) {
+    let ctrd = Containerd::start(version, ContainerdOptions::default()).await;
+    let plugin = PluginProcess::start_ready(&ctrd, "nri-resize", None).await;
+    let api = plugin.api();
+    let (pod, ids) = three_guaranteed_containers(&ctrd, "overlap").await;
+    for round in 0..6u64 {
+        let cpu = 300 + 100 * (round % 3);
+        let want = targets(&[
+            ("a", cpu, 128 * MIB),
+            ("b", 500, 128 * MIB),
+            ("c", 500, 128 * MIB),
+        ]);
+        let quota = if round % 2 == 0 { 40_000 } else { 50_000 };
+        let whole_pod = {
+            let (api, ns, name) = (api.clone(), pod.namespace.clone(), pod.name.clone());
+            tokio::spawn(async move { api.resize_pod(&ns, &name, &want).await })
+        };
+        let b_limits = Resources::limits(quota, 128 * MIB);
+        let both = tokio::time::timeout(Duration::from_secs(60), async {
+            let (k, w) = tokio::join!(
+                ctrd.update_container_resources(&ids["b"], &b_limits),
+                whole_pod
+            );
+            (k, w.expect("join"))
+        })
+        .await;
+        let (k, w) = both.unwrap_or_else(|_| {
+            panic!(
+                "round {round}: kubelet's update and the whole-pod resize hung together\n{}\n{}",
+                plugin.log_tail(40),
+                ctrd.log_tail(40)
+            )
+        });
+        eprintln!(
+            "round {round}: kubelet's update {}, whole-pod resize {}",
+            if k.is_ok() { "ok" } else { "refused" },
+            match &w {
+                Ok(r) => format!("{} step(s)", r.steps.len()),
+                Err(e) => format!("ended: {e}"),
+            }
+        );
+        k.unwrap_or_else(|e| panic!("round {round}: kubelet's CPU update failed: {e:?}"));
+    }
+    tokio::time::timeout(Duration::from_secs(10), ctrd.container_status(&ids["b"]))
+        .await
+        .expect("the runtime still answers CRI")
+        .expect("ContainerStatus");
+    assert!(api.status().await.is_ok(), "the plugin still serves");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kubelet_updates_beside_whole_pod_resizes_never_hang_containerd_1_7() {
+    Box::pin(kubelet_updates_beside_whole_pod_resizes(
+        ContainerdVersion::V1_7,
+    ))
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kubelet_updates_beside_whole_pod_resizes_never_hang_containerd_2() {
+    Box::pin(kubelet_updates_beside_whole_pod_resizes(
+        ContainerdVersion::V2,
+    ))
+    .await;
+}
+
 /// `nri-resize resize` of `pod` to `want`, as a child process (stdout and stderr piped).
 fn cli_resize(plugin: &PluginProcess, pod: &Pod, want: &[(&str, u64, i64)]) -> std::process::Child {
     std::process::Command::new(plugin_binary())

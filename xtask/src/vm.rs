@@ -188,6 +188,7 @@ const TWINS_1_7: &[&str] = &[
     "slow_usage_read_refuses_a_memory_decrease_containerd_1_7",
     "a_container_raised_above_its_pod_cgroup_is_reported_capped_containerd_1_7",
     "vpa_decrease_with_and_without_trimming_containerd_1_7",
+    "kubelet_updates_beside_whole_pod_resizes_never_hang_containerd_1_7",
 ];
 /// Twins named for 2, left out where every containerd is 1.7.24 (their `_1_7` twin runs).
 const TWINS_2: &[&str] = &[
@@ -206,6 +207,7 @@ const TWINS_2: &[&str] = &[
     "slow_usage_read_refuses_a_memory_decrease_containerd_2",
     "a_container_raised_above_its_pod_cgroup_is_reported_capped_containerd_2",
     "vpa_decrease_with_and_without_trimming_containerd_2",
+    "kubelet_updates_beside_whole_pod_resizes_never_hang_containerd_2",
 ];
 
 /// Tests that are not twins, of suites whose guest runs are split between two runs: these run

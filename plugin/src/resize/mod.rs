@@ -16,7 +16,7 @@
 //! `mode = "Observe"` decides and reports everything but changes nothing.
 //!
 //! One idea per file: `update` (the kubelet path), `admission`, `decrease` (memory decreases
-//! below usage), `eviction` (restarts), `whole_pod` and `executor` (API resizes),
+//! below usage: refused on the kubelet path, never an interim limit), `eviction` (restarts), `whole_pod` and `executor` (API resizes),
 //! `pod_checkpoint`, `pod_cgroup` (cgroupfs I/O of the pod), `records` (what `status` reads),
 //! `reevaluate` (after capacity changes).
 
@@ -71,7 +71,7 @@ pub struct Engine {
     /// Latest target per pod id, and whether an executor is running for it.
     targets: Mutex<HashMap<String, (SnapshotLimits, bool)>>,
     resumed: std::sync::atomic::AtomicBool,
-    /// Staged memory decreases in flight, by container id.
+    /// Reclaims in flight, by container id: one per container (see [`decrease::ReclaimHandle`]).
     reclaims: Mutex<HashMap<String, decrease::ReclaimHandle>>,
     reclaim_generation: std::sync::atomic::AtomicU64,
     /// Held around the reclaim checkpoints' file I/O together with the ownership check that

@@ -45,7 +45,9 @@ use crate::policy::mib;
 use crate::sync::Locked as _;
 use crate::trim::TrimPause;
 
-/// A staged decrease in flight.
+/// A reclaim of a container in flight, the container's one: a whole-pod step's, a staged
+/// decrease resumed from a checkpoint, or the background reclaim toward a limit kubelet was
+/// refused ([`toward`]). A newer one cancels the one it replaces.
 #[derive(Debug)]
 pub(in crate::resize) struct ReclaimHandle {
     pub(super) cancel: CancellationToken,
