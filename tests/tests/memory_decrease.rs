@@ -667,7 +667,7 @@ async fn kubelet_sees_progress_and_reason(version: ContainerdVersion) {
         eprintln!(
             "try {n} {}: kubelet's condition message: {}",
             ctrd.version(),
-            err.message()
+            s.condition.as_ref().map_or("", |c| c.message())
         );
         assert!(
             err.message().contains("usage")
