@@ -47,7 +47,7 @@ mod crio;
 mod go_plugin;
 mod image;
 mod images;
-mod kubelet;
+pub mod kubelet;
 mod plugin;
 mod pod;
 pub mod probe;
@@ -70,7 +70,10 @@ pub use images::{
 };
 /// The CRI v1 API (types and clients) from crate `k8s-cri`.
 pub use k8s_cri::v1 as cri;
-pub use kubelet::{KubeletPodResize, KubeletResize, KubeletSync, KubeletVersion};
+pub use kubelet::{
+    Actuated, Kubelet, KubeletEvent, KubeletPodResize, KubeletResize, KubeletSync, KubeletVersion,
+    PodResizeCondition, StatsRuntime, UsageCache, VpaAction, VpaMode,
+};
 pub use plugin::{plugin_binary, resize_record, settled, PluginProcess};
 pub use pod::{ContainerSpec, Pod, PodSpec, Resources};
 pub use systemd::{CgroupDriver, CGROUP_DRIVER_ENV};

@@ -30,7 +30,8 @@ use nri_resize::policy::ResizeState;
 use nri_resize_tests::cri::ContainerState;
 use nri_resize_tests::{
     resize_record, scrape_metrics, settled, CgroupMode, Containerd, ContainerdOptions,
-    ContainerdVersion, KubeletResize, KubeletVersion, PluginProcess, Pod, Resources,
+    ContainerdVersion, KubeletResize, KubeletVersion, PluginProcess, Pod, Resources, VpaAction,
+    VpaMode,
 };
 
 const MIB: i64 = 1 << 20;
@@ -629,7 +630,9 @@ async fn shared_memory_counts_as_unreclaimable() {
 /// What kubelet sees, try by try, when it drives a decrease below anonymous usage (kubelet
 /// 1.33's path: no usage check; a refused update fails the sync and the pod worker retries):
 /// every try is refused with the figures, which kubelet puts in the pod's `PodResizeInProgress`
-/// condition (reason `Error`); nothing of the update is applied (kubelet sends it whole again),
+/// condition (reason `Error`, the runtime's message: the model in `nri_resize_tests::kubelet`),
+/// on which VPA `InPlaceOrRecreate` evicts and `InPlace` waits; nothing of the update is
+/// applied (kubelet sends the memory update again, the CPU one never before it is accepted),
 /// the pod cgroup is never lowered, and nothing is killed.
 async fn kubelet_sees_progress_and_reason(version: ContainerdVersion) {
     let ctrd = Containerd::start(version, ContainerdOptions::default()).await;
@@ -664,7 +667,7 @@ async fn kubelet_sees_progress_and_reason(version: ContainerdVersion) {
         eprintln!(
             "try {n} {}: kubelet's condition message: {}",
             ctrd.version(),
-            err.message()
+            s.condition.as_ref().map_or("", |c| c.message())
         );
         assert!(
             err.message().contains("usage")
@@ -675,6 +678,26 @@ async fn kubelet_sees_progress_and_reason(version: ContainerdVersion) {
             "try {n}: the figures and the reason: {err:?}"
         );
         assert_eq!(s.pod_written, None, "try {n}: the pod cgroup was written");
+        let condition = s.condition.as_ref().expect("a resize condition");
+        assert_eq!(
+            (condition.type_name(), condition.reason()),
+            ("PodResizeInProgress", "Error"),
+            "try {n}: {condition:?}"
+        );
+        assert!(
+            condition.message().contains(err.message()),
+            "try {n}: the condition carries the runtime's message: {condition:?}"
+        );
+        assert_eq!(
+            s.vpa_next(VpaMode::InPlaceOrRecreate, Duration::from_secs(1)),
+            VpaAction::Evict,
+            "try {n}: VPA InPlaceOrRecreate evicts on the Error condition"
+        );
+        assert_eq!(
+            s.vpa_next(VpaMode::InPlace, Duration::from_secs(1)),
+            VpaAction::WaitForNewRecommendation,
+            "try {n}: VPA InPlace does not evict"
+        );
         assert_eq!(
             spec(ctrd.container_resources(&id).await.expect("status")),
             before,
