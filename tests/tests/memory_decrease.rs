@@ -1,6 +1,6 @@
 //! Safe memory decrease against real containerd, runc and cgroups (issues 5 and 36), side by
 //! side with the naive path (the same containerd without the plugin: the runtime writes the new
-//! limit). The plugin's side is driven as kubelet 1.33 drives it (`tests/src/kubelet.rs`,
+//! limit). The plugin's side is driven as kubelet 1.33 drives it (`tests/src/kubelet/`,
 //! `KubeletVersion::V1_33`): no usage check, so the decrease reaches the runtime, and the pod
 //! cgroup (512 MiB, what kubelet writes for the pod) lowered right after an accepted update.
 //!

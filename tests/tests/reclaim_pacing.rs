@@ -24,7 +24,7 @@
 //! README).
 //!
 //! The decrease is sent as kubelet 1.33 sends it (CRI `UpdateContainerResources` directly, usage
-//! above the new limit); kubelet ≥ 1.34 blocks it (`tests/src/kubelet.rs`).
+//! above the new limit); kubelet ≥ 1.34 blocks it (`tests/src/kubelet/`).
 
 use std::time::{Duration, Instant, SystemTime};
 

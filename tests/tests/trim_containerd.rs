@@ -1,4 +1,4 @@
-//! A VPA-driven memory decrease under today's kubelet (≥ 1.34, `tests/src/kubelet.rs`), with and
+//! A VPA-driven memory decrease under today's kubelet (≥ 1.34, `tests/src/kubelet/`), with and
 //! without working-set trimming, against real containerd (issue 24).
 //!
 //! kubelet does not send a memory decrease while the container's usage (page cache included) is
