@@ -40,7 +40,7 @@ pub enum ConfigError {
 ///
 /// [resize]
 /// mode = "Enforce"              # or "Observe": decide and report, change nothing
-/// reserved_memory = "1Gi"       # node memory kept back from admission (a Kubernetes quantity)
+/// reserved_memory = "0"         # node memory kept back from admission (a Kubernetes quantity)
 /// reserved_cpu = "500m"         # CPU kept back from admission (requests), a Kubernetes quantity
 /// step_pause = "0s"             # pause between the steps of a whole-pod resize
 /// max_attempts = 5              # attempts of a whole-pod resize before it is an Error
