@@ -62,7 +62,6 @@ async fn state_of(api: &ApiClient, id: &str) -> Option<nri_resize::resize::Conta
     api.resizes().await.ok()?.containers.get(id).cloned()
 }
 
-/// Waits (event-driven: polls the status API, no fixed sleep) until the staged decrease of `id`
 /// The staged-decrease checkpoints in the plugin's state directory.
 fn reclaim_checkpoints(plugin: &PluginProcess) -> Vec<String> {
     std::fs::read_dir(&plugin.state_dir)
@@ -73,6 +72,7 @@ fn reclaim_checkpoints(plugin: &PluginProcess) -> Vec<String> {
         .collect()
 }
 
+/// Waits (event-driven: polls the status API, no fixed sleep) until the staged decrease of `id`
 /// is `InProgress`; returns its record. Panics with the plugin's log after `within`.
 async fn reclaiming(
     plugin: &PluginProcess,

@@ -249,10 +249,23 @@ pub fn not_page_cache(used: &MemoryUse) -> u64 {
         .max(used.unreclaimable())
 }
 
+/// What becomes of the page cache standing in the way of a refused decrease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheReclaim {
+    /// It keeps being reclaimed after the answer (cgroup v2), so kubelet's next try can pass.
+    Background,
+    /// Each of kubelet's tries reclaims inside the update again (cgroup v1: no reclaim but a
+    /// limit write).
+    AtNextTry,
+    /// Nothing reclaims it (`inline_max = 0` on cgroup v1, or `mode = "Observe"`): the decrease
+    /// waits for the workload's usage to fall.
+    Off,
+}
+
 /// Why a kubelet-driven decrease of a container to `target` is refused while its usage is above
-/// it (`used`, read after the reclaim inside the update). `background`: the page cache in the
-/// way keeps being reclaimed after the answer (cgroup v2), so kubelet's next try can pass.
-pub fn below_usage_reason(used: &MemoryUse, target: u64, background: bool) -> String {
+/// it (`used`, read after the reclaim inside the update); `cache`: what becomes of the page
+/// cache in the way.
+pub fn below_usage_reason(used: &MemoryUse, target: u64, cache: CacheReclaim) -> String {
     let head = format!(
         "usage {} above the requested limit {}",
         bytes_text(used.usage),
@@ -270,10 +283,14 @@ pub fn below_usage_reason(used: &MemoryUse, target: u64, background: bool) -> St
             bytes_text(unreclaimable)
         );
     }
-    let then = if background {
-        "it is being reclaimed in the background, and kubelet's next try applies the limit once usage fits"
-    } else {
-        "kubelet's next try reclaims it again"
+    let then = match cache {
+        CacheReclaim::Background => {
+            "it is being reclaimed in the background, and kubelet's next try applies the limit once usage fits"
+        }
+        CacheReclaim::AtNextTry => "kubelet's next try reclaims it again",
+        CacheReclaim::Off => {
+            "nothing reclaims it here ([memory_decrease] inline_max = 0 on cgroup v1): the decrease waits for usage to fall"
+        }
     };
     format!(
         "{head}: {} of it is page cache, not reclaimed within the update's deadline; {then}",
@@ -330,7 +347,7 @@ mod tests {
             file: 10 * MI,
         };
         assert_eq!(
-            below_usage_reason(&anon, 100 * MI, false),
+            below_usage_reason(&anon, 100 * MI, CacheReclaim::AtNextTry),
             "usage 310Mi above the requested limit 100Mi: 300Mi of anonymous memory cannot be reclaimed, and a limit below it would OOM-kill the container"
         );
         let cache = MemoryUse {
@@ -340,11 +357,15 @@ mod tests {
             file: 290 * MI,
         };
         assert_eq!(
-            below_usage_reason(&cache, 100 * MI, true),
+            below_usage_reason(&cache, 100 * MI, CacheReclaim::Background),
             "usage 310Mi above the requested limit 100Mi: 290Mi of it is page cache, not reclaimed within the update's deadline; it is being reclaimed in the background, and kubelet's next try applies the limit once usage fits"
         );
-        assert!(below_usage_reason(&cache, 100 * MI, false)
-            .ends_with("kubelet's next try reclaims it again"));
+        assert!(
+            below_usage_reason(&cache, 100 * MI, CacheReclaim::AtNextTry)
+                .ends_with("kubelet's next try reclaims it again")
+        );
+        assert!(below_usage_reason(&cache, 100 * MI, CacheReclaim::Off)
+            .ends_with("the decrease waits for usage to fall"));
         assert_eq!(
             pod_step_reason(300 * MI, 612 * MI, 200 * MI),
             "the pod's memory that is not page cache (300Mi) does not fit under the pod limit kubelet writes right after this update (200Mi, now 612Mi): a pod cgroup below it would OOM-kill inside the pod"

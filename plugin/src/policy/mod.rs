@@ -110,7 +110,7 @@ pub use limits::{Limits, LimitsUpdate, PlanOptions, PodResources};
 pub use memory_decrease::{
     below_usage_reason, effective_decrease_strategy, mib, not_page_cache, not_reclaimable_reason,
     parse_decrease_annotation, plan_decrease, pod_step_reason, reclaim_request, safe_limit,
-    DecreasePlan, MemoryDecreaseStrategy, MemoryUse,
+    CacheReclaim, DecreasePlan, MemoryDecreaseStrategy, MemoryUse,
 };
 pub use pacer::{Harm, PaceChange, Pacer};
 pub use pacing::{effective_max_stall, pacing_off_reason, parse_max_stall_annotation};

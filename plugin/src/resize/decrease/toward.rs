@@ -31,7 +31,7 @@ use crate::cgroup::{container_path, CgroupIo as _, CgroupVersion};
 use crate::metrics::DecreaseOutcome;
 use crate::model::{Container, LinuxResources, Pod};
 use crate::nri::{Rejection, UpdateReply};
-use crate::policy::{below_usage_reason, bytes_text, MemoryUse, ResizeState};
+use crate::policy::{below_usage_reason, bytes_text, CacheReclaim, MemoryUse, ResizeState};
 use crate::resize::reclaim::{ReclaimJob, ReclaimOutcome};
 use crate::sync::Locked as _;
 
@@ -55,8 +55,16 @@ impl Engine {
             .as_ref()
             .is_some_and(|c| c.version() == CgroupVersion::V2);
         let cache_in_the_way = used.unreclaimable() < target;
-        let background = enforce && v2 && cache_in_the_way;
-        let reason = below_usage_reason(used, target, background);
+        // What enforcing does with the page cache (observe mode says what it would do).
+        let cache = if v2 && cache_in_the_way {
+            CacheReclaim::Background
+        } else if self.config().memory_decrease.inline_max > 0 {
+            CacheReclaim::AtNextTry
+        } else {
+            CacheReclaim::Off
+        };
+        let background = enforce && cache == CacheReclaim::Background;
+        let reason = below_usage_reason(used, target, cache);
         let subject = format!("{}/{}", pod.full_name(), ctr.name);
         self.state.metrics.resize_outcome("deferred");
         self.state.metrics.decrease.outcome(if cache_in_the_way {
@@ -198,7 +206,7 @@ impl Engine {
             } => {
                 let reason = format!(
                     "{}{stall_note}; reclaim stopped after {} s",
-                    below_usage_reason(&end, target, false),
+                    below_usage_reason(&end, target, CacheReclaim::AtNextTry),
                     self.config().memory_decrease.timeout_ms / 1000
                 );
                 warn!(container = %name, %reason, "page cache reclaim toward a refused limit stopped");
