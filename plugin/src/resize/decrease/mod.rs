@@ -147,6 +147,26 @@ async fn node_has_swap() -> bool {
 }
 
 impl Engine {
+    /// Makes a new reclaim of container `id` its one reclaim: `make` builds the handle from a
+    /// fresh cancellation token (a child of the engine's shutdown) and generation; trimming of
+    /// the container stays paused while it lives, and the reclaim it replaces, if any, is
+    /// cancelled. Returns the token and the generation.
+    pub(super) fn own_reclaim(
+        &self,
+        id: &str,
+        make: impl FnOnce(CancellationToken, u64) -> ReclaimHandle,
+    ) -> (CancellationToken, u64) {
+        let cancel = self.shutdown.child_token();
+        let generation = self
+            .reclaim_generation
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let handle = make(cancel.clone(), generation).pausing(self.pause_trimming(id));
+        if let Some(old) = self.reclaims.locked().insert(id.to_owned(), handle) {
+            old.cancel.cancel();
+        }
+        (cancel, generation)
+    }
+
     /// Cancels the staged decrease of `container_id`, if any: a newer update supersedes it.
     pub(in crate::resize) fn supersede_reclaim(&self, container_id: &str) {
         self.end_reclaim(

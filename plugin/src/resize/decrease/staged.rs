@@ -12,7 +12,6 @@ use super::resume::ReclaimCheckpoint;
 use super::{Engine, ReclaimHandle};
 use crate::cgroup::container_path;
 use crate::model::Container;
-use crate::sync::Locked as _;
 
 impl Engine {
     /// Starts the reclaim task of a staged decrease of `ctr` (a whole-pod step's, or one resumed
@@ -28,25 +27,16 @@ impl Engine {
         let Ok(cgroup) = container_path(&ctr.cgroups_path) else {
             return;
         };
-        let cancel = self.shutdown.child_token();
         let applied = Arc::new(Notify::new());
-        let generation = self
-            .reclaim_generation
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let replaced = self.reclaims.locked().insert(
-            ctr.id.clone(),
+        let (cancel, generation) = self.own_reclaim(&ctr.id, |cancel, generation| {
             ReclaimHandle::new(
-                cancel.clone(),
+                cancel,
                 Arc::clone(&applied),
                 pod_id.clone(),
                 (target, interim),
                 generation,
             )
-            .pausing(self.pause_trimming(&ctr.id)),
-        );
-        if let Some(old) = replaced {
-            old.cancel.cancel();
-        }
+        });
         let checkpoint = ReclaimCheckpoint {
             container_id: ctr.id.clone(),
             pod_id,

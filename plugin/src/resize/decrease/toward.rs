@@ -113,25 +113,16 @@ impl Engine {
         let Some(cg) = self.cgroups.clone() else {
             return;
         };
-        let cancel = self.shutdown.child_token();
-        let generation = self
-            .reclaim_generation
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let replaced = self.reclaims.locked().insert(
-            ctr.id.clone(),
+        let (cancel, generation) = self.own_reclaim(&ctr.id, |cancel, generation| {
             ReclaimHandle::new(
-                cancel.clone(),
+                cancel,
                 Arc::new(Notify::new()),
                 pod_id,
                 (target, kept),
                 generation,
             )
             .toward()
-            .pausing(self.pause_trimming(&ctr.id)),
-        );
-        if let Some(old) = replaced {
-            old.cancel.cancel();
-        }
+        });
         let cfg = self.config();
         let md = &cfg.memory_decrease;
         let job = ReclaimJob {

@@ -80,26 +80,17 @@ impl Engine {
         }
         // The container keeps its current limit (the interim is never above it) while reclaiming.
         let interim = current.unwrap_or(interim);
-        let cancel = self.shutdown.child_token();
-        let generation = self
-            .reclaim_generation
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let replaced = self.reclaims.locked().insert(
-            ctr.id.clone(),
+        // One reclaim per container: the one in flight (kubelet's path reclaiming toward a
+        // refused limit, or an older staged decrease) ends here.
+        let (cancel, generation) = self.own_reclaim(&ctr.id, |cancel, generation| {
             ReclaimHandle::new(
-                cancel.clone(),
+                cancel,
                 Arc::new(Notify::new()),
                 pod.id.clone(),
                 (target, interim),
                 generation,
             )
-            .pausing(self.pause_trimming(&ctr.id)),
-        );
-        // One reclaim per container: the one in flight (kubelet's path reclaiming toward a
-        // refused limit, or an older staged decrease) ends here, as `spawn_reclaim` does.
-        if let Some(old) = replaced {
-            old.cancel.cancel();
-        }
+        });
         self.state.metrics.decrease.started();
         // Dropped before the outcome is counted (the resize's task stopped at shutdown): the
         // handle and the in-progress gauge must not outlive it.
