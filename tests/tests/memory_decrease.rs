@@ -29,9 +29,9 @@ use nri_resize::api::ApiClient;
 use nri_resize::policy::ResizeState;
 use nri_resize_tests::cri::ContainerState;
 use nri_resize_tests::{
-    resize_record, scrape_metrics, settled, CgroupMode, Containerd, ContainerdOptions,
-    ContainerdVersion, KubeletResize, KubeletVersion, PluginProcess, Pod, Resources, VpaAction,
-    VpaMode,
+    resize_record, scrape_metrics, settled, Actuated, CgroupMode, ContainerSpec, Containerd,
+    ContainerdOptions, ContainerdVersion, Kubelet, KubeletResize, KubeletVersion, PluginProcess,
+    Pod, PodSpec, Resources, StatsRuntime, UsageCache, VpaAction, VpaMode,
 };
 
 const MIB: i64 = 1 << 20;
@@ -813,4 +813,241 @@ async fn whole_pod_decrease_lowers_the_pod_after_its_reclaimed_container() {
         Some(1024 << 20),
         "the pod cgroup is not lowered"
     );
+}
+
+/// A pod of two containers `a` (idle) and `b` (100 MiB anonymous), each limited to 128 MiB, its
+/// pod cgroup at their sum (256 MiB, as `ResourceConfigForPod` writes it), and an init
+/// container that filled the pod's `/dev/shm` with 60 MiB and exited: its pages stay charged
+/// to the pod (tmpfs is not reclaimable without swap), outside every running container. Returns
+/// the pod, `a`'s id, `b`'s id and the pod's usage read before `b` loaded (what cAdvisor's cache
+/// still holds a few seconds later).
+async fn pod_with_an_orphaned_shm(ctrd: &Containerd, name: &str) -> (Pod, String, String, u64) {
+    let mut spec = PodSpec::new(name);
+    spec.resources = Resources::limits(200_000, 256 * MIB);
+    let pod = Box::pin(ctrd.run_pod(spec)).await.expect("RunPodSandbox");
+    let start = |spec: ContainerSpec| {
+        let (ctrd, pod) = (ctrd, &pod);
+        async move {
+            let id = Box::pin(ctrd.create_container(pod, spec))
+                .await
+                .expect("CreateContainer");
+            ctrd.start_container(&id).await.expect("StartContainer");
+            id
+        }
+    };
+    let mut init = ContainerSpec::new(
+        "init",
+        &[
+            "sh",
+            "-c",
+            "dd if=/dev/zero of=/dev/shm/fill bs=1M count=60 2>/dev/null",
+        ],
+    );
+    init.resources = Resources::limits(100_000, 128 * MIB);
+    let init = start(init).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let st = ctrd.container_status(&init).await.expect("init status");
+        if st.state == ContainerState::ContainerExited as i32 {
+            assert_eq!(
+                st.exit_code, 0,
+                "the init container filled /dev/shm: {st:?}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the init container never exited: {st:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stale = ctrd.pod_memory_usage(&pod).expect("pod usage");
+    assert!(
+        stale >= 58 << 20,
+        "the pod still holds the exited init container's /dev/shm: {} MiB",
+        stale >> 20
+    );
+    let mut a = ContainerSpec::new("a", &["sleep", "3600"]);
+    a.resources = Resources::limits(100_000, 128 * MIB);
+    let a = start(a).await;
+    let mut b = ContainerSpec::new(
+        "b",
+        &[
+            "sh",
+            "-c",
+            "dd if=/dev/zero bs=100M count=1 2>/dev/null | sleep 3600",
+        ],
+    );
+    b.resources = Resources::limits(100_000, 128 * MIB);
+    let b = start(b).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while usage(ctrd, &b) < 100 * MIB {
+        assert!(
+            Instant::now() < deadline,
+            "b's usage stayed at {} MiB",
+            usage(ctrd, &b) / MIB
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    (pod, a, b, stale)
+}
+
+/// kubelet ≥ 1.34 reading the pod's usage from cAdvisor's cache, `stale` bytes read 5 s ago
+/// (containerd: the container's usage live over CRI stats; CRI-O: cached too, fresh here).
+fn stale_kubelet(ctrd: &Containerd, stale: u64) -> Kubelet {
+    Kubelet {
+        pod_usage: Some(UsageCache {
+            value: Some(stale),
+            age: Duration::from_secs(5),
+        }),
+        runtime: if ctrd.is_crio() {
+            StatsRuntime::CriO
+        } else {
+            StatsRuntime::Containerd
+        },
+        ..Kubelet::new(KubeletVersion::V1_34)
+    }
+}
+
+/// Issue 36: a two-container pod whose pod usage kubelet reads stale. Container `a` is asked
+/// from 128Mi down to 16Mi; its own usage fits, so kubelet 1.34's container check passes and
+/// the update reaches the runtime; the pod step that follows lowers the pod cgroup from 256Mi
+/// to 144Mi, below what the pod holds that is not page cache (60 MiB of an exited init
+/// container's `/dev/shm`, 100 MiB anonymous in `b`: about 165 MiB), and kubelet's own check of
+/// the pod passes on the stale reading. Without nri-resize the pod write OOM-kills inside the
+/// pod (cgroup v2) or fails with `EBUSY` (v1). With nri-resize the container's update is refused
+/// for the pod step, naming the figures: kubelet never writes the pod cgroup, nothing is killed.
+async fn stale_pod_usage(version: ContainerdVersion) {
+    let ask = Resources::limits(100_000, 16 * MIB);
+
+    let base = Containerd::start(version, ContainerdOptions::default()).await;
+    let (pod, a, b, stale) = pod_with_an_orphaned_shm(&base, "stale-naive").await;
+    let live = base.pod_memory_usage(&pod).expect("pod usage");
+    eprintln!(
+        "naive {}: pod usage {} MiB, kubelet's cached reading {} MiB",
+        base.version(),
+        live >> 20,
+        stale >> 20
+    );
+    let kills_before = pod_oom_kills(&base, &pod).unwrap_or(0);
+    let naive = base
+        .kubelet_sync(
+            &stale_kubelet(&base, stale),
+            &pod,
+            &a,
+            &ask,
+            &mut Actuated::default(),
+        )
+        .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let naive_kills = pod_oom_kills(&base, &pod)
+        .unwrap_or(0)
+        .saturating_sub(kills_before);
+    eprintln!("naive: {naive:?}; {naive_kills} OOM kill(s) in the pod");
+    assert!(
+        naive.container.applied(),
+        "naive: a's own usage fits; the runtime applies the update: {naive:?}"
+    );
+    assert!(
+        !naive
+            .pod_blocked
+            .as_deref()
+            .is_some_and(|m| m.contains("below current usage")),
+        "naive: the stale reading lets kubelet's pod check pass: {naive:?}"
+    );
+    if v1(&base) {
+        assert!(
+            naive.pod_blocked.is_some(),
+            "naive, cgroup v1: the pod write below usage fails: {naive:?}"
+        );
+    } else {
+        let over = pod_limit(&base, &pod)
+            .is_some_and(|l| base.pod_memory_usage(&pod).is_ok_and(|u| u > l));
+        assert!(
+            naive_kills > 0 || !running(&base, &b).await || over,
+            "naive, cgroup v2: the pod write below what cannot be reclaimed OOM-kills (or leaves the pod over its limit): {naive:?}"
+        );
+    }
+    drop(base);
+
+    let ctrd = Containerd::start(version, ContainerdOptions::default()).await;
+    let plugin = PluginProcess::start_ready(
+        &ctrd,
+        "nri-resize",
+        Some("[memory_decrease]\ntimeout = \"3s\"\n"),
+    )
+    .await;
+    let api = plugin.api();
+    let (pod, a, b, stale) = pod_with_an_orphaned_shm(&ctrd, "stale").await;
+    let kubelet = stale_kubelet(&ctrd, stale);
+    let mut actuated = Actuated::default();
+    for try_ in 0..2 {
+        let sync = ctrd
+            .kubelet_sync(&kubelet, &pod, &a, &ask, &mut actuated)
+            .await;
+        eprintln!(
+            "try {try_} {}: {:?}; condition: {}",
+            ctrd.version(),
+            sync.container,
+            sync.condition.as_ref().map_or("", |c| c.message())
+        );
+        let KubeletResize::Refused(err) = &sync.container else {
+            panic!(
+                "try {try_}: refused for the pod step: {sync:?}\n{}",
+                plugin.log_tail(30)
+            );
+        };
+        assert!(
+            err.message()
+                .contains("does not fit under the pod limit kubelet writes")
+                && err.message().contains("144Mi")
+                && err.message().contains("256Mi"),
+            "try {try_}: the reason and the figures: {}",
+            err.message()
+        );
+        assert_eq!(
+            sync.pod_written, None,
+            "try {try_}: the pod cgroup was written"
+        );
+        let condition = sync.condition.as_ref().expect("a resize condition");
+        assert_eq!(
+            (condition.type_name(), condition.reason()),
+            ("PodResizeInProgress", "Error"),
+            "try {try_}: {condition:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let rec = resize_record(&api, &a).await;
+    eprintln!("record: {rec:?}");
+    assert_eq!(
+        pod_limit(&ctrd, &pod),
+        Some(256 << 20),
+        "the pod cgroup as it was"
+    );
+    assert_eq!(limit(&ctrd, &a), 128 * MIB, "a's limit as it was");
+    assert_eq!(
+        status_limit(&ctrd, &a).await,
+        128 * MIB,
+        "a's spec as it was"
+    );
+    for id in [&a, &b] {
+        assert!(running(&ctrd, id).await, "{id}: never restarted");
+        assert_eq!(oom_kills(&ctrd, id), 0, "{id}: never OOM-killed");
+    }
+    assert_eq!(
+        pod_oom_kills(&ctrd, &pod).unwrap_or(0),
+        0,
+        "no OOM kill in the pod"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stale_pod_usage_read_never_ooms_the_pod_containerd_1_7() {
+    Box::pin(stale_pod_usage(ContainerdVersion::V1_7)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stale_pod_usage_read_never_ooms_the_pod_containerd_2() {
+    Box::pin(stale_pod_usage(ContainerdVersion::V2)).await;
 }
