@@ -11,7 +11,11 @@
 //! - (b) 300 MiB anonymous, limit → 100 MiB: refused at every try with the figures, the pod
 //!   cgroup never lowered, no OOM kill, the limit and the runtime's spec as they were;
 //! - (c) strategies `reject` (the update fails, nothing changes) and `restart` (evicted);
-//! - (d) a second update while the page cache is reclaimed wins at once.
+//! - (d) a second update while the page cache is reclaimed wins at once;
+//! - (e) a two-container pod whose pod usage kubelet ≥ 1.34 reads stale from cAdvisor's cache
+//!   (an exited init container's `/dev/shm` still charged to the pod): a container's decrease
+//!   that fits the container but not the pod step is refused with the figures, the pod cgroup
+//!   never written, no OOM kill (without nri-resize: `EBUSY` on v1, an OOM kill on v2).
 //!
 //! On cgroup v1 (these machines) the naive path fails the update in (b) (runc: "unable to set
 //! memory limit"); on cgroup v2 it OOM-kills the container (see FACTS), or, when the kernel's
@@ -910,17 +914,8 @@ fn stale_kubelet(ctrd: &Containerd, stale: u64) -> Kubelet {
     }
 }
 
-/// Issue 36: a two-container pod whose pod usage kubelet reads stale. Container `a` is asked
-/// from 128Mi down to 16Mi; its own usage fits, so kubelet 1.34's container check passes and
-/// the update reaches the runtime; the pod step that follows lowers the pod cgroup from 256Mi
-/// to 144Mi, below what the pod holds that is not page cache (60 MiB of an exited init
-/// container's `/dev/shm`, 100 MiB anonymous in `b`: about 165 MiB), and kubelet's own check of
-/// the pod passes on the stale reading. Without nri-resize the pod write OOM-kills inside the
-/// pod (cgroup v2) or fails with `EBUSY` (v1). With nri-resize the container's update is refused
-/// for the pod step, naming the figures: kubelet never writes the pod cgroup, nothing is killed.
-async fn stale_pod_usage(version: ContainerdVersion) {
-    let ask = Resources::limits(100_000, 16 * MIB);
-
+/// The naive side of [`stale_pod_usage`]: the same pod on containerd without nri-resize.
+async fn stale_pod_usage_naive(version: ContainerdVersion, ask: &Resources) {
     let base = Containerd::start(version, ContainerdOptions::default()).await;
     let (pod, a, b, stale) = pod_with_an_orphaned_shm(&base, "stale-naive").await;
     let live = base.pod_memory_usage(&pod).expect("pod usage");
@@ -936,7 +931,7 @@ async fn stale_pod_usage(version: ContainerdVersion) {
             &stale_kubelet(&base, stale),
             &pod,
             &a,
-            &ask,
+            ask,
             &mut Actuated::default(),
         )
         .await;
@@ -969,7 +964,19 @@ async fn stale_pod_usage(version: ContainerdVersion) {
             "naive, cgroup v2: the pod write below what cannot be reclaimed OOM-kills (or leaves the pod over its limit): {naive:?}"
         );
     }
-    drop(base);
+}
+
+/// Issue 36: a two-container pod whose pod usage kubelet reads stale. Container `a` is asked
+/// from 128Mi down to 16Mi; its own usage fits, so kubelet 1.34's container check passes and
+/// the update reaches the runtime; the pod step that follows lowers the pod cgroup from 256Mi
+/// to 144Mi, below what the pod holds that is not page cache (60 MiB of an exited init
+/// container's `/dev/shm`, 100 MiB anonymous in `b`: about 165 MiB), and kubelet's own check of
+/// the pod passes on the stale reading. Without nri-resize the pod write OOM-kills inside the
+/// pod (cgroup v2) or fails with `EBUSY` (v1). With nri-resize the container's update is refused
+/// for the pod step, naming the figures: kubelet never writes the pod cgroup, nothing is killed.
+async fn stale_pod_usage(version: ContainerdVersion) {
+    let ask = Resources::limits(100_000, 16 * MIB);
+    stale_pod_usage_naive(version, &ask).await;
 
     let ctrd = Containerd::start(version, ContainerdOptions::default()).await;
     let plugin = PluginProcess::start_ready(
