@@ -71,8 +71,8 @@ pub use images::{
 /// The CRI v1 API (types and clients) from crate `k8s-cri`.
 pub use k8s_cri::v1 as cri;
 pub use kubelet::{
-    Actuated, Kubelet, KubeletEvent, KubeletPodResize, KubeletResize, KubeletSync, KubeletVersion,
-    PodResizeCondition, StatsRuntime, UsageCache, VpaAction, VpaMode,
+    Actuated, Kubelet, KubeletEvent, KubeletPodResize, KubeletPodSync, KubeletResize, KubeletSync,
+    KubeletVersion, PodResizeCondition, SandboxCall, StatsRuntime, UsageCache, VpaAction, VpaMode,
 };
 pub use plugin::{plugin_binary, resize_record, settled, PluginProcess};
 pub use pod::{ContainerSpec, Pod, PodSpec, Resources};

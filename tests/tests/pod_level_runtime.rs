@@ -1,8 +1,9 @@
 //! Pod-level resources (KEP-5419) resized in place against real containerd, driven the way
 //! kubelet 1.36 drives them (`Containerd::kubelet_resize_pod`): the pod's usage checked before a
 //! memory decrease, CRI `UpdatePodSandboxResources` (a client generated from cri-api 0.36's
-//! `api.proto`) **before** the pod cgroup is written, and the call again with the previous
-//! resources when that write fails. It checks what nri-resize made of the NRI
+//! `api.proto`) **before** each pod cgroup write (memory, then the CPU request and limit: up to
+//! three calls, the first ones carrying intermediate states), and the call again with the
+//! previous resources when a write fails. It checks what nri-resize made of the NRI
 //! `UpdatePodSandbox` that follows: the model's desired resources, the pod cgroup read back
 //! after the answer (desired vs actual), refusals with their reason (enforce) that leave the
 //! pod cgroup as it was, the revert, and a decrease below usage that kubelet never sends.
@@ -89,15 +90,15 @@ async fn pod_level_resize(version: ContainerdVersion) {
     // kubelet 1.36: the runtime first, then the pod cgroup (pod limits plus the 100m / 16Mi
     // overhead).
     let grown = Resources::limits(150_000, 768 * MIB);
-    let answer = ctrd
+    let sync = ctrd
         .kubelet_resize_pod(&pod, &created, &grown, &overhead, write)
         .await;
     eprintln!(
-        "{} {}: kubelet 1.36 resize to 1500m/768Mi: {answer:?}",
+        "{} {}: kubelet 1.36 resize to 1500m/768Mi: {sync:#?}",
         ctrd.runtime_name(),
         ctrd.version()
     );
-    let relayed = match answer {
+    let relayed = match sync.outcome {
         KubeletPodResize::Applied {
             unimplemented: false,
         } => true,
@@ -118,6 +119,11 @@ async fn pod_level_resize(version: ContainerdVersion) {
             ctrd.runtime_name(),
             ctrd.version(),
         );
+        assert!(
+            sync.calls.iter().all(|c| c.answer.is_err()),
+            "no call reached the plugin: {:?}",
+            sync.calls
+        );
         let after = pod_status(&api, "pod-level").await;
         assert_eq!(after.pod_level, None, "nothing reached the plugin");
         assert_eq!(model_limits(&after), "2000m/1Gi", "the model is unchanged");
@@ -131,6 +137,43 @@ async fn pod_level_resize(version: ContainerdVersion) {
         below_usage_is_blocked_by_kubelet(&ctrd, &api, &pod, &grown, &overhead).await;
         return;
     }
+
+    // kubelet's calls: memory's pass, then CPU's (the request going down before the limit),
+    // each with the pod's resources merged so far, all admitted; the plugin saw each.
+    let sent: Vec<(i64, i64, i64)> = sync
+        .calls
+        .iter()
+        .map(|c| {
+            (
+                c.resources.memory_limit >> 20,
+                c.resources.cpu_shares,
+                c.resources.cpu_quota,
+            )
+        })
+        .collect();
+    assert_eq!(
+        sent,
+        [
+            (768, 2048, 200_000),
+            (768, 1536, 200_000),
+            (768, 1536, 150_000)
+        ],
+        "the calls in kubelet's order, with their intermediate states: {:?}",
+        sync.calls
+    );
+    assert!(
+        sync.calls.iter().all(|c| c.answer.is_ok() && !c.revert),
+        "{:?}",
+        sync.calls
+    );
+    let seen = api
+        .events(0)
+        .await
+        .expect("events API")
+        .iter()
+        .filter(|e| e.event.as_str().contains("update_pod_sandbox"))
+        .count();
+    assert_eq!(seen, 3, "the plugin judged each of kubelet's three calls");
 
     // Admitted before the write, relayed, and confirmed by the read-back after the answer,
     // once kubelet wrote the pod cgroup.
@@ -160,8 +203,8 @@ async fn pod_level_resize(version: ContainerdVersion) {
         "the model keeps the asked limits"
     );
 
-    // Refused (enforce) before kubelet writes anything: the pod cgroup keeps 1600m/784Mi.
-    let answer = ctrd
+    // Refused (enforce) before kubelet writes the CPU limit: the pod cgroup keeps 1600m/784Mi.
+    let sync = ctrd
         .kubelet_resize_pod(
             &pod,
             &grown,
@@ -170,9 +213,16 @@ async fn pod_level_resize(version: ContainerdVersion) {
             write,
         )
         .await;
-    let KubeletPodResize::Refused(err) = answer else {
-        panic!("a pod CPU limit below a container's: {answer:?}");
+    eprintln!("kubelet 1.36 resize to 500m/768Mi: {sync:#?}");
+    let KubeletPodResize::Refused(err) = &sync.outcome else {
+        panic!("a pod CPU limit below a container's: {sync:?}");
     };
+    assert_eq!(
+        sync.calls.last().map(|c| c.resources.cpu_quota),
+        Some(50_000),
+        "the call that carried the new CPU limit was refused: {:?}",
+        sync.calls
+    );
     assert!(
         err.message()
             .contains("container app CPU limit 1000m exceeds the requested pod limit 500m"),
@@ -191,7 +241,7 @@ async fn pod_level_resize(version: ContainerdVersion) {
 
     // The pod cgroup write fails after the plugin admitted the resize: kubelet reverts, and the
     // plugin's records show the pod back at 1500m/768Mi.
-    let answer = ctrd
+    let sync = ctrd
         .kubelet_resize_pod(
             &pod,
             &grown,
@@ -204,10 +254,28 @@ async fn pod_level_resize(version: ContainerdVersion) {
             },
         )
         .await;
-    let KubeletPodResize::Reverted { revert, .. } = answer else {
-        panic!("a failed pod cgroup write: {answer:?}");
+    eprintln!("kubelet 1.36 resize to 1800m/900Mi, the write failing: {sync:#?}");
+    let KubeletPodResize::Reverted { revert, .. } = &sync.outcome else {
+        panic!("a failed pod cgroup write: {sync:?}");
     };
-    revert.expect("the revert call is admitted");
+    revert.as_ref().expect("the revert call is admitted");
+    let sent: Vec<(i64, i64, bool)> = sync
+        .calls
+        .iter()
+        .map(|c| {
+            (
+                c.resources.memory_limit >> 20,
+                c.resources.cpu_quota,
+                c.revert,
+            )
+        })
+        .collect();
+    assert_eq!(
+        sent,
+        [(900, 150_000, false), (768, 150_000, true)],
+        "memory's call, its failed write, the revert; CPU's pass never ran: {:?}",
+        sync.calls
+    );
     let p = pod_status(&api, "pod-level").await;
     assert_eq!(
         model_limits(&p),
@@ -230,7 +298,7 @@ async fn below_usage_is_blocked_by_kubelet(
     overhead: &Resources,
 ) {
     let before = pod_status(api, "pod-level").await;
-    let answer = ctrd
+    let sync = ctrd
         .kubelet_resize_pod(
             pod,
             from,
@@ -239,9 +307,10 @@ async fn below_usage_is_blocked_by_kubelet(
             |c: &Containerd, p: &Pod, l: &CgroupLimits| c.set_pod_cgroup_limits(p, l),
         )
         .await;
-    let KubeletPodResize::BelowUsage { usage, limit } = answer else {
-        panic!("a pod memory limit below usage: {answer:?}");
+    let KubeletPodResize::BelowUsage { usage, limit } = sync.outcome else {
+        panic!("a pod memory limit below usage: {sync:?}");
     };
+    assert!(sync.calls.is_empty(), "no call: {:?}", sync.calls);
     assert_eq!(limit, 116 << 20);
     assert!(usage >= 300 << 20, "usage {usage}");
     let after = pod_status(api, "pod-level").await;

@@ -26,7 +26,8 @@
 //!   actuated record kept across syncs), [`Containerd::kubelet_resize_retrying`],
 //!   [`Containerd::kubelet_resize_container`] (the container's usage check and the update, for
 //!   tests that drive one container), [`Containerd::kubelet_resize_pod`] (1.36's pod-level
-//!   resize, KEP-5419).
+//!   resize, KEP-5419: one `UpdatePodSandboxResources` call before each pod cgroup write, in
+//!   the order and with the merged states of [`rules::pod_level_writes`]).
 //!
 //! Tests that call [`Containerd::update_container_resources`] directly play a CRI client
 //! without the usage check and without the pod step: a decrease that passed kubelet's check
@@ -116,6 +117,45 @@ pub enum KubeletPodResize {
         /// The revert call's answer.
         revert: Result<(), Status>,
     },
+}
+
+/// kubelet 1.36's resize of a pod's pod-level resources: the `UpdatePodSandboxResources` calls
+/// it made, in order, and how it ended.
+#[derive(Debug)]
+pub struct KubeletPodSync {
+    /// The calls, in kubelet's order (see [`rules::pod_level_writes`]).
+    pub calls: Vec<SandboxCall>,
+    /// How the resize ended.
+    pub outcome: KubeletPodResize,
+}
+
+/// One CRI `UpdatePodSandboxResources` call of kubelet's pod-level resize.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxCall {
+    /// The pod's resources sent (overhead apart): the fields written so far new, the others
+    /// as they were.
+    pub resources: crate::pod::Resources,
+    /// The call after a failed pod cgroup write, with the resources before it.
+    pub revert: bool,
+    /// The runtime's answer (its message on error).
+    pub answer: Result<(), String>,
+}
+
+impl SandboxCall {
+    pub(crate) fn new(
+        resources: crate::pod::Resources,
+        revert: bool,
+        answer: &Result<(), Status>,
+    ) -> Self {
+        Self {
+            resources,
+            revert,
+            answer: match answer {
+                Ok(()) => Ok(()),
+                Err(s) => Err(s.message().to_owned()),
+            },
+        }
+    }
 }
 
 /// One sync of kubelet resizing a container of a pod, pod step included, and what kubelet

@@ -158,6 +158,61 @@ pub fn write_order(memory: (u64, u64, bool), cpu: (u64, u64, bool)) -> Vec<Step>
     steps
 }
 
+/// A pod cgroup value `setPodCgroupConfig` writes on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodField {
+    /// `memory.max` / `memory.limit_in_bytes`.
+    Memory,
+    /// The CPU limit: `cpu.max`'s quota / `cpu.cfs_quota_us`.
+    CpuQuota,
+    /// The CPU request: `cpu.weight` / `cpu.shares`.
+    CpuShares,
+}
+
+/// The pod cgroup writes of a resize of the pod's resources from `from` to `to`, in kubelet's
+/// order, each with the pod's resources merged up to and including it: what kubelet ≥ 1.36
+/// sends in `UpdatePodSandboxResources` before that write (and, with the previous entry's
+/// resources, the revert when the write fails). `doPodResizeAction` → `resizeContainers(rName,
+/// …)` runs memory's pass, then CPU's; within a pass a limit that goes up is written first, a
+/// request that goes down next (both before the containers), then a limit that goes down and a
+/// request that goes up (after them); memory requests are not written (`setPodCgroupConfig`
+/// returns before the call); each write is followed (≤ 1.35) or preceded (1.36+,
+/// kubernetes/kubernetes#137555) by the call with `mergeResourceConfig(current, resized)`
+/// (kubernetes/kubernetes#128123). So one resize of CPU and memory makes up to three calls,
+/// the first ones with intermediate states.
+pub fn pod_level_writes(from: &Resources, to: &Resources) -> Vec<(PodField, Resources)> {
+    let mut merged = *from;
+    let mut writes = Vec::new();
+    let mut write = |field: PodField, merged: &mut Resources| {
+        match field {
+            PodField::Memory => merged.memory_limit = to.memory_limit,
+            PodField::CpuQuota => merged.cpu_quota = to.cpu_quota,
+            PodField::CpuShares => merged.cpu_shares = to.cpu_shares,
+        }
+        writes.push((field, *merged));
+    };
+    if to.memory_limit != from.memory_limit {
+        write(PodField::Memory, &mut merged);
+    }
+    let (quota, shares) = (
+        (from.cpu_quota, to.cpu_quota),
+        (from.cpu_shares, to.cpu_shares),
+    );
+    if quota.1 > quota.0 {
+        write(PodField::CpuQuota, &mut merged);
+    }
+    if shares.1 < shares.0 {
+        write(PodField::CpuShares, &mut merged);
+    }
+    if quota.1 < quota.0 {
+        write(PodField::CpuQuota, &mut merged);
+    }
+    if shares.1 > shares.0 {
+        write(PodField::CpuShares, &mut merged);
+    }
+    writes
+}
+
 /// `MinShares` in `pkg/kubelet/cm/helpers_linux.go`.
 const MIN_SHARES: i64 = 2;
 /// `MaxShares`.
@@ -223,6 +278,59 @@ pub fn resize_in_progress<T: PartialEq>(allocated: &T, actuated: &T) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pod_resize_of_cpu_and_memory_makes_three_calls_memory_first() {
+        const MI: i64 = 1 << 20;
+        let from = Resources::limits(200_000, 1024 * MI);
+        let to = Resources::limits(150_000, 768 * MI);
+        let writes = pod_level_writes(&from, &to);
+        let fields: Vec<PodField> = writes.iter().map(|(f, _)| *f).collect();
+        assert_eq!(
+            fields,
+            [PodField::Memory, PodField::CpuShares, PodField::CpuQuota],
+            "memory's pass, then CPU's: the request going down before the limit going down"
+        );
+        let states: Vec<(i64, i64, i64)> = writes
+            .iter()
+            .map(|(_, r)| (r.memory_limit, r.cpu_shares, r.cpu_quota))
+            .collect();
+        assert_eq!(
+            states,
+            [
+                (768 * MI, 2048, 200_000),
+                (768 * MI, 1536, 200_000),
+                (768 * MI, 1536, 150_000)
+            ],
+            "each call carries what was written so far, the rest as it was"
+        );
+    }
+
+    #[test]
+    fn a_growing_cpu_limit_is_written_before_its_request() {
+        let from = Resources::limits(100_000, 0);
+        let to = Resources::limits(300_000, 0);
+        let fields: Vec<PodField> = pod_level_writes(&from, &to)
+            .into_iter()
+            .map(|(f, _)| f)
+            .collect();
+        assert_eq!(fields, [PodField::CpuQuota, PodField::CpuShares]);
+    }
+
+    #[test]
+    fn an_unchanged_pod_writes_nothing_and_one_resource_writes_once() {
+        let r = Resources::limits(100_000, 64 << 20);
+        assert!(pod_level_writes(&r, &r).is_empty());
+        let more = Resources {
+            memory_limit: 128 << 20,
+            ..r
+        };
+        assert_eq!(
+            pod_level_writes(&r, &more),
+            [(PodField::Memory, more)],
+            "a memory-only resize: one call, with the final state"
+        );
+    }
 
     const MIB: u64 = 1 << 20;
 

@@ -11,7 +11,7 @@ use super::profile::{KubeletVersion, SandboxUpdate};
 use super::retry::Jitter;
 use super::rules::{self, Resource, StatsRuntime, Step, UsageBlock, UsageCache};
 use super::status;
-use super::{KubeletPodResize, KubeletResize, KubeletSync};
+use super::{KubeletPodResize, KubeletPodSync, KubeletResize, KubeletSync, SandboxCall};
 use crate::cgroups::{CgroupLimits, CgroupMode};
 use crate::containerd::Containerd;
 use crate::cri_pod::{connect_cri_v036, LinuxContainerResources, UpdatePodSandboxResourcesRequest};
@@ -408,18 +408,22 @@ impl Containerd {
     }
 
     /// kubelet 1.36 resizing `pod`'s pod-level resources from `from` to `to` (the overhead
-    /// `overhead` is added to the pod cgroup, as kubelet does): the usage check, then
-    /// `UpdatePodSandboxResources`, then the pod cgroup write through `write` (the harness's
-    /// writer, or one a test makes fail), then the revert call if the write failed
-    /// ([`SandboxUpdate::BeforeWriteBlocking`]).
+    /// `overhead` is added to the pod cgroup, as kubelet does): the usage check before a memory
+    /// decrease, then each pod cgroup write of [`rules::pod_level_writes`] in its order (memory,
+    /// then CPU), each preceded by `UpdatePodSandboxResources` with the resources merged so far
+    /// and written through `write` (the harness's writer, or one a test makes fail); a failed
+    /// write is followed by the call with the resources before it (the revert) and ends the
+    /// sync, as does a refused call ([`SandboxUpdate::BeforeWriteBlocking`]).
     pub async fn kubelet_resize_pod(
         &self,
         pod: &Pod,
         from: &Resources,
         to: &Resources,
         overhead: &Resources,
-        write: impl FnOnce(&Self, &Pod, &CgroupLimits) -> io::Result<()>,
-    ) -> KubeletPodResize {
+        write: impl Fn(&Self, &Pod, &CgroupLimits) -> io::Result<()>,
+    ) -> KubeletPodSync {
+        let mut calls = Vec::new();
+        let done = |calls, outcome| KubeletPodSync { calls, outcome };
         let cgroup = with_overhead(to, overhead).cgroup_limits();
         let current = self
             .pod_cgroup_limits(pod)
@@ -432,29 +436,52 @@ impl Containerd {
                         if let Err((UsageBlock::BelowUsage { usage, limit }, _)) =
                             rules::check_pod_memory(limit, Some(usage))
                         {
-                            return KubeletPodResize::BelowUsage { usage, limit };
+                            return done(calls, KubeletPodResize::BelowUsage { usage, limit });
                         }
                     }
-                    Err(e) => return KubeletPodResize::Refused(Status::unavailable(e.to_string())),
+                    Err(e) => {
+                        return done(
+                            calls,
+                            KubeletPodResize::Refused(Status::unavailable(e.to_string())),
+                        )
+                    }
                 }
             }
         }
-        let unimplemented = match self.update_pod_sandbox_resources(pod, to, overhead).await {
-            Ok(()) => false,
-            Err(s) if s.code() == tonic::Code::Unimplemented => true,
-            Err(s) => return KubeletPodResize::Refused(s),
-        };
-        match write(self, pod, &cgroup) {
-            Ok(()) => KubeletPodResize::Applied { unimplemented },
-            Err(write) => KubeletPodResize::Reverted {
-                write,
-                revert: if unimplemented {
+        let mut before = *from;
+        let mut unimplemented = false;
+        for (_, merged) in rules::pod_level_writes(from, to) {
+            let answer = self
+                .update_pod_sandbox_resources(pod, &merged, overhead)
+                .await;
+            calls.push(SandboxCall::new(merged, false, &answer));
+            match answer {
+                Ok(()) => {}
+                Err(s) if s.code() == tonic::Code::Unimplemented => unimplemented = true,
+                Err(s) => return done(calls, KubeletPodResize::Refused(s)),
+            }
+            if let Err(failed) = write(self, pod, &with_overhead(&merged, overhead).cgroup_limits())
+            {
+                let revert = if unimplemented {
                     Ok(())
                 } else {
-                    self.update_pod_sandbox_resources(pod, from, overhead).await
-                },
-            },
+                    let revert = self
+                        .update_pod_sandbox_resources(pod, &before, overhead)
+                        .await;
+                    calls.push(SandboxCall::new(before, true, &revert));
+                    revert
+                };
+                return done(
+                    calls,
+                    KubeletPodResize::Reverted {
+                        write: failed,
+                        revert,
+                    },
+                );
+            }
+            before = merged;
         }
+        done(calls, KubeletPodResize::Applied { unimplemented })
     }
 
     /// CRI `UpdatePodSandboxResources` (cri-api 0.36) with `resources` and `overhead`.
