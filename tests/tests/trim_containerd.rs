@@ -32,10 +32,12 @@ use nri_resize::observer::pressure::share;
 use nri_resize::policy::Found;
 use nri_resize::trim::TrimState;
 use nri_resize_tests::cri::ContainerState;
+use nri_resize_tests::kubelet::status::condition_after_sync;
+use nri_resize_tests::kubelet::vpa::{vpa_next, UPDATER_INTERVAL};
 use nri_resize_tests::probe;
 use nri_resize_tests::{
     scrape_metrics, CgroupMode, Containerd, ContainerdOptions, ContainerdVersion, KubeletResize,
-    PluginProcess, Pod, Resources,
+    PluginProcess, Pod, Resources, VpaAction, VpaMode,
 };
 
 const MIB: i64 = 1 << 20;
@@ -154,7 +156,7 @@ async fn vpa_decrease(version: ContainerdVersion) {
     let stall_before = stall_us(&ctrd, &cold);
     let started = Instant::now();
     let (mut syncs, mut applied_at) = (0u32, None);
-    let mut kept_tries = Vec::new();
+    let (mut cold_tries, mut kept_tries) = (Vec::new(), Vec::new());
     // kubelet syncs both pods until `cold` is applied (or trimming is unavailable), then three
     // more times; a bound only for a run where it never applies.
     let max_syncs = if v2(&ctrd) { 60 } else { 3 };
@@ -171,6 +173,7 @@ async fn vpa_decrease(version: ContainerdVersion) {
             if r.applied() {
                 applied_at = Some(syncs);
             }
+            cold_tries.push(r);
         }
         kept_tries.push(ctrd.kubelet_resize_container(&kept, &to).await);
     }
@@ -237,8 +240,37 @@ async fn vpa_decrease(version: ContainerdVersion) {
         stall <= max_stall,
         "cold: stall {stall} over the target {max_stall}"
     );
+    // What VPA `InPlaceOrRecreate` does with each: a sync kubelet's usage check blocked shows
+    // `PodResizeInProgress` reason `Error`, on which the updater evicts at its next loop (every
+    // `UPDATER_INTERVAL`); an applied resize shows no condition.
+    let vpa = |r: &KubeletResize| {
+        vpa_next(
+            VpaMode::InPlaceOrRecreate,
+            condition_after_sync(!r.applied(), r.error_text().as_deref()).as_ref(),
+            Duration::ZERO,
+        )
+    };
+    assert!(
+        kept_tries.iter().all(|t| vpa(t) == VpaAction::Evict),
+        "kept: every blocked sync shows Error, on which InPlaceOrRecreate evicts"
+    );
+    assert_eq!(
+        cold_tries.last().map(vpa),
+        Some(VpaAction::ResizeInPlace),
+        "cold: applied, no condition left"
+    );
+    let cold_errors = cold_tries.iter().filter(|t| !t.applied()).count();
+    let cold_vpa = if cold_errors == 0 {
+        "kubelet retries before it: 0, no Error condition ever shown, so VPA InPlaceOrRecreate never evicts".to_owned()
+    } else {
+        format!(
+            "kubelet retries before it: {cold_errors}, each showing reason Error: VPA InPlaceOrRecreate evicts at its first loop after the first one (every {} s) unless the resize was applied before that loop",
+            UPDATER_INTERVAL.as_secs()
+        )
+    };
+    eprintln!("(a) cold: {cold_vpa}");
     let cold_figures = format!(
-        "applied at kubelet sync {} ({:.0} s at one sync per {} s), {} trimmed in {} step(s), stall {} over the trimming (target {}), 0 OOM kills, same container",
+        "applied at kubelet sync {} ({:.0} s at one sync per {} s; {cold_vpa}), {} trimmed in {} step(s), stall {} over the trimming (target {}), 0 OOM kills, same container",
         applied_at.unwrap_or(0),
         took.as_secs_f64(),
         SYNC.as_secs(),
@@ -248,7 +280,7 @@ async fn vpa_decrease(version: ContainerdVersion) {
         nri_resize::policy::stall_text(max_stall),
     );
     let kept_figures = format!(
-        "blocked at all {} syncs by kubelet ({}), 0 OOM kills",
+        "blocked at all {} syncs by kubelet ({}), each showing reason Error: VPA InPlaceOrRecreate evicts the pod at its next loop (every {} s), 0 OOM kills",
         kept_tries.len(),
         match kept_tries.last() {
             Some(KubeletResize::BelowUsage { usage, .. }) => format!(
@@ -256,7 +288,8 @@ async fn vpa_decrease(version: ContainerdVersion) {
                 nri_resize::policy::bytes_text(*usage)
             ),
             other => format!("{other:?}"),
-        }
+        },
+        UPDATER_INTERVAL.as_secs()
     );
     let cold_stall_met = stall <= max_stall;
     for (pod, id) in [(cold_pod, cold), (kept_pod, kept)] {

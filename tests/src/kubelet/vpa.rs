@@ -9,6 +9,11 @@ use std::time::Duration;
 
 use super::status::PodResizeCondition;
 
+/// How often the updater looks at the pods (`--updater-interval`, 1 min by default in
+/// `vertical-pod-autoscaler/pkg/updater/main.go`): an in-place resize that shows `Error` is
+/// evicted by `InPlaceOrRecreate` at the first loop that sees it.
+pub const UPDATER_INTERVAL: Duration = Duration::from_secs(60);
+
 /// `DeferredResizeUpdateTimeout`.
 pub const DEFERRED_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 /// `InProgressResizeUpdateTimeout`.
