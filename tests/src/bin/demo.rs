@@ -354,7 +354,14 @@ async fn main() {
         .arg(&plugin.api_socket)
         .output()
         .expect("run nri-resize status");
-    print!("{}", String::from_utf8_lossy(&out.stdout));
+    let table = String::from_utf8_lossy(&out.stdout);
+    print!("{table}");
+    assert!(
+        out.status.success() && table.contains("demo"),
+        "`nri-resize status` did not show the demo's pods ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     println!("\n== tearing down");
     ctrd.stop_container(&id, 0).await.expect("StopContainer");
