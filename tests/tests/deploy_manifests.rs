@@ -1312,7 +1312,8 @@ fn alert_names(rules: &Value) -> Vec<String> {
     names
 }
 
-/// The README says how many alerts ship, in words: the number of alert names in the rules file.
+/// The README and docs/metrics.md say how many alerts ship, in words: the number of alert names
+/// in the rules file.
 #[test]
 fn the_readme_counts_the_alerts() {
     let rules = file("deploy/monitoring/nri-resize-rules.yaml");
@@ -1343,25 +1344,24 @@ fn the_readme_counts_the_alerts() {
     let word = words
         .get(count)
         .unwrap_or_else(|| panic!("{count} alerts: extend the words of this test"));
-    let readme = std::fs::read_to_string(root().join("README.md")).expect("read README.md");
-    let said: Vec<&str> = readme
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .windows(2)
-        .filter(|w| w[1].trim_end_matches(|c: char| !c.is_alphanumeric()) == "alerts")
-        .map(|w| w[0])
-        .filter(|n| words.contains(&n.to_lowercase().as_str()))
-        .collect();
-    assert!(
-        !said.is_empty(),
-        "README.md does not say how many alerts ship"
-    );
-    for n in said {
-        assert_eq!(
-            n.to_lowercase(),
-            *word,
-            "README.md says {n} alerts; deploy/monitoring/nri-resize-rules.yaml has {count}"
-        );
+    for doc in ["README.md", "docs/metrics.md"] {
+        let text = std::fs::read_to_string(root().join(doc)).expect("read the doc");
+        let said: Vec<&str> = text
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .windows(2)
+            .filter(|w| w[1].trim_end_matches(|c: char| !c.is_alphanumeric()) == "alerts")
+            .map(|w| w[0])
+            .filter(|n| words.contains(&n.to_lowercase().as_str()))
+            .collect();
+        assert!(!said.is_empty(), "{doc} does not say how many alerts ship");
+        for n in said {
+            assert_eq!(
+                n.to_lowercase(),
+                *word,
+                "{doc} says {n} alerts; deploy/monitoring/nri-resize-rules.yaml has {count}"
+            );
+        }
     }
 }
 
