@@ -544,6 +544,140 @@ fn the_dashboard_queries_only_cataloged_metrics() {
     );
 }
 
+/// Every `nri_resize_*`/`process_*` selector of a query: the name and what its braces hold
+/// (empty without braces).
+fn selectors(expr: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for name in metric_names(expr) {
+        // Each occurrence of the name at an identifier boundary, in order.
+        let mut from = 0;
+        while let Some(i) = expr[from..].find(name.as_str()) {
+            let at = from + i;
+            from = at + name.len();
+            let before = expr[..at].chars().next_back();
+            let after = expr[from..].chars().next();
+            let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+            if before.is_some_and(ident) || after.is_some_and(ident) {
+                continue;
+            }
+            let labels = expr[from..]
+                .strip_prefix('{')
+                .and_then(|rest| rest.split_once('}'))
+                .map_or(String::new(), |(inside, _)| inside.to_string());
+            out.push((name.clone(), labels));
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// What a dashboard query shows, from the catalog's units: `bytes`, `seconds`, `cores` or
+/// `count` (every other unit: events, containers, ...), `/s` for a rate, `ratio` for a quotient of
+/// one unit; flags and info series (unit `1`) joined to filter do not count.
+fn query_unit(expr: &str) -> String {
+    let mut units = BTreeSet::new();
+    for name in metric_names(expr) {
+        let entry = catalog::lookup(&name)
+            .unwrap_or_else(|| panic!("the dashboard queries {name}, which is not in the catalog"));
+        match entry.unit {
+            "1" => {}
+            u @ ("bytes" | "seconds" | "cores") => {
+                units.insert(u);
+            }
+            _ => {
+                units.insert("count");
+            }
+        }
+    }
+    assert!(units.len() <= 1, "{expr} mixes units: {units:?}");
+    let base = units.into_iter().next().unwrap_or("count");
+    if expr.contains(" / ") {
+        "ratio".to_string()
+    } else if expr.contains("rate(") && !expr.contains("histogram_quantile(") {
+        format!("{base}/s")
+    } else {
+        base.to_string()
+    }
+}
+
+/// The Grafana units that show a [`query_unit`].
+fn grafana_units(unit: &str) -> &'static [&'static str] {
+    match unit {
+        "bytes" => &["bytes", "decbytes"],
+        "bytes/s" => &["Bps", "binBps"],
+        "seconds" => &["s"],
+        "seconds/s" | "ratio" => &["percentunit"],
+        "cores" => &["none"],
+        "count" => &["short", "none"],
+        "count/s" => &["ops", "cps", "reqps"],
+        _ => &[],
+    }
+}
+
+/// The dashboard has a `node` variable (from the `node` label the monitors set), and every
+/// selector of every panel's queries is narrowed by it; every panel shows one unit (its queries
+/// measure the same thing, in the unit the panel is set to, no override changes it).
+#[test]
+fn every_dashboard_panel_is_narrowed_by_node_and_shows_one_unit() {
+    let text = std::fs::read_to_string(root().join("deploy/grafana/nri-resize.json"))
+        .expect("read dashboard");
+    let d: serde_json::Value = serde_json::from_str(&text).expect("dashboard is JSON");
+    let vars = d["templating"]["list"].as_array().expect("templating.list");
+    let node = vars
+        .iter()
+        .find(|v| v["name"] == "node")
+        .expect("a node variable");
+    let query = node["query"].as_str().expect("node variable query");
+    assert!(
+        query.starts_with("label_values(nri_resize_") && query.ends_with(", node)"),
+        "{query}"
+    );
+    assert_eq!(node["includeAll"], serde_json::Value::Bool(true));
+    let narrowed = r#"node=~"$node""#;
+    let mut panels = 0;
+    for panel in d["panels"].as_array().expect("panels") {
+        if panel["type"] == "row" {
+            continue;
+        }
+        panels += 1;
+        let title = panel["title"].as_str().expect("title");
+        let unit = panel["fieldConfig"]["defaults"]["unit"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{title}: no unit"));
+        for o in panel["fieldConfig"]["overrides"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let props = o["properties"].as_array().into_iter().flatten();
+            for prop in props {
+                assert_ne!(prop["id"], "unit", "{title}: an override sets another unit");
+            }
+        }
+        let targets = panel["targets"].as_array().expect("targets");
+        assert!(!targets.is_empty(), "{title}: no query");
+        let mut shown = BTreeSet::new();
+        for t in targets {
+            let expr = t["expr"].as_str().expect("expr");
+            for (name, labels) in selectors(expr) {
+                assert!(
+                    labels.contains(narrowed),
+                    "{title}: {name} is not narrowed by $node in {expr}"
+                );
+            }
+            shown.insert(query_unit(expr));
+        }
+        assert_eq!(shown.len(), 1, "{title}: its queries show {shown:?}");
+        let shown = shown.into_iter().next().expect("one");
+        assert!(
+            grafana_units(&shown).contains(&unit),
+            "{title}: shows {shown}, set to Grafana unit {unit}"
+        );
+    }
+    assert!(panels >= 20, "{panels} panels");
+}
+
 /// The chart rendered by Helm's own engine with `values` (JSON over values.yaml), release
 /// `nri-resize` in `kube-system`, as `helm install nri-resize deploy/helm/nri-resize -n
 /// kube-system` would.
@@ -1038,7 +1172,7 @@ const CUSTOM_RULE_SETTINGS: &str = r#"{"monitoring": {"rules": {
 /// node-mixin's `_config` as the chart's values: the rules file is written with the defaults of
 /// `monitoring.rules` (each selector used, every runbook link under the base); the chart puts the
 /// release's settings in their place, every occurrence, and promtool agrees that the alerts then
-/// fire for the annotation-based job and the other DaemonSet
+/// fire for the annotation-based job and the other `DaemonSet`
 /// (deploy/monitoring/nri-resize-rules.selectors.test.yaml). A base URL that is not absolute is
 /// refused.
 #[test]
