@@ -425,6 +425,7 @@ fn every_manifest_is_part_of_a_kustomization() {
                 // The alerts as a plain rules file, and their promtool tests: not manifests.
                 "nri-resize-rules.yaml",
                 "nri-resize-rules.test.yaml",
+                "nri-resize-rules.selectors.test.yaml",
             ]
             .contains(&name)
             {
@@ -541,6 +542,140 @@ fn the_dashboard_queries_only_cataloged_metrics() {
         unused.is_empty(),
         "cataloged but not on the dashboard: {unused:?}"
     );
+}
+
+/// Every `nri_resize_*`/`process_*` selector of a query: the name and what its braces hold
+/// (empty without braces).
+fn selectors(expr: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for name in metric_names(expr) {
+        // Each occurrence of the name at an identifier boundary, in order.
+        let mut from = 0;
+        while let Some(i) = expr[from..].find(name.as_str()) {
+            let at = from + i;
+            from = at + name.len();
+            let before = expr[..at].chars().next_back();
+            let after = expr[from..].chars().next();
+            let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+            if before.is_some_and(ident) || after.is_some_and(ident) {
+                continue;
+            }
+            let labels = expr[from..]
+                .strip_prefix('{')
+                .and_then(|rest| rest.split_once('}'))
+                .map_or(String::new(), |(inside, _)| inside.to_string());
+            out.push((name.clone(), labels));
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// What a dashboard query shows, from the catalog's units: `bytes`, `seconds`, `cores` or
+/// `count` (every other unit: events, containers, ...), `/s` for a rate, `ratio` for a quotient of
+/// one unit; flags and info series (unit `1`) joined to filter do not count.
+fn query_unit(expr: &str) -> String {
+    let mut units = BTreeSet::new();
+    for name in metric_names(expr) {
+        let entry = catalog::lookup(&name)
+            .unwrap_or_else(|| panic!("the dashboard queries {name}, which is not in the catalog"));
+        match entry.unit {
+            "1" => {}
+            u @ ("bytes" | "seconds" | "cores") => {
+                units.insert(u);
+            }
+            _ => {
+                units.insert("count");
+            }
+        }
+    }
+    assert!(units.len() <= 1, "{expr} mixes units: {units:?}");
+    let base = units.into_iter().next().unwrap_or("count");
+    if expr.contains(" / ") {
+        "ratio".to_string()
+    } else if expr.contains("rate(") && !expr.contains("histogram_quantile(") {
+        format!("{base}/s")
+    } else {
+        base.to_string()
+    }
+}
+
+/// The Grafana units that show a [`query_unit`].
+fn grafana_units(unit: &str) -> &'static [&'static str] {
+    match unit {
+        "bytes" => &["bytes", "decbytes"],
+        "bytes/s" => &["Bps", "binBps"],
+        "seconds" => &["s"],
+        "seconds/s" | "ratio" => &["percentunit"],
+        "cores" => &["none"],
+        "count" => &["short", "none"],
+        "count/s" => &["ops", "cps", "reqps"],
+        _ => &[],
+    }
+}
+
+/// The dashboard has a `node` variable (from the `node` label the monitors set), and every
+/// selector of every panel's queries is narrowed by it; every panel shows one unit (its queries
+/// measure the same thing, in the unit the panel is set to, no override changes it).
+#[test]
+fn every_dashboard_panel_is_narrowed_by_node_and_shows_one_unit() {
+    let text = std::fs::read_to_string(root().join("deploy/grafana/nri-resize.json"))
+        .expect("read dashboard");
+    let d: serde_json::Value = serde_json::from_str(&text).expect("dashboard is JSON");
+    let vars = d["templating"]["list"].as_array().expect("templating.list");
+    let node = vars
+        .iter()
+        .find(|v| v["name"] == "node")
+        .expect("a node variable");
+    let query = node["query"].as_str().expect("node variable query");
+    assert!(
+        query.starts_with("label_values(nri_resize_") && query.ends_with(", node)"),
+        "{query}"
+    );
+    assert_eq!(node["includeAll"], serde_json::Value::Bool(true));
+    let narrowed = r#"node=~"$node""#;
+    let mut panels = 0;
+    for panel in d["panels"].as_array().expect("panels") {
+        if panel["type"] == "row" {
+            continue;
+        }
+        panels += 1;
+        let title = panel["title"].as_str().expect("title");
+        let unit = panel["fieldConfig"]["defaults"]["unit"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{title}: no unit"));
+        for o in panel["fieldConfig"]["overrides"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let props = o["properties"].as_array().into_iter().flatten();
+            for prop in props {
+                assert_ne!(prop["id"], "unit", "{title}: an override sets another unit");
+            }
+        }
+        let targets = panel["targets"].as_array().expect("targets");
+        assert!(!targets.is_empty(), "{title}: no query");
+        let mut shown = BTreeSet::new();
+        for t in targets {
+            let expr = t["expr"].as_str().expect("expr");
+            for (name, labels) in selectors(expr) {
+                assert!(
+                    labels.contains(narrowed),
+                    "{title}: {name} is not narrowed by $node in {expr}"
+                );
+            }
+            shown.insert(query_unit(expr));
+        }
+        assert_eq!(shown.len(), 1, "{title}: its queries show {shown:?}");
+        let shown = shown.into_iter().next().expect("one");
+        assert!(
+            grafana_units(&shown).contains(&unit),
+            "{title}: shows {shown}, set to Grafana unit {unit}"
+        );
+    }
+    assert!(panels >= 20, "{panels} panels");
 }
 
 /// The chart rendered by Helm's own engine with `values` (JSON over values.yaml), release
@@ -831,8 +966,16 @@ fn every_alert_is_complete_and_has_its_runbook_entry() {
     let rules = file("deploy/monitoring/nri-resize-rules.yaml");
     let runbook =
         std::fs::read_to_string(root().join("docs/runbook.md")).expect("read docs/runbook.md");
-    // Relative to the repository; the chart prefixes `monitoring.runbookBaseUrl`.
-    let base = "docs/runbook.md#";
+    // Absolute, under the chart's default `monitoring.rules.runbookBaseUrl`.
+    let runbook_base = chart_rules_default("runbookBaseUrl");
+    assert!(
+        ["https://", "http://"]
+            .iter()
+            .any(|scheme| runbook_base.starts_with(scheme))
+            && runbook_base.ends_with('/'),
+        "monitoring.rules.runbookBaseUrl {runbook_base} is not an absolute URL ending in /"
+    );
+    let base = format!("{runbook_base}docs/runbook.md#");
     let mut alerts = Vec::new();
     for group in rules["groups"].as_sequence().expect("groups") {
         for rule in group["rules"].as_sequence().expect("rules") {
@@ -852,7 +995,7 @@ fn every_alert_is_complete_and_has_its_runbook_entry() {
             );
             let url = s(&a["runbook_url"]);
             let anchor = url
-                .strip_prefix(base)
+                .strip_prefix(base.as_str())
                 .unwrap_or_else(|| panic!("{name}: runbook_url {url} is not under {base}"));
             assert_eq!(anchor, name.to_lowercase(), "{name}: its own entry");
             assert!(
@@ -916,15 +1059,13 @@ fn the_charts_default_rendering_is_the_kustomize_install() {
     assert_same_objects(
         "deploy/base",
         render("deploy/base"),
-        helm(
-            r#"{"monitoring": {"podMonitor": {"enabled": false}, "prometheusRule": {"enabled": false}}}"#,
-        ),
+        helm(r#"{"monitoring": {"podMonitor": {"enabled": false}, "rules": {"enabled": false}}}"#),
     );
     assert_same_objects(
         "deploy/overlays/privileged",
         render("deploy/overlays/privileged"),
         helm(
-            r#"{"privileged": true, "monitoring": {"podMonitor": {"enabled": false}, "prometheusRule": {"enabled": false}}}"#,
+            r#"{"privileged": true, "monitoring": {"podMonitor": {"enabled": false}, "rules": {"enabled": false}}}"#,
         ),
     );
 }
@@ -1008,25 +1149,118 @@ fn the_charts_values_reach_the_objects() {
     // Off by default: ServiceMonitor; off on request: the PodMonitor, the alerts and the
     // NetworkPolicy.
     let docs = helm(
-        r#"{"monitoring": {"podMonitor": {"enabled": false}, "prometheusRule": {"enabled": false}}, "networkPolicy": {"enabled": false}}"#,
+        r#"{"monitoring": {"podMonitor": {"enabled": false}, "rules": {"enabled": false}}, "networkPolicy": {"enabled": false}}"#,
     );
     let kinds: BTreeSet<&str> = docs.iter().map(|d| s(&d["kind"])).collect();
-    assert_eq!(kinds, ["ConfigMap", "DaemonSet", "Service"].into()); // The runbook links get the base URL of the operator's copy.
-    let docs =
-        helm(r#"{"monitoring": {"runbookBaseUrl": "https://git.example/nri-resize/blob/main/"}}"#);
-    let rule = find(&docs, "PrometheusRule");
-    let mut urls = 0;
-    for group in rule["spec"]["groups"].as_sequence().expect("groups") {
-        for r in group["rules"].as_sequence().expect("rules") {
-            let url = s(&r["annotations"]["runbook_url"]);
-            assert!(
-                url.starts_with("https://git.example/nri-resize/blob/main/docs/runbook.md#"),
-                "{url}"
-            );
-            urls += 1;
-        }
+    assert_eq!(kinds, ["ConfigMap", "DaemonSet", "Service"].into());
+}
+
+/// A default of the chart's `monitoring.rules` (values.yaml), the settings node-mixin keeps in
+/// `_config`.
+fn chart_rules_default(key: &str) -> String {
+    let values = file("deploy/helm/nri-resize/values.yaml");
+    s(&values["monitoring"]["rules"][key]).to_string()
+}
+
+/// The values of [`the_charts_rule_settings_reach_the_rules`] and
+/// deploy/monitoring/nri-resize-rules.selectors.test.yaml (its header names them).
+const CUSTOM_RULE_SETTINGS: &str = r#"{"monitoring": {"rules": {
+    "jobSelector": "job=\"kubernetes-pods\",app_kubernetes_io_name=\"nri-resize\"",
+    "daemonSetSelector": "daemonset=\"resize-agent\"",
+    "runbookBaseUrl": "https://git.example.com/platform/nri-resize/blob/main/"}}}"#;
+
+/// node-mixin's `_config` as the chart's values: the rules file is written with the defaults of
+/// `monitoring.rules` (each selector used, every runbook link under the base); the chart puts the
+/// release's settings in their place, every occurrence, and promtool agrees that the alerts then
+/// fire for the annotation-based job and the other `DaemonSet`
+/// (deploy/monitoring/nri-resize-rules.selectors.test.yaml). A base URL that is not absolute is
+/// refused.
+#[test]
+fn the_charts_rule_settings_reach_the_rules() {
+    let plain = std::fs::read_to_string(root().join("deploy/monitoring/nri-resize-rules.yaml"))
+        .expect("read the rules file");
+    let defaults: Vec<String> = ["jobSelector", "daemonSetSelector"]
+        .iter()
+        .map(|k| chart_rules_default(k))
+        .collect();
+    for d in &defaults {
+        assert!(
+            plain.contains(&format!("{{{d}}}")),
+            "the rules file does not select with values.yaml's default {d}"
+        );
     }
-    assert!(urls >= 8, "{urls} alerts in the chart's PrometheusRule");
+    let custom: serde_json::Value =
+        serde_json::from_str(CUSTOM_RULE_SETTINGS).expect("JSON values");
+    let custom = &custom["monitoring"]["rules"];
+    let base = custom["runbookBaseUrl"].as_str().expect("base");
+    let groups = find(&helm(CUSTOM_RULE_SETTINGS), "PrometheusRule")["spec"]["groups"].clone();
+    let rules: Vec<&Value> = groups
+        .as_sequence()
+        .expect("groups")
+        .iter()
+        .flat_map(|g| g["rules"].as_sequence().expect("rules"))
+        .collect();
+    let exprs: Vec<&str> = rules.iter().map(|r| s(&r["expr"])).collect();
+    for (key, default) in ["jobSelector", "daemonSetSelector"].iter().zip(&defaults) {
+        let value = custom[key].as_str().expect("selector");
+        assert!(
+            exprs.iter().all(|e| !e.contains(default.as_str())),
+            "{key}: the default {default} is left in the chart's rules"
+        );
+        assert!(
+            exprs.iter().any(|e| e.contains(&format!("{{{value}}}"))),
+            "{key}: {value} is in none of the chart's rules"
+        );
+    }
+    for r in &rules {
+        let url = s(&r["annotations"]["runbook_url"]);
+        let anchor = s(&r["alert"]).to_lowercase();
+        assert_eq!(url, format!("{base}docs/runbook.md#{anchor}"));
+    }
+    // promtool on the rendered rules.
+    let dir = std::env::temp_dir().join(format!("nri-resize-rule-settings-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let mut file_map = serde_yaml::Mapping::new();
+    file_map.insert("groups".into(), groups.clone());
+    std::fs::write(
+        dir.join("nri-resize-rules.selectors.yaml"),
+        serde_yaml::to_string(&file_map).expect("YAML"),
+    )
+    .expect("write the rendered rules");
+    let tests = "nri-resize-rules.selectors.test.yaml";
+    std::fs::copy(
+        root().join("deploy/monitoring").join(tests),
+        dir.join(tests),
+    )
+    .expect("copy the promtool tests");
+    let cache = std::env::var_os("NRI_RESIZE_CACHE")
+        .map_or_else(|| PathBuf::from("/var/cache/nri-resize"), PathBuf::from);
+    let out = Command::new(cache.join("prometheus/usr/bin/promtool"))
+        .args(["test", "rules", tests])
+        .current_dir(&dir)
+        .output()
+        .unwrap_or_else(|e| panic!("run promtool ({e}); `cargo xtask setup` unpacks it"));
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        out.status.success(),
+        "promtool test rules {tests} on the chart's rules with {CUSTOM_RULE_SETTINGS}:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Not an absolute base: refused with the value named.
+    let out = Command::new(cache.join("venv/bin/python"))
+        .arg(root().join("xtask/scripts/helm-chart.py"))
+        .arg("render")
+        .arg(root().join("deploy/helm/nri-resize"))
+        .args([
+            "--values",
+            r#"{"monitoring": {"rules": {"runbookBaseUrl": "docs/"}}}"#,
+        ])
+        .output()
+        .expect("run helm-chart.py");
+    assert!(!out.status.success(), "a relative runbookBaseUrl rendered");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("monitoring.rules.runbookBaseUrl"), "{err}");
 }
 
 /// The `kubernetes.io/arch` values a pod spec's required node affinity allows (`In`).
@@ -1129,24 +1363,137 @@ fn every_alert_fires_in_one_promtool_case_and_stays_silent_in_another() {
             .expect("alert_rule_test")
         {
             let name = s(&t["alertname"]).to_string();
-            let expected = t["exp_alerts"].as_sequence().map_or(0, Vec::len);
-            if expected == 0 {
-                silent.insert(name);
-            } else {
-                fires.insert(name);
+            let expected = t["exp_alerts"].as_sequence().cloned().unwrap_or_default();
+            if expected.is_empty() {
+                silent.insert(name.clone());
+            }
+            for a in &expected {
+                fires.insert((name.clone(), s(&a["exp_labels"]["severity"]).to_string()));
             }
         }
     }
     for group in rules["groups"].as_sequence().expect("groups") {
         for rule in group["rules"].as_sequence().expect("rules") {
             let name = s(&rule["alert"]);
+            let severity = s(&rule["labels"]["severity"]);
             assert!(
-                fires.contains(name),
-                "{name}: no promtool case where it fires"
+                fires.contains(&(name.to_string(), severity.to_string())),
+                "{name}: no promtool case where it fires with severity {severity}"
             );
             assert!(
                 silent.contains(name),
                 "{name}: no promtool case where it is silent"
+            );
+        }
+    }
+}
+
+/// One cause, one alert: the promtool file has cases that evaluate every alert at one time on one
+/// situation (a refused memory decrease among them), and each expects exactly one alert to fire
+/// there; promtool checks that nothing else fires.
+#[test]
+fn one_cause_raises_one_alert() {
+    let rules = file("deploy/monitoring/nri-resize-rules.yaml");
+    let tests = file("deploy/monitoring/nri-resize-rules.test.yaml");
+    let names: BTreeSet<String> = alert_names(&rules).into_iter().collect();
+    let mut cases = 0;
+    for case in tests["tests"].as_sequence().expect("tests") {
+        let checks = case["alert_rule_test"]
+            .as_sequence()
+            .expect("alert_rule_test");
+        let times: BTreeSet<&str> = checks.iter().map(|t| s(&t["eval_time"])).collect();
+        let evaluated: BTreeSet<String> = checks
+            .iter()
+            .map(|t| s(&t["alertname"]).to_string())
+            .collect();
+        if times.len() != 1 || evaluated != names {
+            continue;
+        }
+        cases += 1;
+        let firing: Vec<(&str, usize)> = checks
+            .iter()
+            .map(|t| {
+                let n = t["exp_alerts"].as_sequence().map_or(0, Vec::len);
+                (s(&t["alertname"]), n)
+            })
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        assert!(
+            firing.len() == 1 && firing[0].1 == 1,
+            "a case that evaluates every alert expects {firing:?}, not exactly one alert"
+        );
+    }
+    assert!(cases >= 1, "no promtool case evaluates every alert at once");
+    let text = std::fs::read_to_string(root().join("deploy/monitoring/nri-resize-rules.test.yaml"))
+        .expect("read the promtool tests");
+    assert!(
+        text.contains(r#"state="Deferred""#) && text.contains("One cause, one alert"),
+        "the one-alert case is the refused (Deferred) memory decrease"
+    );
+}
+
+/// The alert names of a rules file, each once (an alert may have a rule per severity).
+fn alert_names(rules: &Value) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for group in rules["groups"].as_sequence().expect("groups") {
+        for rule in group["rules"].as_sequence().expect("rules") {
+            let name = s(&rule["alert"]).to_string();
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+    }
+    names
+}
+
+/// The README and docs/metrics.md say how many alerts ship, in words: the number of alert names
+/// in the rules file.
+#[test]
+fn the_readme_counts_the_alerts() {
+    let rules = file("deploy/monitoring/nri-resize-rules.yaml");
+    let count = alert_names(&rules).len();
+    let words = [
+        "zero",
+        "one",
+        "two",
+        "three",
+        "four",
+        "five",
+        "six",
+        "seven",
+        "eight",
+        "nine",
+        "ten",
+        "eleven",
+        "twelve",
+        "thirteen",
+        "fourteen",
+        "fifteen",
+        "sixteen",
+        "seventeen",
+        "eighteen",
+        "nineteen",
+        "twenty",
+    ];
+    let word = words
+        .get(count)
+        .unwrap_or_else(|| panic!("{count} alerts: extend the words of this test"));
+    for doc in ["README.md", "docs/metrics.md"] {
+        let text = std::fs::read_to_string(root().join(doc)).expect("read the doc");
+        let said: Vec<&str> = text
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .windows(2)
+            .filter(|w| w[1].trim_end_matches(|c: char| !c.is_alphanumeric()) == "alerts")
+            .map(|w| w[0])
+            .filter(|n| words.contains(&n.to_lowercase().as_str()))
+            .collect();
+        assert!(!said.is_empty(), "{doc} does not say how many alerts ship");
+        for n in said {
+            assert_eq!(
+                n.to_lowercase(),
+                *word,
+                "{doc} says {n} alerts; deploy/monitoring/nri-resize-rules.yaml has {count}"
             );
         }
     }
