@@ -178,6 +178,7 @@ impl Handler for ModelHandler {
         self.state
             .metrics
             .set_cadvisor_duplicates(effective.metrics.cadvisor_duplicates);
+        self.state.metrics.set_mode(effective.resize.mode);
         *self.state.config.write_locked() = effective;
         Ok(())
     }

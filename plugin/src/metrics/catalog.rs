@@ -110,8 +110,9 @@ pub const CATALOG: &[Entry] = &[
     e("process_start_time_seconds", Kind::Gauge, "seconds", &[], "start time of the daemon since the Unix epoch"),
     e("process_threads", Kind::Gauge, "threads", &[], "OS threads of the daemon"),
     // NRI connection and handlers.
+    e("nri_resize_mode", Kind::Gauge, "1", &["mode"], "1 for the resize mode in effect (`[resize] mode`: `Enforce` or `Observe`), 0 for the other; in `Observe` nothing is refused, so the alerts that page on refusals and on a lost runtime connection ask it"),
     e("nri_resize_nri_connected", Kind::Gauge, "1", &[], "1 while registered with the runtime over NRI, else 0 (refreshed at every scrape)"),
-    e("nri_resize_nri_events_total", Kind::Counter, "events", &["event"], "NRI events handled, by event (`CreateContainer`, `UpdateContainer`, ...)"),
+    e("nri_resize_nri_events_total", Kind::Counter, "events", &["event"], "NRI events handled, by event (`create_container`, `update_container`, ..., `synchronize`)"),
     e("nri_resize_nri_handler_duration_seconds", Kind::Histogram, "seconds", &["event"], "time in the plugin's handler per NRI event (buckets 10 µs … 2 s)"),
     e("nri_resize_nri_handler_deadline_exceeded_total", Kind::Counter, "calls", &["event"], "handler calls that overran their budget and were answered without the handler (fail-open; a memory decrease refused)"),
     // Resizes.

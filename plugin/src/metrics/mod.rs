@@ -43,6 +43,7 @@ pub use trim::TrimMetrics;
 pub use verdict::VerdictMetrics;
 
 use crate::cgroup::ActualResources;
+use crate::config::Mode;
 use crate::model::LinuxResources;
 use crate::nri::HandlerObserver;
 use crate::observer::{
@@ -94,6 +95,7 @@ pub struct Metrics {
     resize_duration: HistogramVec,
     observer_strategy: IntGaugeVec,
     nri_connected: IntGauge,
+    mode: IntGaugeVec,
     nri_events: IntCounterVec,
     nri_deadlines: IntCounterVec,
     nri_handler_duration: HistogramVec,
@@ -169,6 +171,46 @@ fn node_page_size(r: &Registry) -> Result<(), MetricsError> {
     )?;
     page.set(i64::try_from(crate::cgroup::page_size()).unwrap_or(i64::MAX));
     Ok(())
+}
+
+/// `nri_resize_nri_connected`.
+fn nri_connected(r: &Registry) -> Result<IntGauge, MetricsError> {
+    register(
+        r,
+        IntGauge::with_opts(opts(
+            "nri_connected",
+            "1 while registered with the runtime over NRI.",
+        ))
+        .map_err(MetricsError::Register)?,
+    )
+}
+
+/// `nri_resize_mode{mode}`: 1 for the resize mode in effect (`[resize] mode`), 0 for the other.
+fn mode(r: &Registry) -> Result<IntGaugeVec, MetricsError> {
+    let mode = register(
+        r,
+        IntGaugeVec::new(
+            opts(
+                "mode",
+                "1 for the resize mode in effect (Enforce or Observe), 0 for the other.",
+            ),
+            &["mode"],
+        )
+        .map_err(MetricsError::Register)?,
+    )?;
+    for m in [Mode::Enforce, Mode::Observe] {
+        mode.with_label_values(&[mode_label(m)])
+            .set(i64::from(m == Mode::default()));
+    }
+    Ok(mode)
+}
+
+/// The `mode` label's value: the mode as `[resize] mode` spells it.
+fn mode_label(m: Mode) -> &'static str {
+    match m {
+        Mode::Enforce => "Enforce",
+        Mode::Observe => "Observe",
+    }
 }
 
 /// `nri_resize_resizes{state}`, every state present (at 0).
@@ -248,14 +290,8 @@ impl Metrics {
                 "1 for the strategy in effect per observer measurement, 0 for the others.",
                 &["program", "strategy"],
             )?,
-            nri_connected: register(
-                r,
-                IntGauge::with_opts(opts(
-                    "nri_connected",
-                    "1 while registered with the runtime over NRI.",
-                ))
-                .map_err(MetricsError::Register)?,
-            )?,
+            nri_connected: nri_connected(r)?,
+            mode: mode(r)?,
             nri_events: int_counter(
                 "nri_events_total",
                 "NRI events handled, by event.",
@@ -450,6 +486,16 @@ impl Metrics {
 
     pub fn set_nri_connected(&self, connected: bool) {
         self.nri_connected.set(i64::from(connected));
+    }
+
+    /// Marks the resize mode in effect (1) and the other (0): alerts that page on what only
+    /// an enforcing daemon does ask it.
+    pub fn set_mode(&self, mode: Mode) {
+        for m in [Mode::Enforce, Mode::Observe] {
+            self.mode
+                .with_label_values(&[mode_label(m)])
+                .set(i64::from(m == mode));
+        }
     }
 
     /// Marks the strategy in effect per measurement (1) and the others (0).

@@ -85,6 +85,7 @@ impl NodeState {
     pub fn with_cgroups(file_config: Config, cgroups: Option<Cgroups>) -> Arc<Self> {
         let metrics = Metrics::new().expect("metric names are unique and valid");
         metrics.set_cadvisor_duplicates(file_config.metrics.cadvisor_duplicates);
+        metrics.set_mode(file_config.resize.mode);
         Arc::new(NodeState {
             model: RwLock::new(Model::default()),
             journal: Mutex::new(Journal::new(file_config.journal_size)),
