@@ -1,6 +1,7 @@
 //! The `manifests` tier: render every kustomization under `deploy/` with kustomize and the Helm
 //! chart (`deploy/helm/nri-resize`) with Helm's own engine (Helm v4's Go library through PyPI's
-//! `helm-python-sdk`; `scripts/helm-chart.py`), lint the chart (`helm lint --strict`), validate
+//! `helm-python-sdk`; `scripts/helm-chart.py`; on a cluster with and without the Prometheus
+//! Operator's API, and every value checked against the chart's `values.schema.json`), lint the chart (`helm lint --strict`), validate
 //! every rendering offline against the Kubernetes versions in-place resize runs on with
 //! `kubernetes-validate` (all installed by `scripts/setup-host.sh`), and run the structural
 //! checks that schemas cannot do (`tests/tests/deploy_manifests.rs`: PodMonitor/ServiceMonitor
@@ -177,6 +178,7 @@ pub fn render_chart(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
         } else {
             "without the Operator's CRDs"
         };
+        let values = values.split_whitespace().collect::<Vec<_>>().join(" ");
         eprintln!(
             "    rendered {CHART} ({values}, {cluster}) -> {}",
             file.display()

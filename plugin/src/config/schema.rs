@@ -53,7 +53,7 @@ fn strip_formats(v: &mut serde_json::Value) {
 }
 
 /// `values.schema.json` (its text) with `properties.config` replaced by [`chart_config_schema`],
-/// as serde_json writes it (keys sorted, two-space indent, a final newline).
+/// as `serde_json` writes it (keys sorted, two-space indent, a final newline).
 pub fn with_config_schema(values_schema: &str) -> Result<String, serde_json::Error> {
     let mut schema: serde_json::Value = serde_json::from_str(values_schema)?;
     schema["properties"]["config"] = chart_config_schema();
@@ -86,32 +86,37 @@ mod tests {
         );
     }
 
+    /// Checks `schema` against the TOML `table` at `path`: unknown keys refused, every key
+    /// described, tables below likewise.
+    fn assert_covers(schema: &serde_json::Value, table: &toml::Table, path: &str) {
+        assert_eq!(
+            schema["additionalProperties"],
+            serde_json::Value::Bool(false),
+            "{path}: unknown keys refused"
+        );
+        for (k, v) in table {
+            let sub = &schema["properties"][k];
+            assert!(sub.is_object(), "{path}.{k} is not in the schema");
+            if let toml::Value::Table(t) = v {
+                assert_covers(sub, t, &format!("{path}.{k}"));
+            }
+        }
+        let described = schema["properties"]
+            .as_object()
+            .map_or(0, serde_json::Map::len);
+        assert_eq!(
+            described,
+            table.len(),
+            "{path}: the schema's keys are the table's"
+        );
+    }
+
     /// Every key of the configuration is in the schema, and every table refuses unknown keys.
     #[test]
     fn every_key_is_described_and_unknown_keys_are_refused() {
         let schema = chart_config_schema();
         let table = toml::Table::try_from(Config::default()).expect("a table");
-        fn walk(schema: &serde_json::Value, table: &toml::Table, path: &str) {
-            assert_eq!(
-                schema["additionalProperties"],
-                serde_json::Value::Bool(false),
-                "{path}: unknown keys refused"
-            );
-            for (k, v) in table {
-                let sub = &schema["properties"][k];
-                assert!(sub.is_object(), "{path}.{k} is not in the schema");
-                if let toml::Value::Table(t) = v {
-                    walk(sub, t, &format!("{path}.{k}"));
-                }
-            }
-            let described = schema["properties"].as_object().map_or(0, |p| p.len());
-            assert_eq!(
-                described,
-                table.len(),
-                "{path}: the schema's keys are the table's"
-            );
-        }
-        walk(&schema, &table, "config");
+        assert_covers(&schema, &table, "config");
         let text = serde_json::to_string(&schema).expect("JSON");
         assert!(
             !text.contains("$ref") && !text.contains("\"format\""),

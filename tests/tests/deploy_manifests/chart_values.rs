@@ -358,7 +358,7 @@ fn names_stay_within_63_characters() {
 /// The knobs users expect reach the `DaemonSet`: pull secrets, the NRI plugin index (a number
 /// zero-padded), extra arguments and environment after the chart's own, the update strategy
 /// (no `rollingUpdate` beside `OnDelete`), pod annotations and labels beside the chart's, and the
-/// ServiceAccount (created, named, or an existing one).
+/// `ServiceAccount` (created, named, or an existing one).
 #[test]
 fn the_knobs_reach_the_daemonset() {
     let docs = helm(
