@@ -31,7 +31,8 @@ from helm_python import _native
 def render(args: argparse.Namespace, notes: bool) -> int:
     values = json.loads(args.values) if args.values else None
     # Chart.render() passes no API or Kubernetes versions; the C library's own options do
-    # (helm-c-sdk's render options: api_versions, kube_version), as `helm template` flags.
+    # (helm-c-sdk's render options: api_versions, kube_version; the wheel is pinned by
+    # setup-host.sh), as `helm template` flags.
     opts = {"name": args.release, "namespace": args.namespace, "is_install": True}
     if args.api_versions:
         opts["api_versions"] = args.api_versions
