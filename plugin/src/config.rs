@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::policy::{
@@ -12,6 +13,7 @@ use crate::policy::{
     VerdictThresholds,
 };
 
+pub mod schema;
 mod serde_units;
 
 fn ms_text(ms: u64) -> humantime_serde::re::humantime::FormattedDuration {
@@ -84,7 +86,7 @@ pub enum ConfigError {
 /// config_file = ""              # kubelet's KubeletConfiguration, e.g. /var/lib/kubelet/config.yaml
 /// pods_cgroup = ""              # "": /kubepods.slice or /kubepods, whichever exists
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// Number of recent events kept for `nri-resize events` (`1..=1_000_000`).
@@ -109,7 +111,7 @@ pub struct Config {
 
 /// `[trim]`: working-set trimming (docs/trimming.md). Read at every trimming interval, so the
 /// runtime's overlay takes effect without a restart.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct TrimConfig {
     /// Trim every container whose pod does not opt out (`trim.nri-resize.io/pod: off`);
@@ -118,6 +120,7 @@ pub struct TrimConfig {
     /// The pause between two steps of a container (`"2s"`; `100ms..=1m`): the stall and
     /// refaults a step caused are measured over it.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "serde_units::duration_schema")]
     pub interval: Duration,
     /// The stall share (the higher of the container's memory and io PSI `some`, since the last
     /// step) at which a probe ends: the working set is found. Pods may lower it
@@ -126,12 +129,15 @@ pub struct TrimConfig {
     /// After a working set is found, the container is left alone this long before the next
     /// probe (`"5m"`; `1s..=24h`): working sets move.
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "serde_units::duration_schema")]
     pub reprobe_after: Duration,
     /// The first step of a probe (`"1Mi"`; at least `4Ki`).
     #[serde(with = "serde_units::memory")]
+    #[schemars(schema_with = "serde_units::memory::schema")]
     pub min_step: u64,
     /// The largest step (`"64Mi"`; `min_step..=1Gi`).
     #[serde(with = "serde_units::memory")]
+    #[schemars(schema_with = "serde_units::memory::schema")]
     pub max_step: u64,
 }
 
@@ -179,7 +185,7 @@ impl TrimConfig {
 
 /// `[kubelet]`: kubelet's own reserve, read instead of `[resize]`'s where it can be
 /// (docs/configuration.md#the-node-reserve).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct KubeletConfig {
     /// kubelet's configuration file (`KubeletConfiguration`, YAML or JSON) as the daemon sees
@@ -193,7 +199,7 @@ pub struct KubeletConfig {
 }
 
 /// `[metrics]`: what `/metrics` exports (docs/metrics.md).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct MetricsConfig {
     /// Export the per-container series that cAdvisor (the kubelet's `/metrics/cadvisor`) also
@@ -210,11 +216,12 @@ impl Default for MetricsConfig {
 }
 
 /// `[verdict]`: the window after a resize compared with the one before, and the thresholds.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct VerdictConfig {
     /// Length of each window (`"30s"`; `1s..=1h`).
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "serde_units::duration_schema")]
     pub window: Duration,
     pub cpu_stall_increase: Share,
     pub memory_stall_increase: Share,
@@ -247,7 +254,7 @@ impl VerdictConfig {
 }
 
 /// `[memory_decrease]`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct MemoryDecreaseConfig {
     /// The node default (pods may only choose a stricter one).
@@ -255,13 +262,16 @@ pub struct MemoryDecreaseConfig {
     /// Reclaim gives up after this many milliseconds and keeps a safe limit (key `timeout`,
     /// `"60s"`; `1s..=1h`).
     #[serde(rename = "timeout", with = "serde_units::millis")]
+    #[schemars(schema_with = "serde_units::millis::schema")]
     pub timeout_ms: u64,
     /// Bytes above usage the interim limit keeps while reclaiming (`"16Mi"`).
     #[serde(with = "serde_units::memory")]
+    #[schemars(schema_with = "serde_units::memory::schema")]
     pub headroom: u64,
     /// First pause between reclaim passes in milliseconds; it doubles up to one second (key
     /// `step_interval`, `"100ms"`; `1ms..=10s`).
     #[serde(rename = "step_interval", with = "serde_units::millis")]
+    #[schemars(schema_with = "serde_units::millis::schema")]
     pub step_interval_ms: u64,
     /// When what must go is page cache, a reclaim runs inside the update itself, bounded by
     /// time: it stops at half of what is left of the runtime's deadline (about 750 ms of
@@ -269,6 +279,7 @@ pub struct MemoryDecreaseConfig {
     /// reclaims there (a larger decrease reclaims this much inline, the rest staged); 0 turns
     /// it off. A memory quantity (`"1Gi"`).
     #[serde(with = "serde_units::memory")]
+    #[schemars(schema_with = "serde_units::memory::schema")]
     pub inline_max: u64,
     /// Staged reclaim's ceiling on the container's stall share (the higher of its memory and io
     /// PSI `some`, cgroup v2): above it the reclaim holds until the stall is under half of it.
@@ -307,7 +318,7 @@ impl Default for Config {
 }
 
 /// Whether the engine acts on its decisions.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "PascalCase")]
 pub enum Mode {
     /// Refuse updates the policy or admission refuses, evict for restart, order writes.
@@ -318,20 +329,23 @@ pub enum Mode {
 }
 
 /// `[resize]`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct ResizeConfig {
     pub mode: Mode,
     /// Bytes of node memory admission keeps back for the system (`"1Gi"`).
     #[serde(with = "serde_units::memory")]
+    #[schemars(schema_with = "serde_units::memory::schema")]
     pub reserved_memory: u64,
     /// CPU admission keeps back for the system, in millicores (`allocatable` = online CPUs
     /// minus this); key `reserved_cpu`, a CPU quantity (`"500m"`, `"1.5"`).
     #[serde(rename = "reserved_cpu", with = "serde_units::cpu")]
+    #[schemars(schema_with = "serde_units::cpu::schema")]
     pub reserved_cpu_millicores: u64,
     /// Milliseconds to pause between the steps of a whole-pod resize (key `step_pause`,
     /// `"500ms"`; `"0s"`: none; at most `60s`).
     #[serde(rename = "step_pause", with = "serde_units::millis")]
+    #[schemars(schema_with = "serde_units::millis::schema")]
     pub step_pause_ms: u64,
     /// Attempts of a whole-pod resize (with backoff) before it is reported as an Error.
     pub max_attempts: u32,
@@ -350,7 +364,7 @@ impl Default for ResizeConfig {
 }
 
 /// `[capacity]`: the node capacity watcher (the `capacity` module reads it).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct CapacityConfig {
     /// Follow CPU and memory capacity changes (cpuhp eBPF events, kernel uevents, resync).
@@ -358,6 +372,7 @@ pub struct CapacityConfig {
     /// Full re-read of sysfs and `/proc/meminfo` behind the events, catching anything missed
     /// (`"60s"`, `"5m"`; `1s..=1h`).
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "serde_units::duration_schema")]
     pub resync_interval: Duration,
 }
 

@@ -7,7 +7,9 @@
 //! configurations, and the Grafana dashboard's queries against the metrics catalog. The Helm chart
 //! (`deploy/helm/nri-resize`), rendered with Helm's own engine (`xtask/scripts/helm-chart.py`:
 //! Helm v4's Go library through `PyPI`'s `helm-python-sdk`), against the kustomize install object
-//! for object; every shipped configuration through `nri-resize config check`.
+//! for object; every shipped configuration through `nri-resize config check`; the chart's values
+//! (`chart_values`: its schema refusing bad values, its knobs, the Operator's objects only where
+//! the cluster serves them).
 //! Schema validation itself is `cargo xtask manifests` (kubernetes-validate, 1.33-1.37; helm lint).
 
 use std::collections::BTreeSet;
@@ -17,6 +19,11 @@ use std::process::Command;
 use nri_resize::metrics::catalog;
 use nri_resize_tests::{plugin_binary, DAEMON_IMAGE, LEAST_PRIVILEGE_CAPS};
 use serde_yaml::Value;
+
+/// The chart's values: refused when bad, every knob where it lands (a module of this target, not
+/// a target of its own: the VM tier runs every other file of tests/tests/ in a guest).
+#[path = "deploy_manifests/chart_values.rs"]
+mod chart_values;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -282,6 +289,29 @@ fn kernel_interfaces_are_read_only_and_bpffs_is_not_mounted() {
     }
 }
 
+/// The namespaces a `NetworkPolicy` peer admits: `kubernetes.io/metadata.name In [...]`, the one
+/// expression of its namespace selector.
+fn admitted_namespaces(peer: &Value) -> Vec<&str> {
+    assert!(
+        peer["podSelector"].is_null() && peer["ipBlock"].is_null(),
+        "{peer:?}"
+    );
+    let selector = &peer["namespaceSelector"];
+    assert!(selector["matchLabels"].is_null(), "{selector:?}");
+    let exprs = selector["matchExpressions"]
+        .as_sequence()
+        .expect("matchExpressions");
+    assert_eq!(exprs.len(), 1, "{exprs:?}");
+    assert_eq!(s(&exprs[0]["key"]), "kubernetes.io/metadata.name");
+    assert_eq!(s(&exprs[0]["operator"]), "In");
+    exprs[0]["values"]
+        .as_sequence()
+        .expect("values")
+        .iter()
+        .map(s)
+        .collect()
+}
+
 /// Only the monitoring namespace reaches the metrics port: one ingress rule, one peer.
 #[test]
 fn the_network_policy_admits_only_the_monitoring_namespace_to_metrics() {
@@ -308,11 +338,7 @@ fn the_network_policy_admits_only_the_monitoring_namespace_to_metrics() {
     assert_eq!(rules.len(), 1, "one rule: {rules:?}");
     let from = rules[0]["from"].as_sequence().expect("from");
     assert_eq!(from.len(), 1, "one peer: {from:?}");
-    assert!(from[0]["podSelector"].is_null() && from[0]["ipBlock"].is_null());
-    assert_eq!(
-        s(&from[0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]),
-        "monitoring"
-    );
+    assert_eq!(admitted_namespaces(&from[0]), ["monitoring"]);
     let ports = rules[0]["ports"].as_sequence().expect("ports");
     assert_eq!(ports.len(), 1);
     assert_eq!(s(&ports[0]["port"]), "metrics");
@@ -678,31 +704,63 @@ fn every_dashboard_panel_is_narrowed_by_node_and_shows_one_unit() {
     assert!(panels >= 20, "{panels} panels");
 }
 
-/// The chart rendered by Helm's own engine with `values` (JSON over values.yaml), release
-/// `nri-resize` in `kube-system`, as `helm install nri-resize deploy/helm/nri-resize -n
-/// kube-system` would.
-fn helm(values: &str) -> Vec<Value> {
+/// The API version a cluster with the Prometheus Operator's CRDs serves.
+const OPERATOR_API: &str = "monitoring.coreos.com/v1";
+
+/// How the chart is rendered: the release's name, and what the cluster serves besides Helm's
+/// built-in API versions (`helm template --api-versions`; `helm install` asks the cluster).
+#[derive(Debug, Clone, Copy)]
+struct Cluster<'a> {
+    release: &'a str,
+    api_versions: &'a [&'a str],
+}
+
+/// A cluster with the Prometheus Operator, release `nri-resize`.
+const WITH_OPERATOR: Cluster<'static> = Cluster {
+    release: "nri-resize",
+    api_versions: &[OPERATOR_API],
+};
+
+/// `xtask/scripts/helm-chart.py <command> deploy/helm/nri-resize` with `values` for `cluster`:
+/// its standard output, or Helm's message (the values refused by the chart's schema, or a
+/// template's `fail`).
+fn helm_chart_py(command: &str, values: &str, cluster: Cluster<'_>) -> Result<String, String> {
     let cache = std::env::var_os("NRI_RESIZE_CACHE")
         .map_or_else(|| PathBuf::from("/var/cache/nri-resize"), PathBuf::from);
-    let out = Command::new(cache.join("venv/bin/python"))
-        .arg(root().join("xtask/scripts/helm-chart.py"))
-        .arg("render")
+    let mut cmd = Command::new(cache.join("venv/bin/python"));
+    cmd.arg(root().join("xtask/scripts/helm-chart.py"))
+        .arg(command)
         .arg(root().join("deploy/helm/nri-resize"))
-        .args(["--values", values])
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("run helm-chart.py ({e}); `cargo xtask setup` installs helm-python-sdk")
-        });
-    assert!(
-        out.status.success(),
-        "render the chart with {values}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).expect("utf-8");
-    serde_yaml::Deserializer::from_str(&text)
+        .args(["--values", values, "--release", cluster.release]);
+    for api in cluster.api_versions {
+        cmd.args(["--api-versions", api]);
+    }
+    let out = cmd.output().unwrap_or_else(|e| {
+        panic!("run helm-chart.py ({e}); `cargo xtask setup` installs helm-python-sdk")
+    });
+    if out.status.success() {
+        Ok(String::from_utf8(out.stdout).expect("utf-8"))
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// The chart rendered by Helm's own engine with `values` (JSON over values.yaml) in
+/// `kube-system` on `cluster`, or Helm's message.
+fn try_helm(values: &str, cluster: Cluster<'_>) -> Result<Vec<Value>, String> {
+    let text = helm_chart_py("render", values, cluster)?;
+    Ok(serde_yaml::Deserializer::from_str(&text)
         .map(|d| serde::Deserialize::deserialize(d).expect("rendered YAML parses"))
         .filter(|v: &Value| !v.is_null())
-        .collect()
+        .collect())
+}
+
+/// The chart rendered by Helm's own engine with `values` (JSON over values.yaml), release
+/// `nri-resize` in `kube-system`, on a cluster with the Prometheus Operator, as `helm install
+/// nri-resize deploy/helm/nri-resize -n kube-system` would there.
+fn helm(values: &str) -> Vec<Value> {
+    try_helm(values, WITH_OPERATOR)
+        .unwrap_or_else(|e| panic!("render the chart with {values}: {e}"))
 }
 
 /// Runs `nri-resize config check` on `text` (written to a file named after `origin`); panics
@@ -1104,13 +1162,13 @@ fn a_configuration_change_rolls_the_daemonset() {
 }
 
 /// The chart's values reach the objects: mode into config.toml, the monitors' extra labels and
-/// `honorLabels`, the `NetworkPolicy`'s namespace selector, image, node selection.
+/// `honorLabels`, the `NetworkPolicy`'s admitted namespaces, image, node selection.
 #[test]
 fn the_charts_values_reach_the_objects() {
     let docs = helm(
         r#"{"mode": "Observe", "image": {"repository": "registry.example/nri-resize", "tag": "9.9.9", "pullPolicy": "Always"},
             "monitoring": {"labels": {"release": "kube-prometheus-stack"}, "serviceMonitor": {"enabled": true}},
-            "networkPolicy": {"monitoringNamespaceSelector": {"matchLabels": {"team": "observability"}}},
+            "networkPolicy": {"prometheusNamespaces": ["observability", "gmp-system"]},
             "nodeSelector": {"kubernetes.io/os": "linux", "nri": "on"},
             "tolerations": [], "priorityClassName": ""}"#,
     );
@@ -1136,8 +1194,8 @@ fn the_charts_values_reach_the_objects() {
     }
     let np = find(&docs, "NetworkPolicy");
     assert_eq!(
-        s(&np["spec"]["ingress"][0]["from"][0]["namespaceSelector"]["matchLabels"]["team"]),
-        "observability"
+        admitted_namespaces(&np["spec"]["ingress"][0]["from"][0]),
+        ["observability", "gmp-system"]
     );
     let ds = find(&docs, "DaemonSet");
     let pod = &ds["spec"]["template"]["spec"];
@@ -1152,7 +1210,10 @@ fn the_charts_values_reach_the_objects() {
         r#"{"monitoring": {"podMonitor": {"enabled": false}, "rules": {"enabled": false}}, "networkPolicy": {"enabled": false}}"#,
     );
     let kinds: BTreeSet<&str> = docs.iter().map(|d| s(&d["kind"])).collect();
-    assert_eq!(kinds, ["ConfigMap", "DaemonSet", "Service"].into());
+    assert_eq!(
+        kinds,
+        ["ConfigMap", "DaemonSet", "Service", "ServiceAccount"].into()
+    );
 }
 
 /// A default of the chart's `monitoring.rules` (values.yaml), the settings node-mixin keeps in
@@ -1260,7 +1321,12 @@ fn the_charts_rule_settings_reach_the_rules() {
         .expect("run helm-chart.py");
     assert!(!out.status.success(), "a relative runbookBaseUrl rendered");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("monitoring.rules.runbookBaseUrl"), "{err}");
+    // The schema refuses it before the template's own check does: either names the value.
+    assert!(
+        err.contains("monitoring.rules.runbookBaseUrl")
+            || err.contains("/monitoring/rules/runbookBaseUrl"),
+        "{err}"
+    );
 }
 
 /// The `kubernetes.io/arch` values a pod spec's required node affinity allows (`In`).

@@ -1,6 +1,7 @@
 //! The `manifests` tier: render every kustomization under `deploy/` with kustomize and the Helm
 //! chart (`deploy/helm/nri-resize`) with Helm's own engine (Helm v4's Go library through PyPI's
-//! `helm-python-sdk`; `scripts/helm-chart.py`), lint the chart (`helm lint --strict`), validate
+//! `helm-python-sdk`; `scripts/helm-chart.py`; on a cluster with and without the Prometheus
+//! Operator's API, and every value checked against the chart's `values.schema.json`), lint the chart (`helm lint --strict`), validate
 //! every rendering offline against the Kubernetes versions in-place resize runs on with
 //! `kubernetes-validate` (all installed by `scripts/setup-host.sh`), and run the structural
 //! checks that schemas cannot do (`tests/tests/deploy_manifests.rs`: PodMonitor/ServiceMonitor
@@ -26,20 +27,59 @@ pub const KUSTOMIZATIONS: &[(&str, &str)] = &[
 /// The Helm chart.
 pub const CHART: &str = "deploy/helm/nri-resize";
 
-/// The chart's renderings that are validated, by name in `target/manifests/<name>.yaml`, with
-/// their values (JSON over values.yaml): the default, the privileged one, and every toggle the
-/// default leaves off turned on.
-pub const CHART_RENDERINGS: &[(&str, &str)] = &[
-    ("helm-default", "{}"),
-    ("helm-privileged", r#"{"privileged": true}"#),
-    (
-        "helm-all-toggles",
-        r#"{"mode": "Observe", "monitoring": {"labels": {"release": "kube-prometheus-stack"}, "serviceMonitor": {"enabled": true}}}"#,
-    ),
-    (
-        "helm-no-extras",
-        r#"{"monitoring": {"podMonitor": {"enabled": false}}, "networkPolicy": {"enabled": false}}"#,
-    ),
+/// The API version a cluster with the Prometheus Operator's CRDs serves: the chart renders its
+/// PodMonitor, ServiceMonitor and PrometheusRule only where the cluster serves it.
+pub const OPERATOR_API: &str = "monitoring.coreos.com/v1";
+
+/// One rendering of the chart that is validated: its name in `target/manifests/<name>.yaml`,
+/// its values (JSON over values.yaml), and whether the cluster serves [`OPERATOR_API`].
+#[derive(Debug)]
+pub struct ChartRendering {
+    pub name: &'static str,
+    pub values: &'static str,
+    pub operator: bool,
+}
+
+/// The chart's renderings that are validated: the default (with and without the Operator), the
+/// privileged one, every toggle the default leaves off turned on, every knob set.
+pub const CHART_RENDERINGS: &[ChartRendering] = &[
+    ChartRendering {
+        name: "helm-default",
+        values: "{}",
+        operator: true,
+    },
+    ChartRendering {
+        name: "helm-no-operator",
+        values: "{}",
+        operator: false,
+    },
+    ChartRendering {
+        name: "helm-privileged",
+        values: r#"{"privileged": true}"#,
+        operator: true,
+    },
+    ChartRendering {
+        name: "helm-all-toggles",
+        values: r#"{"mode": "Observe", "monitoring": {"labels": {"release": "kube-prometheus-stack"}, "serviceMonitor": {"enabled": true}, "scrapeAnnotations": {"enabled": true, "target": "service"}}}"#,
+        operator: true,
+    },
+    ChartRendering {
+        name: "helm-no-extras",
+        values: r#"{"monitoring": {"podMonitor": {"enabled": false}}, "networkPolicy": {"enabled": false}}"#,
+        operator: true,
+    },
+    ChartRendering {
+        name: "helm-knobs",
+        values: r#"{"image": {"repository": "registry.example/nri-resize", "tag": "0.1.0", "digest": "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"},
+            "imagePullSecrets": [{"name": "regcred"}], "serviceAccount": {"create": false, "name": "node-agents"},
+            "pluginIndex": 10, "extraArgs": ["--observer-interval=2s"],
+            "extraEnv": [{"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+            "updateStrategy": {"type": "OnDelete"}, "podAnnotations": {"example.com/team": "infra"},
+            "podLabels": {"team": "infra"}, "fullnameOverride": "resize",
+            "monitoring": {"scrapeAnnotations": {"enabled": true, "target": "pod"}},
+            "networkPolicy": {"prometheusNamespaces": ["monitoring", "gmp-system"]}}"#,
+        operator: false,
+    },
 ];
 
 /// In-place resize is beta from 1.33 and GA in 1.35; 1.37.0 is the newest schema set of the
@@ -109,11 +149,20 @@ pub fn render_chart(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
     let out_dir = root.join("target/manifests");
     std::fs::create_dir_all(&out_dir).with_context(|| format!("create {}", out_dir.display()))?;
     let mut files = Vec::new();
-    for (name, values) in CHART_RENDERINGS {
-        let out = helm_chart_py(root)
-            .arg("render")
+    for ChartRendering {
+        name,
+        values,
+        operator,
+    } in CHART_RENDERINGS
+    {
+        let mut cmd = helm_chart_py(root);
+        cmd.arg("render")
             .arg(root.join(CHART))
-            .args(["--values", values])
+            .args(["--values", values]);
+        if *operator {
+            cmd.args(["--api-versions", OPERATOR_API]);
+        }
+        let out = cmd
             .output()
             .context("run xtask/scripts/helm-chart.py (helm-python-sdk, installed by setup)")?;
         if !out.status.success() {
@@ -124,7 +173,16 @@ pub fn render_chart(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
         }
         let file = out_dir.join(format!("{name}.yaml"));
         std::fs::write(&file, &out.stdout).with_context(|| format!("write {}", file.display()))?;
-        eprintln!("    rendered {CHART} ({values}) -> {}", file.display());
+        let cluster = if *operator {
+            "with the Operator's CRDs"
+        } else {
+            "without the Operator's CRDs"
+        };
+        let values = values.split_whitespace().collect::<Vec<_>>().join(" ");
+        eprintln!(
+            "    rendered {CHART} ({values}, {cluster}) -> {}",
+            file.display()
+        );
         files.push(file);
     }
     Ok(files)

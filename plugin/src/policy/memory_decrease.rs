@@ -36,7 +36,18 @@ const PAGE: u64 = 4096;
 ///
 /// Strictness order: `Reclaim < Restart < Reject`.
 #[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
 )]
 #[serde(rename_all = "PascalCase")]
 pub enum MemoryDecreaseStrategy {

@@ -19,7 +19,18 @@ use super::quantity::{Direction, Resource};
 ///
 /// Strictness order: `NotRequired < RestartContainer`.
 #[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize,
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Deserialize,
+    Serialize,
+    schemars::JsonSchema,
 )]
 pub enum RestartPolicy {
     /// The change can be applied to the running container.
@@ -60,7 +71,18 @@ impl fmt::Display for RestartPolicy {
 /// place or restart, `LiveResize` only in place (or refuse), `Restart` never writes a running
 /// container's limits (it is recreated through the ordinary create path).
 #[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize,
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Deserialize,
+    Serialize,
+    schemars::JsonSchema,
 )]
 pub enum ResizeAction {
     /// Resize in place when the policy allows, otherwise restart.
@@ -99,7 +121,9 @@ impl fmt::Display for ResizeAction {
 }
 
 /// The restart policy of one resource, per direction.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize, Serialize, schemars::JsonSchema,
+)]
 #[serde(default, deny_unknown_fields)]
 pub struct DirectionalPolicy {
     /// Policy when the resource grows.
@@ -178,7 +202,7 @@ impl ResizePolicy {
 ///
 /// Every field is optional; the default is the KEP's behaviour (everything `NotRequired`,
 /// action `LiveResizePreferred`, annotations honoured).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct PolicyDefaults {
     /// Whether pods may tighten the policy through annotations. When `false` every nri-resize

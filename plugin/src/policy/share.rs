@@ -64,6 +64,17 @@ impl From<Share> for f64 {
     }
 }
 
+/// A number within `0.0..=1.0` (the configuration's schema; `try_from` checks the same).
+impl schemars::JsonSchema for Share {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Share".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({ "type": "number", "minimum": 0.0, "maximum": 1.0 })
+    }
+}
+
 impl std::fmt::Display for Share {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.0.fmt(f)

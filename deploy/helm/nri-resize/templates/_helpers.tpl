@@ -1,16 +1,33 @@
-{{/* The chart's name. */}}
+{{/* The chart's name (nameOverride), at most 63 characters: a label value. */}}
 {{- define "nri-resize.name" -}}
-{{- .Chart.Name | trunc 63 | trimSuffix "-" }}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
-{{/* Object names: the release name, or release-chart when the release does not contain the chart's
-name. `helm install nri-resize ...` gives the names of the kustomize install. */}}
+{{/* Object names: fullnameOverride, else the release name, or release-name when the release does
+not contain the name. `helm install nri-resize ...` gives the names of the kustomize install.
+At most 63 characters (a DNS label), so that every name built from it fits too
+(nri-resize.suffixed). */}}
 {{- define "nri-resize.fullname" -}}
-{{- if contains .Chart.Name .Release.Name }}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
 {{- .Release.Name | trunc 63 | trimSuffix "-" }}
 {{- else }}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
 {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* fullname-<suffix>, the full name cut so that the whole is at most 63 characters (a Service
+name is a DNS label): a 52-character release gives a 63-character Service name, not 71. Called
+with (list $ "suffix"). */}}
+{{- define "nri-resize.suffixed" -}}
+{{- $root := index . 0 }}
+{{- $suffix := index . 1 }}
+{{- $base := include "nri-resize.fullname" $root | trunc (int (sub 62 (len $suffix))) | trimSuffix "-" }}
+{{- printf "%s-%s" $base $suffix }}
 {{- end }}
 
 {{/* Selector labels: the kustomize install's app.kubernetes.io/name and the release. */}}
@@ -19,21 +36,67 @@ app.kubernetes.io/name: {{ include "nri-resize.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
+{{/* app.kubernetes.io/version: the image tag, or the chart's appVersion when the tag is empty,
+as a label value (at most 63 characters of [A-Za-z0-9_.-], starting and ending alphanumeric).
+Never a digest: image.digest pins the image, and the schema refuses `@` in a tag. */}}
+{{- define "nri-resize.version" -}}
+{{- $v := .Values.image.tag | default .Chart.AppVersion | toString }}
+{{- $v = regexReplaceAll "[^A-Za-z0-9_.-]" (replace "+" "_" (first (splitList "@" $v))) "-" }}
+{{- regexReplaceAll "^[^A-Za-z0-9]+|[^A-Za-z0-9]+$" ($v | trunc 63) "" }}
+{{- end }}
+
 {{/* Labels of every object. */}}
 {{- define "nri-resize.labels" -}}
 {{ include "nri-resize.selectorLabels" . }}
 app.kubernetes.io/part-of: nri-resize
-app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+{{- with include "nri-resize.version" . }}
+app.kubernetes.io/version: {{ . | quote }}
+{{- end }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The image: repository:tag, pinned by digest when image.digest is set
+(repository:tag@digest; repository@digest when the tag is empty). */}}
+{{- define "nri-resize.image" -}}
+{{- $repo := .Values.image.repository }}
+{{- if .Values.image.digest }}
+{{- if .Values.image.tag }}
+{{- printf "%s:%s@%s" $repo .Values.image.tag .Values.image.digest }}
+{{- else }}
+{{- printf "%s@%s" $repo .Values.image.digest }}
+{{- end }}
+{{- else }}
+{{- printf "%s:%s" $repo (.Values.image.tag | default .Chart.AppVersion | toString) }}
+{{- end }}
+{{- end }}
+
+{{/* The ServiceAccount the pods run as: the chart's own (serviceAccount.create), named
+serviceAccount.name or the full name; otherwise serviceAccount.name, or the namespace's
+"default". */}}
+{{- define "nri-resize.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "nri-resize.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The NRI plugin index, two digits (a number is zero-padded: 5 -> "05"). */}}
+{{- define "nri-resize.pluginIndex" -}}
+{{- if kindIs "string" .Values.pluginIndex }}
+{{- .Values.pluginIndex }}
+{{- else }}
+{{- printf "%02d" (int .Values.pluginIndex) }}
+{{- end }}
 {{- end }}
 
 {{- define "nri-resize.configName" -}}
-{{ include "nri-resize.fullname" . }}-config
+{{ include "nri-resize.suffixed" (list . "config") }}
 {{- end }}
 
 {{- define "nri-resize.metricsName" -}}
-{{ include "nri-resize.fullname" . }}-metrics
+{{ include "nri-resize.suffixed" (list . "metrics") }}
 {{- end }}
 
 {{/* The daemon's configuration: .Values.config with [resize] mode from .Values.mode. */}}
@@ -102,4 +165,13 @@ durations ("60s") are strings and written as TOML strings. Keys are the daemon's
 {{/* Where the daemon sees kubelet's configuration file (kubeletConfigFile, mounted read-only). */}}
 {{- define "nri-resize.kubeletConfigMount" -}}
 /etc/kubelet/{{ base .Values.kubeletConfigFile }}
+{{- end }}
+
+{{/* The annotations of annotation-based scraping (Prometheus' kubernetes_sd_configs relabelling
+by prometheus.io/scrape, port and path), on the pods or the Service
+(monitoring.scrapeAnnotations). */}}
+{{- define "nri-resize.scrapeAnnotations" -}}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ .Values.metricsPort | toString | quote }}
+prometheus.io/path: /metrics
 {{- end }}
