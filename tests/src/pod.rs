@@ -77,6 +77,19 @@ impl Resources {
         r
     }
 
+    /// These plus `overhead` (what kubelet writes to the pod cgroup: `ResourceConfigForPod`
+    /// adds the pod overhead to each limit the pod has; an unlimited one stays unlimited).
+    #[must_use]
+    pub fn with_overhead(&self, overhead: &Resources) -> Resources {
+        let add = |a: i64, b: i64| if a > 0 { a + b.max(0) } else { a };
+        Resources {
+            cpu_period: self.cpu_period,
+            cpu_quota: add(self.cpu_quota, overhead.cpu_quota),
+            cpu_shares: add(self.cpu_shares, overhead.cpu_shares),
+            memory_limit: add(self.memory_limit, overhead.memory_limit),
+        }
+    }
+
     /// From CRI `LinuxContainerResources` (other fields are ignored).
     pub fn from_cri(r: &LinuxContainerResources) -> Self {
         Self {
@@ -120,6 +133,9 @@ pub struct PodSpec {
     /// Pod-level resources: written to the pod cgroup (see [`Resources::cgroup_limits`]) and
     /// passed as `LinuxPodSandboxConfig.resources`, like kubelet.
     pub resources: Resources,
+    /// The pod overhead (a `RuntimeClass`'s): added to the pod cgroup's limits and passed as
+    /// `LinuxPodSandboxConfig.overhead`, like kubelet; none by default.
+    pub overhead: Resources,
 }
 
 impl PodSpec {
@@ -211,7 +227,10 @@ impl Containerd {
         let (cgroup_parent, cgroup_path) = self.cgroups.pod_cgroup(&spec.uid);
         self.cgroups.create_cgroup(&cgroup_path);
         self.cgroups
-            .set_limits(&cgroup_path, &spec.resources.cgroup_limits())
+            .set_limits(
+                &cgroup_path,
+                &spec.resources.with_overhead(&spec.overhead).cgroup_limits(),
+            )
             .unwrap_or_else(|e| panic!("limit pod cgroup {cgroup_path}: {e}"));
         let log_dir = self
             .base_dir()
@@ -237,6 +256,7 @@ impl Containerd {
                     ..Default::default()
                 }),
                 resources: Some(spec.resources.to_cri()),
+                overhead: (spec.overhead != Resources::default()).then(|| spec.overhead.to_cri()),
                 ..Default::default()
             }),
             ..Default::default()

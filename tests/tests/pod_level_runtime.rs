@@ -49,11 +49,17 @@ fn model_limits(p: &PodStatus) -> String {
         .map_or_else(|| "-".into(), |r| limits_text(&PodLimits::from_linux(r)))
 }
 
-/// A pod (2 CPUs, 1 GiB) whose container `app` has a CPU limit (1 CPU) and no memory limit and
+/// The pod overhead of the pods here (a `RuntimeClass`'s: 100m, 16Mi), added to the pod cgroup.
+fn overhead() -> Resources {
+    Resources::limits(10_000, 16 * MIB)
+}
+
+/// A pod (2 CPUs, 1 GiB, and the [`overhead`]) whose container `app` has a CPU limit (1 CPU) and no memory limit and
 /// holds 300 MiB, as pods with pod-level resources may.
 async fn loaded_pod(ctrd: &Containerd, name: &str) -> Pod {
     let mut spec = PodSpec::new(name);
     spec.resources = Resources::limits(200_000, 1024 * MIB);
+    spec.overhead = overhead();
     let pod = Box::pin(ctrd.run_pod(spec)).await.expect("RunPodSandbox");
     let mut c = ContainerSpec::new("app", &["sh", "-c", ANON_300]);
     c.resources = Resources::limits(100_000, 0);
@@ -84,7 +90,7 @@ async fn pod_level_resize(version: ContainerdVersion) {
     let before = pod_status(&api, "pod-level").await;
     assert_eq!(model_limits(&before), "2000m/1Gi", "the pod as created");
     let created = Resources::limits(200_000, 1024 * MIB);
-    let overhead = Resources::limits(10_000, 16 * MIB);
+    let overhead = overhead();
     let write = |c: &Containerd, p: &Pod, l: &CgroupLimits| c.set_pod_cgroup_limits(p, l);
 
     // kubelet 1.36: the runtime first, then the pod cgroup (pod limits plus the 100m / 16Mi
@@ -171,7 +177,7 @@ async fn pod_level_resize(version: ContainerdVersion) {
         .await
         .expect("events API")
         .iter()
-        .filter(|e| e.event.as_str().contains("update_pod_sandbox"))
+        .filter(|e| e.event.as_str() == "update_pod_sandbox")
         .count();
     assert_eq!(seen, 3, "the plugin judged each of kubelet's three calls");
 

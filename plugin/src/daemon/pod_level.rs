@@ -77,7 +77,8 @@ impl ModelHandler {
                 })
                 .collect()
         });
-        let previous = known_pod_memory(state, &pod.id);
+        let known = known_pod_limits(state, &pod.id);
+        let previous = known.map(|k| k.memory);
         let unread = unread_usage(&read.actual);
         let (enforce, annotation) =
             effective_enforce(cfg.resize.mode == Mode::Enforce, &pod.annotations);
@@ -85,17 +86,7 @@ impl ModelHandler {
             warn!(pod = %pod.full_name(), error = %e, "pod annotation ignored");
             state.metrics.annotation_error();
         }
-        // Without the breakdown (`memory.stat` unread) the usage alone is judged, all of it as
-        // memory that cannot be reclaimed: never less careful than before the breakdown.
-        let used = match (&read.actual, read.memory) {
-            (Ok(_), Some(used)) => Some(used),
-            (Ok((_, Some(usage))), None) => Some(MemoryUse {
-                usage: *usage,
-                ..MemoryUse::default()
-            }),
-            _ => None,
-        };
-        let memory = match used {
+        let memory = match judged_use(&read.actual, read.memory) {
             Some(used) => Some(
                 self.pod_memory(pod, used, cgroup.memory, enforce, deadline)
                     .await,
@@ -108,6 +99,7 @@ impl ModelHandler {
         };
         let verdict = match admit_pod_level(
             &read.node.unwrap_or_default(),
+            known.as_ref(),
             &ask.asked,
             &ask.extra,
             &containers,
@@ -170,7 +162,7 @@ impl ModelHandler {
         let PodAsk {
             cgroup, desired, ..
         } = PodAsk::new(resources, overhead);
-        let previous = known_pod_memory(state, &pod.id);
+        let previous = known_pod_limits(state, &pod.id).map(|k| k.memory);
         let Some(Admission::Deferred { reason }) =
             admit_unchecked_memory(cgroup.memory, previous, UNDECIDED_POD_DECREASE)
         else {
@@ -263,8 +255,11 @@ impl ModelHandler {
     }
 
     /// After `PostUpdatePodSandbox`: reads the pod cgroup back and compares it with desired.
+    /// Drift is not reported from this read: containerd sends the event inside the CRI call,
+    /// before kubelet 1.36 writes the pod cgroup; the reads that follow the answer
+    /// ([`Self::follow_pod_update`]) report it after the last.
     pub(super) async fn confirm_pod(&self, pod: &Pod) {
-        confirm_pod(self.state(), pod, true).await;
+        confirm_pod(self.state(), pod, false).await;
     }
 
     /// After answering an accepted `UpdatePodSandbox`: reads `pod`'s cgroup back at
@@ -310,9 +305,27 @@ impl PodAsk {
     }
 }
 
-/// The pod cgroup's memory limit as far as the model knows (the last accepted update, or the
-/// sandbox's resources, overhead included); `None`: unknown. A request below it is a decrease.
-fn known_pod_memory(state: &NodeState, pod_id: &str) -> Option<Limit> {
+/// The pod's memory as admission judges it, from what the read found. Without the breakdown
+/// (`memory.stat` unread) the usage alone is judged, all of it as memory that cannot be
+/// reclaimed: never less careful than before the breakdown.
+fn judged_use(
+    actual: &Result<(PodLimits, Option<u64>), PodReadError>,
+    breakdown: Option<MemoryUse>,
+) -> Option<MemoryUse> {
+    match (actual, breakdown) {
+        (Ok(_), Some(used)) => Some(used),
+        (Ok((_, Some(usage))), None) => Some(MemoryUse {
+            usage: *usage,
+            ..MemoryUse::default()
+        }),
+        _ => None,
+    }
+}
+
+/// The pod cgroup's limits as far as the model knows (the last accepted update, or the
+/// sandbox's resources, overhead included); `None`: unknown. A memory limit below its memory is
+/// a decrease.
+fn known_pod_limits(state: &NodeState, pod_id: &str) -> Option<Limits> {
     state.read_model(|m| {
         m.pod(pod_id).and_then(|p| {
             let limits = Limits::from_linux(p.resources.as_ref()?);
@@ -321,7 +334,7 @@ fn known_pod_memory(state: &NodeState, pod_id: &str) -> Option<Limit> {
                 .as_ref()
                 .map(Limits::from_linux)
                 .unwrap_or_default();
-            Some(with_overhead(&limits, &extra).memory)
+            Some(with_overhead(&limits, &extra))
         })
     })
 }

@@ -8,8 +8,9 @@
 //! node and the pod's usage are judged against the pod cgroup's limit (limits plus overhead),
 //! the containers against the pod-level limits.
 //!
-//! Infeasible, in this order: the pod cgroup's CPU limit above the node's allocatable CPU; its
-//! memory limit above allocatable memory; a container limit of the pod above the pod limit (the
+//! Infeasible, in this order: the pod cgroup's CPU limit raised above the node's allocatable
+//! CPU; its memory limit raised above allocatable memory (a limit the pod already holds is not
+//! judged again: kubelet 1.36's calls carry the resources they do not change as they are); a container limit of the pod above the pod limit (the
 //! container could never get what it holds). Deferred ([`PodMemory`]): a pod cgroup memory
 //! limit below the pod's anonymous and shared memory (only swap frees it: the kernel
 //! would refuse the write on cgroup v1 and OOM-kill inside it on v2); one below the working set
@@ -100,11 +101,27 @@ pub fn with_overhead(limits: &Limits, overhead: &Limits) -> Limits {
     )
 }
 
+/// Whether a limit of `new` raises the pod cgroup's `previous` one (`None`: unknown, judged as
+/// a raise); setting a limit where there was none lowers it.
+fn raises(new: u64, previous: Option<Limit>) -> bool {
+    match previous {
+        None => true,
+        Some(Limit::Limited(p)) => new > p,
+        Some(Limit::Unlimited) => false,
+    }
+}
+
 /// Admits a pod-level resize to `desired` pod limits with `overhead` (unlimited when the pod has
-/// none), given the limits of the pod's running containers by name and the pod cgroup's memory
-/// (`None`: unknown). See the module docs for the order of checks.
+/// none), given the pod cgroup's limits before it (`previous`, overhead included; `None`:
+/// unknown), the limits of the pod's running containers by name and the pod cgroup's memory
+/// (`None`: unknown). See the module docs for the order of checks. A limit above the node's
+/// allocatable is refused only where the request raises it: kubelet 1.36 sends one call per pod
+/// cgroup write (memory, then CPU), each carrying the other resources as the pod has them, and
+/// a pod that already holds such a limit (set before the node's allocatable shrank) must still
+/// be resizable in the other resource, or lowered.
 pub fn admit_pod_level(
     node: &NodeCapacity,
+    previous: Option<&Limits>,
     desired: &Limits,
     overhead: &Limits,
     containers: &BTreeMap<String, Limits>,
@@ -113,7 +130,7 @@ pub fn admit_pod_level(
     let cgroup = with_overhead(desired, overhead);
     let allocatable_cpu = node.allocatable_cpu_millis();
     if let Limit::Limited(cpu) = cgroup.cpu {
-        if allocatable_cpu > 0 && cpu > allocatable_cpu {
+        if allocatable_cpu > 0 && cpu > allocatable_cpu && raises(cpu, previous.map(|p| p.cpu)) {
             return Admission::Infeasible {
                 reason: format!(
                     "pod CPU limit {} exceeds the node's {} allocatable CPU",
@@ -125,7 +142,10 @@ pub fn admit_pod_level(
     }
     let allocatable_memory = node.allocatable_memory_bytes();
     if let Limit::Limited(mem) = cgroup.memory {
-        if allocatable_memory > 0 && mem > allocatable_memory {
+        if allocatable_memory > 0
+            && mem > allocatable_memory
+            && raises(mem, previous.map(|p| p.memory))
+        {
             return Admission::Infeasible {
                 reason: format!(
                     "pod memory limit {} exceeds the node's {} allocatable memory",

@@ -424,7 +424,7 @@ impl Containerd {
     ) -> KubeletPodSync {
         let mut calls = Vec::new();
         let done = |calls, outcome| KubeletPodSync { calls, outcome };
-        let cgroup = with_overhead(to, overhead).cgroup_limits();
+        let cgroup = to.with_overhead(overhead).cgroup_limits();
         let current = self
             .pod_cgroup_limits(pod)
             .ok()
@@ -460,8 +460,7 @@ impl Containerd {
                 Err(s) if s.code() == tonic::Code::Unimplemented => unimplemented = true,
                 Err(s) => return done(calls, KubeletPodResize::Refused(s)),
             }
-            if let Err(failed) = write(self, pod, &with_overhead(&merged, overhead).cgroup_limits())
-            {
+            if let Err(failed) = write(self, pod, &merged.with_overhead(overhead).cgroup_limits()) {
                 let revert = if unimplemented {
                     Ok(())
                 } else {
@@ -524,17 +523,6 @@ fn blocked((block, message): (UsageBlock, String)) -> KubeletResize {
             message,
         },
         UsageBlock::Missing => KubeletResize::MissingUsage(message),
-    }
-}
-
-/// `r` plus `overhead` (what kubelet writes to the pod cgroup).
-fn with_overhead(r: &Resources, overhead: &Resources) -> Resources {
-    let add = |a: i64, b: i64| if a > 0 { a + b.max(0) } else { a };
-    Resources {
-        cpu_period: r.cpu_period,
-        cpu_quota: add(r.cpu_quota, overhead.cpu_quota),
-        cpu_shares: add(r.cpu_shares, overhead.cpu_shares),
-        memory_limit: add(r.memory_limit, overhead.memory_limit),
     }
 }
 

@@ -48,6 +48,7 @@ fn a_pod_limit_within_the_node_and_above_every_container_fits() {
     let c = containers(&[("app", Some(500), Some(128 * MI)), ("side", None, None)]);
     let a = admit_pod_level(
         &node(),
+        None,
         &limits(Some(1000), Some(256 * MI)),
         &Limits::default(),
         &c,
@@ -57,6 +58,7 @@ fn a_pod_limit_within_the_node_and_above_every_container_fits() {
     // Unlimited pod limits never conflict with anything.
     let a = admit_pod_level(
         &node(),
+        None,
         &limits(None, None),
         &Limits::default(),
         &c,
@@ -103,6 +105,7 @@ fn table_of_refusals_in_quantities() {
     for (want, usage, state, text) in cases {
         let got = reason(&admit_pod_level(
             &node(),
+            None,
             want,
             &Limits::default(),
             &c,
@@ -118,6 +121,7 @@ fn the_deferred_case_needs_a_known_usage_and_infeasible_comes_first() {
     // Unknown usage: no Deferred; the container check still refuses.
     let a = admit_pod_level(
         &node(),
+        None,
         &limits(None, Some(100 * MI)),
         &Limits::default(),
         &c,
@@ -126,6 +130,7 @@ fn the_deferred_case_needs_a_known_usage_and_infeasible_comes_first() {
     assert_eq!(reason(&a).0, ResizeState::Infeasible);
     let a = admit_pod_level(
         &node(),
+        None,
         &limits(None, Some(100 * MI)),
         &Limits::default(),
         &BTreeMap::new(),
@@ -135,6 +140,7 @@ fn the_deferred_case_needs_a_known_usage_and_infeasible_comes_first() {
     // Usage equal to the limit fits.
     let a = admit_pod_level(
         &node(),
+        None,
         &limits(None, Some(100 * MI)),
         &Limits::default(),
         &BTreeMap::new(),
@@ -177,7 +183,14 @@ fn the_node_and_usage_are_judged_with_the_overhead_the_containers_without() {
     let overhead = limits(Some(100), Some(16 * MI));
     let c = containers(&[("app", Some(1000), Some(100 * MI))]);
     // 1850m + 100m overhead is above the 1900m allocatable.
-    let a = admit_pod_level(&node(), &limits(Some(1850), None), &overhead, &c, None);
+    let a = admit_pod_level(
+        &node(),
+        None,
+        &limits(Some(1850), None),
+        &overhead,
+        &c,
+        None,
+    );
     assert_eq!(
         reason(&a).1,
         "pod CPU limit 1950m exceeds the node's 1900m allocatable CPU"
@@ -185,6 +198,7 @@ fn the_node_and_usage_are_judged_with_the_overhead_the_containers_without() {
     // A 100Mi pod limit holds a 100Mi container; 110Mi used fits the 116Mi pod cgroup.
     let a = admit_pod_level(
         &node(),
+        None,
         &limits(None, Some(100 * MI)),
         &overhead,
         &c,
@@ -193,6 +207,7 @@ fn the_node_and_usage_are_judged_with_the_overhead_the_containers_without() {
     assert_eq!(a, Admission::Fits);
     let a = admit_pod_level(
         &node(),
+        None,
         &limits(None, Some(100 * MI)),
         &overhead,
         &c,
@@ -265,6 +280,7 @@ fn a_pod_decrease_is_judged_by_what_cannot_be_reclaimed_and_what_trimming_found(
     let admit = |limit: u64, m: &PodMemory| {
         reason(&admit_pod_level(
             &node(),
+            None,
             &limits(None, Some(limit)),
             &Limits::default(),
             &BTreeMap::new(),
@@ -318,6 +334,7 @@ fn a_pod_decrease_is_judged_by_what_cannot_be_reclaimed_and_what_trimming_found(
     let fits = |limit: u64, m: &PodMemory| {
         admit_pod_level(
             &node(),
+            None,
             &limits(None, Some(limit)),
             &Limits::default(),
             &BTreeMap::new(),
@@ -336,4 +353,40 @@ fn a_pod_decrease_is_judged_by_what_cannot_be_reclaimed_and_what_trimming_found(
     };
     assert!(!blind.needs_reclaim(128 * MI));
     assert_eq!(admit(128 * MI, &blind).1, "usage 300Mi above requested pod limit 128Mi: memory.stat gives no breakdown, so all of it counts as memory that cannot be reclaimed");
+}
+
+/// kubelet 1.36 calls once per pod cgroup write (memory, then CPU), each call carrying the
+/// resources it does not change as the pod has them: a pod that already holds a CPU limit above
+/// the node's allocatable (1900m here: set before the node shrank) can still have its memory
+/// resized and its CPU lowered; only raising a limit above allocatable is refused, and without
+/// a known previous limit it is judged as before.
+#[test]
+fn a_limit_above_allocatable_is_refused_only_where_the_request_raises_it() {
+    let c = containers(&[]);
+    let before = limits(Some(2100), Some(GI));
+    let memory_step = limits(Some(2100), Some(768 * MI));
+    let fits = |previous: Option<&Limits>, asked: &Limits| {
+        admit_pod_level(&node(), previous, asked, &Limits::default(), &c, None)
+    };
+    assert_eq!(fits(Some(&before), &memory_step), Admission::Fits);
+    assert_eq!(
+        fits(Some(&before), &limits(Some(2000), Some(768 * MI))),
+        Admission::Fits,
+        "lowered, if still above allocatable"
+    );
+    assert_eq!(
+        reason(&fits(Some(&before), &limits(Some(2200), Some(768 * MI)))).1,
+        "pod CPU limit 2200m exceeds the node's 1900m allocatable CPU"
+    );
+    assert_eq!(
+        reason(&fits(None, &memory_step)).1,
+        "pod CPU limit 2100m exceeds the node's 1900m allocatable CPU",
+        "unknown before: judged as a raise"
+    );
+    let unlimited_before = limits(None, None);
+    assert_eq!(
+        fits(Some(&unlimited_before), &memory_step),
+        Admission::Fits,
+        "a limit where there was none lowers it"
+    );
 }
