@@ -2,9 +2,12 @@
 //! TOML as the chart's templates do it (`deploy/helm/nri-resize/templates/_helpers.tpl`,
 //! `nri-resize.config`), and positions in the YAML for the keys the check names.
 //!
-//! The chart writes `.Values.config` as TOML (null values left out, whole numbers as integers),
-//! sets `[resize] mode` from `.Values.mode` (default `Enforce`) and, when `kubeletConfigFile` is
-//! set, `[kubelet] config_file` to where it mounts that file (`/etc/kubelet/<basename>`).
+//! The file is read as `helm install -f <file>` reads it: over the chart's own `values.yaml`
+//! (built in from `deploy/helm/nri-resize/values.yaml`), maps merged key by key and a `null`
+//! removing the default. The chart writes `.Values.config` as TOML (null values left out, whole
+//! numbers as integers), sets `[resize] mode` from `.Values.mode` and, when `kubeletConfigFile`
+//! is set, `[kubelet] config_file` to where it mounts that file (`/etc/kubelet/<basename>`).
+//! `tests/tests/deploy_manifests.rs` holds this against Helm's own rendering.
 
 use std::path::Path;
 
@@ -17,6 +20,29 @@ pub enum ValuesError {
     NotAMapping(String),
     #[error("config.{key}: {value} cannot be written as TOML (the chart fails on it too)")]
     Unwritable { key: String, value: String },
+}
+
+/// The chart's default values, which a values file is read over.
+const CHART_VALUES: &str = include_str!("../../../deploy/helm/nri-resize/values.yaml");
+
+/// Helm's coalescing of a values file over the chart's: maps merge key by key, a `null` removes
+/// the default, anything else replaces it.
+fn coalesce(base: &mut serde_json::Value, over: serde_json::Value) {
+    use serde_json::Value as J;
+    match (base, over) {
+        (J::Object(b), J::Object(o)) => {
+            for (k, v) in o {
+                if v.is_null() {
+                    b.remove(&k);
+                } else if let Some(slot) = b.get_mut(&k) {
+                    coalesce(slot, v);
+                } else {
+                    b.insert(k, v);
+                }
+            }
+        }
+        (slot, v) => *slot = v,
+    }
 }
 
 /// Where the chart mounts kubelet's configuration file (`nri-resize.kubeletConfigMount`).
@@ -77,10 +103,18 @@ fn to_toml(v: &serde_json::Value, key: &str) -> Result<Option<toml::Value>, Valu
     }))
 }
 
-/// The daemon's configuration the chart writes for the values in `yaml`, as TOML text.
+/// The daemon's configuration the chart writes for the values in `yaml` (over the chart's own
+/// defaults), as TOML text.
 pub fn chart_config(yaml: &str) -> Result<String, ValuesError> {
-    let values: serde_json::Value =
+    let over: serde_json::Value =
         serde_norway::from_str(yaml).map_err(|e| ValuesError::Yaml(e.to_string()))?;
+    let mut values: serde_json::Value = serde_norway::from_str(CHART_VALUES)
+        .map_err(|e| ValuesError::Yaml(format!("the chart's own values.yaml: {e}")))?;
+    match over {
+        serde_json::Value::Null => {}
+        over @ serde_json::Value::Object(_) => coalesce(&mut values, over),
+        other => return Err(ValuesError::Yaml(format!("not a mapping: {other}"))),
+    }
     let config = match values.get("config") {
         None | Some(serde_json::Value::Null) => toml::Table::new(),
         Some(v @ serde_json::Value::Object(_)) => match to_toml(v, "")? {
@@ -182,9 +216,26 @@ mod tests {
     }
 
     #[test]
+    fn a_values_file_is_read_over_the_charts_defaults() {
+        // Not given: the chart's default (reserved_memory 1Gi), not the daemon's (0).
+        let cfg = Config::parse(&chart_config("mode: Observe\n").expect("values"), "t").unwrap();
+        assert_eq!(cfg.resize.reserved_memory, 1 << 30);
+        assert_eq!(cfg.resize.mode, crate::config::Mode::Observe);
+        // Given: replaces it, the rest of the map stays; null removes the default.
+        let text =
+            chart_config("config:\n  resize:\n    reserved_memory: 2Gi\n  journal_size: ~\n")
+                .expect("values");
+        let cfg = Config::parse(&text, "t").unwrap();
+        assert_eq!(cfg.resize.reserved_memory, 2 << 30);
+        assert_eq!(cfg.resize.max_attempts, 5);
+        assert_eq!(cfg.journal_size, Config::default().journal_size);
+        assert!(!text.contains("journal_size"), "{text}");
+    }
+
+    #[test]
     fn mode_and_kubelet_file_are_set_as_the_chart_sets_them() {
         let text = chart_config(
-            "mode: Observe\nkubeletConfigFile: /var/lib/kubelet/config.yaml\nconfig:\n  journal_size: 64.0\n  resize:\n    reserved_cpu: 0.5\n  verdict: ~\n",
+            "mode: Observe\nkubeletConfigFile: /var/lib/kubelet/config.yaml\nconfig:\n  journal_size: 64.0\n  resize:\n    reserved_cpu: 0.5\n  verdict:\n    window: ~\n",
         )
         .expect("values");
         let cfg = Config::parse(&text, "t").expect(&text);
