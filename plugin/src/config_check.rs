@@ -119,7 +119,16 @@ pub fn check_file_on(path: &Path, machine: Machine) -> Result<Checked, Box<Check
             Located { warning, at }
         })
         .collect();
-    Ok(Checked { config, warnings })
+    Ok(Checked {
+        config,
+        warnings: in_file_order(warnings),
+    })
+}
+
+/// Warnings in the order of their lines, as a person reads the file.
+fn in_file_order(mut warnings: Vec<Located>) -> Vec<Located> {
+    warnings.sort_by_key(|w| w.at.unwrap_or((usize::MAX, 0)));
+    warnings
 }
 
 /// Checks the Helm chart's values file at `path`: the configuration the chart would write for
@@ -171,7 +180,10 @@ pub fn check_values_on(path: &Path, machine: Machine) -> Result<Checked, Box<Che
             Located { warning, at }
         })
         .collect();
-    Ok(Checked { config, warnings })
+    Ok(Checked {
+        config,
+        warnings: in_file_order(warnings),
+    })
 }
 
 /// Where in `text` the daemon's parser found `cause`: the key and its line and column.

@@ -151,8 +151,9 @@ fn reserves(cfg: &Config, machine: Machine, warn: &mut impl FnMut(&str, String))
         warn(
             "resize.reserved_cpu",
             format!(
-                "{} is more CPUs than any node has: admission would refuse every CPU increase",
-                cpu_text(cpu)
+                "{} ({} cores) is more CPUs than any node has: admission would refuse every CPU increase",
+                cpu_text(cpu),
+                cpu / 1000
             ),
         );
     } else if let Some(online) = machine.cpu_millis.filter(|o| cpu >= *o) {
