@@ -13,6 +13,8 @@ use crate::policy::{
     VerdictThresholds,
 };
 
+#[cfg(test)]
+pub(crate) mod reference;
 pub mod schema;
 mod serde_units;
 
@@ -34,78 +36,31 @@ pub enum ConfigError {
     Invalid { origin: String, message: String },
 }
 
-/// nri-resize configuration. Every key is optional.
-///
-/// ```toml
-/// # how many recent NRI events the status API keeps (nri-resize events)
-/// journal_size = 1024
-///
-/// [resize]
-/// mode = "Enforce"              # or "Observe": decide and report, change nothing
-/// reserved_memory = "0"         # node memory kept back from admission (a Kubernetes quantity)
-/// reserved_cpu = "500m"         # CPU kept back from admission (requests), a Kubernetes quantity
-/// step_pause = "0s"             # pause between the steps of a whole-pod resize
-/// max_attempts = 5              # attempts of a whole-pod resize before it is an Error
-///
-/// [memory_decrease]             # a limit lowered below usage; see docs/annotations.md
-/// strategy = "Reclaim"          # or "Restart" (evict) / "Reject" (fail the update)
-/// timeout = "60s"               # reclaim gives up after this and keeps a safe limit
-/// headroom = "16Mi"             # memory above usage the interim limit keeps
-/// step_interval = "100ms"       # first pause between reclaim passes (doubles up to 1 s)
-/// inline_max = "1Gi"            # at most this much page cache reclaimed inside the update
-///                               # ("0": off); bounded by time: half of the deadline left
-/// max_stall = 0.05              # staged reclaim holds above this stall share (memory or io PSI)
-///
-/// [policy]                      # node defaults; see docs/annotations.md
-/// action = "LiveResizePreferred"
-/// memory = { decrease = "NotRequired" }
-///
-/// [capacity]                    # node capacity watcher (KEP-3953)
-/// enabled = true
-/// resync_interval = "60s"       # slow full re-read behind the kernel events (1s..=1h)
-///
-/// [verdict]                     # did a resize hurt? (README: "Verdicts")
-/// window = "30s"                # compared with the same window before the resize (1s..=1h)
-/// cpu_stall_increase = 0.10     # harmful when the cpu `some` stall share grows by this
-/// memory_stall_increase = 0.05  # ... the memory `some` stall share
-/// throttle_increase = 0.25      # ... throttled seconds per second
-/// oom_kills = 1                 # ... OOM kills (0: never)
-///
-/// [metrics]                     # docs/metrics.md
-/// cadvisor_duplicates = true    # false: leave out the per-container series cAdvisor exports too
-///
-/// [trim]                        # working-set trimming (docs/trimming.md)
-/// enabled = false               # node default; pods opt in/out: trim.nri-resize.io/pod
-/// interval = "2s"               # between a container's steps (100ms..=1m)
-/// max_stall = 0.002             # stall share (memory or io PSI) a step may cause
-/// reprobe_after = "5m"          # pause after a working set is found (1s..=24h)
-/// min_step = "1Mi"              # first step of a probe (doubles while harmless)
-/// max_step = "64Mi"             # largest step
-///
-/// [kubelet]                     # admission's reserve from kubelet (docs/configuration.md)
-/// config_file = ""              # kubelet's KubeletConfiguration, e.g. /var/lib/kubelet/config.yaml
-/// pods_cgroup = ""              # "": /kubepods.slice or /kubepods, whichever exists
-/// ```
+/// nri-resize configuration. Every key is optional. docs/configuration.md's reference is
+/// generated from these structs' doc comments (`config/reference.rs`), and
+/// `nri-resize config default` prints the defaults as TOML.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
-    /// Number of recent events kept for `nri-resize events` (`1..=1_000_000`).
+    /// Number of recent NRI events kept for `nri-resize events` (`1..=1000000`).
     pub journal_size: usize,
-    /// The resize engine.
+    /// The resize engine: whether it acts, and admission's node reserve.
     pub resize: ResizeConfig,
-    /// Node-default resize policy (pods may only tighten it through annotations).
+    /// Node-default resize policy; pods may only tighten it through annotations
+    /// (docs/annotations.md).
     pub policy: PolicyDefaults,
-    /// Lowering a memory limit below usage.
+    /// Lowering a memory limit below usage (docs/memory-decrease.md).
     pub memory_decrease: MemoryDecreaseConfig,
-    /// The node capacity watcher.
+    /// The node capacity watcher (KEP-3953; docs/capacity.md). Read at start-up only: the
+    /// runtime's configuration cannot change it.
     pub capacity: CapacityConfig,
-    /// Verdicts on applied resizes.
+    /// Verdicts on applied resizes: did a resize hurt? (docs/verdicts.md)
     pub verdict: VerdictConfig,
-    /// What `/metrics` exports.
+    /// What `/metrics` exports (docs/metrics.md).
     pub metrics: MetricsConfig,
-    /// Where admission's reserve is read from kubelet.
+    /// Where admission's reserve is read from kubelet (see "The node reserve" below).
     pub kubelet: KubeletConfig,
-    /// Working-set trimming.
+    /// Working-set trimming (docs/trimming.md).
     pub trim: TrimConfig,
 }
 
@@ -223,9 +178,13 @@ pub struct VerdictConfig {
     #[serde(with = "humantime_serde")]
     #[schemars(schema_with = "serde_units::duration_schema")]
     pub window: Duration,
+    /// Harmful when the cpu `some` stall share grows by this much.
     pub cpu_stall_increase: Share,
+    /// Harmful when the memory `some` stall share grows by this much.
     pub memory_stall_increase: Share,
+    /// Harmful when throttled seconds per second grow by this much.
     pub throttle_increase: Share,
+    /// Harmful at this many OOM kills in the window after the resize (`0`: never).
     pub oom_kills: u64,
 }
 
@@ -257,34 +216,32 @@ impl VerdictConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct MemoryDecreaseConfig {
-    /// The node default (pods may only choose a stricter one).
+    /// The node default strategy (pods may only choose a stricter one with
+    /// `memory-decrease.nri-resize.io/pod` or `.../container.<name>`).
     pub strategy: MemoryDecreaseStrategy,
-    /// Reclaim gives up after this many milliseconds and keeps a safe limit (key `timeout`,
-    /// `"60s"`; `1s..=1h`).
+    /// Reclaim gives up after this long and keeps a safe limit (`1s..=1h`).
     #[serde(rename = "timeout", with = "serde_units::millis")]
     #[schemars(schema_with = "serde_units::millis::schema")]
     pub timeout_ms: u64,
-    /// Bytes above usage the interim limit keeps while reclaiming (`"16Mi"`).
+    /// Memory above usage the interim limit keeps while reclaiming (at most `64Gi`).
     #[serde(with = "serde_units::memory")]
     #[schemars(schema_with = "serde_units::memory::schema")]
     pub headroom: u64,
-    /// First pause between reclaim passes in milliseconds; it doubles up to one second (key
-    /// `step_interval`, `"100ms"`; `1ms..=10s`).
+    /// First pause between reclaim passes; it doubles up to one second (`1ms..=10s`).
     #[serde(rename = "step_interval", with = "serde_units::millis")]
     #[schemars(schema_with = "serde_units::millis::schema")]
     pub step_interval_ms: u64,
     /// When what must go is page cache, a reclaim runs inside the update itself, bounded by
     /// time: it stops at half of what is left of the runtime's deadline (about 750 ms of
     /// containerd's default 2 s), and the decrease continues staged. This caps the bytes it
-    /// reclaims there (a larger decrease reclaims this much inline, the rest staged); 0 turns
-    /// it off. A memory quantity (`"1Gi"`).
+    /// reclaims there (a larger decrease reclaims this much inline, the rest staged); `"0"`
+    /// turns it off. At most `4Gi`.
     #[serde(with = "serde_units::memory")]
     #[schemars(schema_with = "serde_units::memory::schema")]
     pub inline_max: u64,
     /// Staged reclaim's ceiling on the container's stall share (the higher of its memory and io
     /// PSI `some`, cgroup v2): above it the reclaim holds until the stall is under half of it.
-    /// Pods may lower it
-    /// (`memory-decrease.nri-resize.io/max-stall`); 1.0 turns pacing off.
+    /// Pods may lower it (`memory-decrease.nri-resize.io/max-stall`); `1.0` turns pacing off.
     pub max_stall: Share,
 }
 
@@ -332,22 +289,25 @@ pub enum Mode {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct ResizeConfig {
+    /// Whether the engine acts on its decisions (the chart sets it from its `mode` value).
     pub mode: Mode,
-    /// Bytes of node memory admission keeps back for the system (`"1Gi"`).
+    /// Node memory admission keeps back for the system and kubelet (`allocatable` = `MemTotal`
+    /// minus this). Ignored, and reported where it differs, while `[kubelet] config_file` is
+    /// set.
     #[serde(with = "serde_units::memory")]
     #[schemars(schema_with = "serde_units::memory::schema")]
     pub reserved_memory: u64,
-    /// CPU admission keeps back for the system, in millicores (`allocatable` = online CPUs
-    /// minus this); key `reserved_cpu`, a CPU quantity (`"500m"`, `"1.5"`).
+    /// CPU admission keeps back for the system and kubelet (`allocatable` = online CPUs minus
+    /// this). Ignored, and reported where it differs, while `[kubelet] config_file` is set.
     #[serde(rename = "reserved_cpu", with = "serde_units::cpu")]
     #[schemars(schema_with = "serde_units::cpu::schema")]
     pub reserved_cpu_millicores: u64,
-    /// Milliseconds to pause between the steps of a whole-pod resize (key `step_pause`,
-    /// `"500ms"`; `"0s"`: none; at most `60s`).
+    /// Pause between the steps of a whole-pod resize (`"0s"`: none; at most `60s`).
     #[serde(rename = "step_pause", with = "serde_units::millis")]
     #[schemars(schema_with = "serde_units::millis::schema")]
     pub step_pause_ms: u64,
-    /// Attempts of a whole-pod resize (with backoff) before it is reported as an Error.
+    /// Attempts of a whole-pod resize (with backoff) before it is reported as an Error
+    /// (`1..=100`).
     pub max_attempts: u32,
 }
 
@@ -383,6 +343,17 @@ impl Default for CapacityConfig {
             resync_interval: Duration::from_secs(60),
         }
     }
+}
+
+/// The default configuration as TOML, every key written out (`nri-resize config default`):
+/// a starting file that `config check` and `run --config` accept as it is.
+pub fn default_toml() -> String {
+    let body =
+        toml::to_string(&Config::default()).expect("the default configuration is written as TOML");
+    format!(
+        "# nri-resize configuration: every key at its default (`nri-resize config default`).\n\
+         # Every key is optional; docs/configuration.md explains each.\n\n{body}"
+    )
 }
 
 /// Merges `overlay` into `base` key by key: tables merge recursively, anything else replaces.
@@ -621,6 +592,21 @@ mod tests {
             assert!(Config::parse(&text, "test").is_ok(), "{text}");
         }
         assert!(Config::parse("[verdicts]", "test").is_err());
+    }
+
+    #[test]
+    fn the_default_file_reads_back_as_the_default() {
+        let text = default_toml();
+        assert_eq!(Config::parse(&text, "default").unwrap(), Config::default());
+        for section in [
+            "[resize]",
+            "[memory_decrease]",
+            "[metrics]",
+            "[trim]",
+            "[kubelet]",
+        ] {
+            assert!(text.contains(section), "{section} in {text}");
+        }
     }
 
     #[test]

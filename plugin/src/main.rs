@@ -1,5 +1,7 @@
-//! `nri-resize`: the daemon (`run`) and its command-line client (`status`, `events`, `update`).
+//! `nri-resize`: the daemon (`run`) and its command-line client (`status`, `resizes`, `events`,
+//! `update`, `config`).
 
+use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -20,10 +22,18 @@ use tracing::{info, warn};
 
 const DEFAULT_API_SOCKET: &str = "/run/nri-resize/api.sock";
 
+/// `--version`: the release and the commit it was built from (`plugin/build.rs`).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("NRI_RESIZE_COMMIT"),
+    ")"
+);
+
 #[derive(Debug, Parser)]
 #[command(
     name = "nri-resize",
-    version,
+    version = VERSION,
     about = "containerd NRI plugin for safe, observable in-place pod resize"
 )]
 struct Cli {
@@ -61,6 +71,15 @@ enum Command {
         /// redrawn on a cleared screen, or one JSON document per line with `--json`.
         #[arg(long, value_name = "DURATION", num_args = 0..=1, default_missing_value = "2s", value_parser = parse_interval)]
         watch: Option<Duration>,
+    },
+    /// List the resize records: per container desired / allocated / actual, state, reason, when
+    /// it last changed and the verdict; then the whole-pod resizes.
+    Resizes {
+        #[command(flatten)]
+        api: ApiArgs,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
     },
     /// Show the latest NRI events the plugin received.
     Events {
@@ -111,11 +130,18 @@ enum Command {
 #[derive(Debug, Subcommand)]
 enum ConfigCommand {
     /// Read a configuration file as `run --config` does: exit 0 if the daemon would start with
-    /// it, non-zero with the key and line at fault if not.
+    /// it, non-zero with the key and line at fault if not. Values that cannot be meant (a
+    /// reserve no node has, `512m` bytes) are warned about, with their line, and pass.
     Check {
-        /// The configuration file (TOML).
+        /// The configuration file (TOML), or with `--values` the Helm chart's values file.
         file: PathBuf,
+        /// FILE is the Helm chart's values file (YAML): its `config:` (with `mode` and
+        /// `kubeletConfigFile`) is checked as the chart writes it into the daemon's TOML.
+        #[arg(long)]
+        values: bool,
     },
+    /// Print the default configuration as TOML, every key written out.
+    Default,
 }
 
 #[derive(Debug, Args)]
@@ -401,18 +427,15 @@ async fn watch_status(api: &ApiArgs, json: bool, every: Duration) -> anyhow::Res
             }
             Err(e) => format!("nri-resize: {}\n", error_text(&e)),
         };
-        let mut out = std::io::stdout().lock();
         if json {
-            out.write_all(body.as_bytes())?;
+            out(&body)?;
         } else {
-            write!(
-                out,
+            out(&format!(
                 "{CLEAR}every {:.1}s  {}\n\n{body}",
                 every.as_secs_f64(),
                 api.api_socket.display()
-            )?;
+            ))?;
         }
-        out.flush()?;
     }
 }
 
@@ -433,8 +456,10 @@ async fn resize_command(api: &ApiArgs, pod: &str, containers: &[String]) -> anyh
     let done = ApiClient::new(&api.api_socket)
         .resize_pod(namespace, name, &req)
         .await?;
+    let mut text = String::new();
     for (i, s) in done.steps.iter().enumerate() {
-        println!(
+        let _ = writeln!(
+            text,
             "step {}: {}{}",
             i + 1,
             s.step,
@@ -445,29 +470,90 @@ async fn resize_command(api: &ApiArgs, pod: &str, containers: &[String]) -> anyh
             }
         );
     }
-    println!("resized {pod} in {} steps", done.steps.len());
+    let _ = writeln!(text, "resized {pod} in {} steps", done.steps.len());
+    out(&text)?;
+    Ok(())
+}
+
+/// Writes `text` to standard output at once. A reader that went away (`| head`) is a
+/// `BrokenPipe` error, which ends the command quietly ([`ends_quietly`]).
+fn out(text: &str) -> std::io::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(text.as_bytes())?;
+    stdout.flush()
+}
+
+/// Whether `err` is standard output closed by its reader (`nri-resize status --watch | head`):
+/// the command then ends with status 0 and says nothing, as `cat` and `yes` do under a shell
+/// that ignores SIGPIPE.
+fn ends_quietly(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// `config check`: the verdict on stdout, warnings (like errors) on stderr with their place.
+fn config_check(file: &std::path::Path, values: bool) -> anyhow::Result<()> {
+    use nri_resize::config_check::{check_file, check_values_on, Machine};
+    let checked = if values {
+        check_values_on(file, Machine::this())?
+    } else {
+        check_file(file)?
+    };
+    let shown = file.display().to_string();
+    for w in &checked.warnings {
+        eprintln!("{}", w.render(&shown));
+    }
+    match checked.warnings.len() {
+        0 => out(&format!("{shown}: ok\n"))?,
+        n => out(&format!(
+            "{shown}: ok, with {n} warning{}\n",
+            if n == 1 { "" } else { "s" }
+        ))?,
+    }
+    Ok(())
+}
+
+/// `resizes`: the records joined with the status (pod names, actual values).
+async fn resizes_command(api: &ApiArgs, json: bool) -> anyhow::Result<()> {
+    let client = ApiClient::new(&api.api_socket);
+    let status = client.status().await?;
+    let resizes = client.resizes().await?;
+    let records = nri_resize::api::resize_records(&status, &resizes);
+    if json {
+        out(&(serde_json::to_string_pretty(&records)? + "\n"))?;
+    } else {
+        out(&nri_resize::api::render_resizes(
+            &records,
+            nri_resize::clock::now_ms(),
+        ))?;
+    }
     Ok(())
 }
 
 async fn client_command(cmd: Command) -> anyhow::Result<ExitCode> {
     match cmd {
         Command::Run(_) => unreachable!("handled by main"),
-        Command::Config(ConfigCommand::Check { file }) => {
-            nri_resize::config_check::check_file(&file)?;
-            println!("{}: ok", file.display());
-        }
+        Command::Config(ConfigCommand::Check { file, values }) => config_check(&file, values)?,
+        Command::Config(ConfigCommand::Default) => out(&nri_resize::config::default_toml())?,
         Command::Status { api, json, watch } => match watch {
-            None => print!("{}", status_once(&api, json, false).await?),
+            None => out(&status_once(&api, json, false).await?)?,
             Some(every) => watch_status(&api, json, every).await?,
         },
+        Command::Resizes { api, json } => resizes_command(&api, json).await?,
         Command::Events { api, since, json } => {
             let events = ApiClient::new(&api.api_socket).events(since).await?;
+            let mut text = String::new();
             for e in &events {
                 if json {
-                    println!("{}", serde_json::to_string(e)?);
+                    text.push_str(&serde_json::to_string(e)?);
+                    text.push('\n');
                 } else {
                     let (cpu, mem) = fmt_resources(e.resources.as_ref());
-                    println!(
+                    let _ = writeln!(
+                        text,
                         "{:>6} {:<24} {:<40} {:<20} cpu={cpu} mem={mem}",
                         e.seq,
                         e.event.as_str(),
@@ -476,6 +562,7 @@ async fn client_command(cmd: Command) -> anyhow::Result<ExitCode> {
                     );
                 }
             }
+            out(&text)?;
         }
         Command::Resize {
             api,
@@ -532,9 +619,9 @@ async fn client_command(cmd: Command) -> anyhow::Result<ExitCode> {
                 anyhow::bail!("the runtime could not apply the update to {container}");
             }
             if id == container {
-                println!("updated {container}");
+                out(&format!("updated {container}\n"))?;
             } else {
-                println!("updated {container} ({id})");
+                out(&format!("updated {container} ({id})\n"))?;
             }
         }
     }
@@ -550,6 +637,7 @@ async fn main() -> ExitCode {
     };
     match result {
         Ok(code) => code,
+        Err(err) if ends_quietly(&err) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("nri-resize: {}", error_text(&err));
             ExitCode::FAILURE
@@ -597,6 +685,32 @@ mod tests {
         assert!(names(&cmd).contains(&"config".to_string()));
         let update = cmd.find_subcommand("update").expect("update");
         assert!(update.get_arguments().any(|a| a.get_id() == "api_socket"));
+    }
+
+    #[test]
+    fn a_closed_stdout_ends_quietly_and_nothing_else_does() {
+        let pipe = anyhow::Error::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe))
+            .context("status");
+        assert!(ends_quietly(&pipe));
+        let other = anyhow::Error::from(std::io::Error::from(std::io::ErrorKind::NotFound));
+        assert!(!ends_quietly(&other));
+        assert!(!ends_quietly(&anyhow::anyhow!(
+            "broken pipe, in words only"
+        )));
+    }
+
+    #[test]
+    fn the_version_carries_the_commit() {
+        let version = Cli::command().render_version();
+        assert_eq!(
+            version.trim(),
+            format!(
+                "nri-resize {} (commit {})",
+                env!("CARGO_PKG_VERSION"),
+                env!("NRI_RESIZE_COMMIT")
+            )
+        );
+        assert!(!env!("NRI_RESIZE_COMMIT").is_empty());
     }
 
     #[test]

@@ -186,6 +186,93 @@ fn config_check_names_a_bad_value_and_its_line() {
     );
 }
 
+#[test]
+fn config_check_warns_with_the_line_and_passes() {
+    let (code, text) = config_check("journal_size = 64\n[resize]\nreserved_memory = \"512m\"\n");
+    assert_eq!(code, 0, "a warning does not fail the check: {text}");
+    assert!(
+        text.contains("config.toml:3:1: warning: key `resize.reserved_memory`")
+            && text.contains("milli-bytes")
+            && text.contains("config.toml: ok, with 1 warning"),
+        "{text}"
+    );
+    let (code, text) = config_check("[resize]\nreserved_memory = \"1Ei\"\n");
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("config.toml:2:1: warning:"), "{text}");
+}
+
+#[test]
+fn config_default_is_what_config_check_accepts() {
+    let (code, text) = nri_resize(&["config", "default"]);
+    assert_eq!(code, 0, "{text}");
+    for section in ["[resize]", "[memory_decrease]", "[metrics]", "[trim]"] {
+        assert!(text.contains(section), "{section}:\n{text}");
+    }
+    let (code, checked) = config_check(&text);
+    assert_eq!(code, 0, "{checked}");
+    assert!(
+        checked.contains("config.toml: ok") && !checked.contains("warning"),
+        "{checked}"
+    );
+}
+
+#[test]
+fn config_check_reads_the_charts_values_file() {
+    let values = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/helm/nri-resize/values.yaml"
+    );
+    let (code, text) = nri_resize(&["config", "check", "--values", values]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("values.yaml: ok"), "{text}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bad = dir.path().join("values.yaml");
+    std::fs::write(
+        &bad,
+        "mode: Enforce\nconfig:\n  resize:\n    reserved_memory: 1.5Gx\n",
+    )
+    .expect("write values");
+    let (code, text) = nri_resize(&["config", "check", "--values", bad.to_str().expect("utf8")]);
+    assert_ne!(code, 0, "{text}");
+    assert!(
+        text.contains("values.yaml:4:5: key `config.resize.reserved_memory`"),
+        "{text}"
+    );
+    std::fs::write(&bad, "config:\n  resize:\n    reserved_memory: 512m\n").expect("write");
+    let (code, text) = nri_resize(&["config", "check", "--values", bad.to_str().expect("utf8")]);
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains("values.yaml:3:5: warning: key `config.resize.reserved_memory`"),
+        "{text}"
+    );
+}
+
+#[test]
+fn version_names_the_commit() {
+    let (code, text) = nri_resize(&["--version"]);
+    assert_eq!(code, 0, "{text}");
+    let git = Command::new("git")
+        .args([
+            "-C",
+            env!("CARGO_MANIFEST_DIR"),
+            "rev-parse",
+            "--short",
+            "HEAD",
+        ])
+        .output();
+    match git {
+        Ok(out) if out.status.success() => {
+            let commit = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            assert_eq!(
+                text.trim(),
+                format!("nri-resize {} (commit {commit})", env!("CARGO_PKG_VERSION")),
+                "built from this checkout"
+            );
+        }
+        _ => assert!(text.contains("(commit "), "{text}"),
+    }
+}
+
 /// `nri-resize run` with everything under `dir` (its NRI socket named `nri_socket`, an empty
 /// cgroup root, metrics on an ephemeral port, no eBPF).
 fn daemon_command(dir: &std::path::Path, nri_socket: &str) -> Command {
@@ -530,4 +617,58 @@ fn exit_on_disconnect_exits_on_a_broken_session_too() {
     }
     assert_eq!(status.code(), Some(3), "{status:?}\n{err}");
     assert!(err.contains("--exit-on-disconnect"), "{err}");
+}
+
+/// `nri-resize status --watch | head`: the reader goes away and the watch ends with status 0,
+/// silently: no "Broken pipe", no panic.
+#[test]
+fn status_watch_into_head_ends_quietly() {
+    let d = Daemon::start();
+    let script = format!(
+        "set -o pipefail; '{}' status --watch 100ms --api-socket '{}' | head -n 3 >/dev/null",
+        env!("CARGO_BIN_EXE_nri-resize"),
+        d.api_socket().display()
+    );
+    for json in [false, true] {
+        let script = if json {
+            script.replace("status --watch", "status --json --watch")
+        } else {
+            script.clone()
+        };
+        let child = Command::new("bash")
+            .args(["-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run bash");
+        let out = output_within(child, std::time::Duration::from_secs(30));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "json={json}: the pipeline (pipefail) fails: {:?}\n{stderr}",
+            out.status
+        );
+        assert!(stderr.is_empty(), "json={json}: said something: {stderr}");
+    }
+}
+
+/// `nri-resize resizes` reads the records over the socket: a daemon with no runtime has none,
+/// and says so; `--json` is the records as JSON.
+#[test]
+fn resizes_lists_the_records_over_the_socket() {
+    let d = Daemon::start();
+    let socket = d.api_socket();
+    let socket = socket.to_str().expect("utf8");
+    let (code, text) = nri_resize(&["resizes", "--api-socket", socket]);
+    assert_eq!(code, 0, "{text}");
+    assert_eq!(text, "(no container resizes)\n");
+    let (code, text) = nri_resize(&["resizes", "--json", "--api-socket", socket]);
+    assert_eq!(code, 0, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("resizes --json is JSON");
+    assert_eq!(v["containers"], serde_json::json!([]), "{text}");
+    assert_eq!(v["pods"], serde_json::json!([]), "{text}");
+    let (code, text) = nri_resize(&["resizes", "--api-socket", "/nonexistent/api.sock"]);
+    assert_ne!(code, 0, "{text}");
+    assert!(text.contains("cannot reach the nri-resize API"), "{text}");
 }

@@ -1608,3 +1608,32 @@ fn the_chart_mounts_kubelets_configuration_when_asked() {
     );
     assert!(!configs(&plain)[0].contains("[kubelet]"));
 }
+
+/// `nri-resize config check --values` reads a values file as the chart does: for each set of
+/// values, the configuration it builds (`config_check::values::chart_config`, over the chart's
+/// own values.yaml) is the one the chart's `ConfigMap` carries when Helm's engine renders it.
+#[test]
+fn config_check_values_builds_the_configuration_the_chart_renders() {
+    use nri_resize::config::Config;
+    use nri_resize::config_check::values::chart_config;
+    let cases = [
+        "{}",
+        r#"{"mode": "Observe"}"#,
+        r#"{"kubeletConfigFile": "/etc/kubernetes/kubelet/config.json"}"#,
+        r#"{"config": {"journal_size": 64, "memory_decrease": {"strategy": "Reject", "max_stall": 0.1, "timeout": "5s", "headroom": "32Mi"}, "resize": {"reserved_memory": "1.5Gi", "reserved_cpu": 0.5, "step_pause": "500ms"}, "capacity": {"resync_interval": "5m"}, "policy": {"memory": {"decrease": "NotRequired"}}, "trim": {"enabled": true}}}"#,
+        r#"{"config": {"resize": {"reserved_memory": null}, "journal_size": null}}"#,
+    ];
+    for values in cases {
+        let rendered = configs(&helm(values));
+        assert_eq!(rendered.len(), 1, "{values}: one ConfigMap");
+        let ours = chart_config(values).unwrap_or_else(|e| panic!("{values}: {e}"));
+        let from_helm =
+            Config::parse(&rendered[0], "helm").unwrap_or_else(|e| panic!("{values}: {e}"));
+        let from_ours = Config::parse(&ours, "ours").unwrap_or_else(|e| panic!("{values}: {e}"));
+        assert_eq!(
+            from_ours, from_helm,
+            "{values}:\n--- helm:\n{}\n--- config check --values:\n{ours}",
+            rendered[0]
+        );
+    }
+}

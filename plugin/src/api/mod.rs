@@ -1,6 +1,6 @@
 //! The node-local status API: HTTP/1.1 with JSON over a root-only unix socket
 //! (`--api-socket`, default `/run/nri-resize/api.sock`). The CLI (`nri-resize status`,
-//! `events`, `update`) is its client.
+//! `resizes`, `events`, `update`) is its client.
 //!
 //! | method | path | answer |
 //! |---|---|---|
@@ -15,6 +15,7 @@
 mod client;
 mod pod_row;
 mod resize_spec;
+mod resizes_view;
 mod resolve;
 mod row;
 mod table;
@@ -36,6 +37,7 @@ use tracing::{info, warn};
 
 pub use client::{ApiClient, ClientError};
 pub use resize_spec::{parse_target, TargetSpecError};
+pub use resizes_view::{render_resizes, resize_records, ResizeRecord, ResizeRecords};
 pub use resolve::{resolve_container, ResolveError};
 pub use table::render_status;
 

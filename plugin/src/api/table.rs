@@ -33,7 +33,7 @@ fn mebibytes(bytes: u64) -> String {
     }
 }
 
-fn compact_spec(r: Option<&LinuxResources>) -> String {
+pub(super) fn compact_spec(r: Option<&LinuxResources>) -> String {
     r.map_or_else(
         || "-".to_string(),
         |r| {
@@ -48,7 +48,7 @@ fn compact_spec(r: Option<&LinuxResources>) -> String {
 
 /// The limits in effect: the container cgroup's, or where an ancestor cgroup caps one, the
 /// ancestor's (the REASON column says which cgroup).
-fn actual(c: &ContainerStatus) -> String {
+pub(super) fn actual(c: &ContainerStatus) -> String {
     let Some(o) = c.observed.as_ref() else {
         return "-".to_string();
     };

@@ -123,6 +123,15 @@ impl ModelHandler {
         });
     }
 
+    /// A pod's nri-resize annotations in a spelling of before 2026-11-25, read as the current
+    /// one: logged when the runtime announces the pod (`RunPodSandbox`, or `Synchronize` after a
+    /// (re)connection), once per pod and session, not at every resize.
+    fn warn_deprecated_spellings(pod: &Pod) {
+        for d in crate::policy::deprecated_spellings(&pod.annotations) {
+            warn!(pod = %pod.full_name(), annotation = %d.annotation, written = %d.written, current = d.current, "deprecated annotation spelling accepted; write the current one");
+        }
+    }
+
     fn pod_event(&self, event: EventKind, pod: Pod) {
         debug!(event = event.as_str(), pod = %pod.full_name(), id = %pod.id, "pod event");
         self.state.record(event, &pod, None, pod.resources.clone());
@@ -193,6 +202,9 @@ impl Handler for ModelHandler {
             name: format!("{} pods, {} containers", pods.len(), containers.len()),
             ..Pod::default()
         };
+        for pod in &pods {
+            Self::warn_deprecated_spellings(pod);
+        }
         self.state.retrack(&pods, &containers);
         self.state.retain_pod_levels(&pods);
         let present: Vec<String> = pods.iter().map(|p| p.id.clone()).collect();
@@ -212,6 +224,7 @@ impl Handler for ModelHandler {
     }
 
     async fn run_pod_sandbox(&self, pod: Pod) -> Result<(), Rejection> {
+        Self::warn_deprecated_spellings(&pod);
         self.pod_event(EventKind::RunPodSandbox, pod);
         Ok(())
     }

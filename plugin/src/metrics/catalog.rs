@@ -101,7 +101,7 @@ const fn cadvisor(entry: Entry) -> Entry {
 /// Every metric, grouped as docs/metrics.md presents them.
 pub const CATALOG: &[Entry] = &[
     // The daemon.
-    e("nri_resize_build_info", Kind::Gauge, "1", &["version", "ebpf_object"], "always 1; `version` of the daemon, `ebpf_object` `true` when the eBPF observer is built in (`false`: it can only poll)"),
+    e("nri_resize_build_info", Kind::Gauge, "1", &["version", "revision", "ebpf_object"], "always 1; `version` of the daemon, `revision` the commit it was built from (`unknown` when built outside git without `NRI_RESIZE_COMMIT`), `ebpf_object` `true` when the eBPF observer is built in (`false`: it can only poll)"),
     e("process_cpu_seconds_total", Kind::Counter, "seconds", &[], "user and system CPU time of the daemon (the `prometheus` crate's process collector, unprefixed like every exporter's)"),
     e("process_open_fds", Kind::Gauge, "file descriptors", &[], "open file descriptors of the daemon"),
     e("process_max_fds", Kind::Gauge, "file descriptors", &[], "the daemon's file descriptor limit"),

@@ -134,16 +134,18 @@ fn opts(name: &str, help: &str) -> Opts {
     Opts::new(name, help)
 }
 
-/// `nri_resize_build_info{version, ebpf_object} 1`.
+/// `nri_resize_build_info{version, revision, ebpf_object} 1`: `revision` is the commit the binary
+/// was built from (`plugin/build.rs`: git, else `NRI_RESIZE_COMMIT`, else `unknown`), as
+/// Prometheus' own `*_build_info` name it.
 fn build_info(r: &Registry) -> Result<(), MetricsError> {
     let info = register(
         r,
         IntGaugeVec::new(
             opts(
                 "build_info",
-                "1, labelled with the daemon's version and whether its eBPF observer object is built in.",
+                "1, labelled with the daemon's version, the commit it was built from and whether its eBPF observer object is built in.",
             ),
-            &["version", "ebpf_object"],
+            &["version", "revision", "ebpf_object"],
         )
         .map_err(MetricsError::Register)?,
     )?;
@@ -152,8 +154,12 @@ fn build_info(r: &Registry) -> Result<(), MetricsError> {
     } else {
         "false"
     };
-    info.with_label_values(&[env!("CARGO_PKG_VERSION"), ebpf_object])
-        .set(1);
+    info.with_label_values(&[
+        env!("CARGO_PKG_VERSION"),
+        env!("NRI_RESIZE_COMMIT"),
+        ebpf_object,
+    ])
+    .set(1);
     Ok(())
 }
 
@@ -831,13 +837,15 @@ mod tests {
         let m = Metrics::new().expect("metrics");
         let text = m.encode().expect("encode");
         let version = env!("CARGO_PKG_VERSION");
+        let revision = env!("NRI_RESIZE_COMMIT");
         assert!(
             text.contains(&format!(
-                "nri_resize_build_info{{ebpf_object=\"{}\",version=\"{version}\"}} 1\n",
+                "nri_resize_build_info{{ebpf_object=\"{}\",revision=\"{revision}\",version=\"{version}\"}} 1\n",
                 cfg!(nri_resize_ebpf_object)
             )),
             "{text}"
         );
+        assert!(!revision.is_empty(), "build.rs always names a revision");
         assert!(
             text.contains(&format!(
                 "\nnri_resize_node_page_size_bytes {}\n",

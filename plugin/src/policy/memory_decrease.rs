@@ -26,6 +26,7 @@ use super::annotation::{
     check_value, sanitize, sanitize_key, AnnotationError, CONTAINER_DECREASE_PREFIX,
     POD_DECREASE_ANNOTATION,
 };
+use super::deprecated::decrease_alias;
 use super::units::bytes_text;
 
 const MIB: u64 = 1 << 20;
@@ -87,13 +88,16 @@ impl fmt::Display for MemoryDecreaseStrategy {
 }
 
 /// Parses a memory-decrease annotation value (`Reclaim`, `Restart` or `Reject`: Kubernetes'
-/// CamelCase for enum values, as `RestartContainer`; the lowercase spelling is refused).
+/// CamelCase for enum values, as `RestartContainer`). The lowercase spelling of before
+/// 2026-11-25 (`reject`) is read as the same value, deprecated (`deprecated.rs`; reported by
+/// [`deprecated_spellings`](super::deprecated_spellings)).
 pub fn parse_decrease_annotation(
     annotation: &str,
     value: &str,
 ) -> Result<MemoryDecreaseStrategy, AnnotationError> {
     let v = check_value(annotation, value)?;
-    MemoryDecreaseStrategy::parse(v).ok_or_else(|| AnnotationError::UnknownValue {
+    let current = decrease_alias(v).unwrap_or(v);
+    MemoryDecreaseStrategy::parse(current).ok_or_else(|| AnnotationError::UnknownValue {
         annotation: sanitize_key(annotation),
         token: sanitize(v),
         expected: "Reclaim, Restart or Reject",
@@ -429,9 +433,8 @@ mod tests {
     #[test]
     fn malformed_annotation_falls_back_to_the_next_source() {
         use MemoryDecreaseStrategy as S;
-        // One spelling: the lowercase value is malformed.
         let a = ann(&[
-            ("memory-decrease.nri-resize.io/container.app", "reclaim"),
+            ("memory-decrease.nri-resize.io/container.app", "Reclaimm"),
             ("memory-decrease.nri-resize.io/pod", "Restart"),
         ]);
         let (s, errors) = effective_decrease_strategy(&a, "app", S::Reclaim, true);
@@ -439,7 +442,7 @@ mod tests {
         assert_eq!(errors.len(), 1);
         let msg = errors[0].to_string();
         assert!(
-            msg.contains("Reclaim, Restart or Reject") && msg.contains("\"reclaim\""),
+            msg.contains("Reclaim, Restart or Reject") && msg.contains("\"Reclaimm\""),
             "{msg}"
         );
         for bad in ["", "   ", "réclaim", &"x".repeat(5000)] {
@@ -452,6 +455,43 @@ mod tests {
             parse_decrease_annotation(POD_DECREASE_ANNOTATION, " Reject "),
             Ok(S::Reject)
         );
+    }
+
+    /// A pod annotated before the respelling (`reject`, 2026-11-25) gets what it asked for, as
+    /// with `Reject`: no error, the same strategy from every source.
+    #[test]
+    fn the_old_lowercase_spelling_is_the_same_strategy() {
+        use MemoryDecreaseStrategy as S;
+        for (old, new) in [
+            ("reclaim", S::Reclaim),
+            ("restart", S::Restart),
+            ("reject", S::Reject),
+        ] {
+            assert_eq!(
+                parse_decrease_annotation(POD_DECREASE_ANNOTATION, old),
+                Ok(new)
+            );
+            for key in [
+                "memory-decrease.nri-resize.io/pod",
+                "memory-decrease.nri-resize.io/container.app",
+            ] {
+                let current = ann(&[(key, new.as_str())]);
+                let earlier = ann(&[(key, old)]);
+                assert_eq!(
+                    effective_decrease_strategy(&earlier, "app", S::Reclaim, true),
+                    effective_decrease_strategy(&current, "app", S::Reclaim, true),
+                    "{key}: {old}"
+                );
+            }
+        }
+        // Annotations still only tighten, in either spelling.
+        let (s, errors) = effective_decrease_strategy(
+            &ann(&[("memory-decrease.nri-resize.io/pod", "reclaim")]),
+            "app",
+            S::Reject,
+            true,
+        );
+        assert_eq!((s, errors.len()), (S::Reject, 1));
     }
 
     #[test]

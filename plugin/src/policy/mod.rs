@@ -74,6 +74,7 @@
 mod admission;
 mod annotation;
 mod decision;
+mod deprecated;
 mod invariants;
 mod kubelet_reserve;
 mod limits;
@@ -101,6 +102,7 @@ pub use annotation::{
     POD_POLICY_ANNOTATION, TRIM_ANNOTATION, TRIM_MAX_STALL_ANNOTATION,
 };
 pub use decision::{changes, decide, Decision};
+pub use deprecated::DeprecatedSpelling;
 pub use invariants::{check_invariants, Violation};
 pub use kubelet_reserve::{
     compare as compare_reserves, Configured, Effective, EvictionThreshold, KubeletConfigError,
@@ -139,7 +141,7 @@ pub use units::{
     bytes_quantity, bytes_text, cpu_quota_text, cpu_text, memory_limit_exact_text,
     memory_limit_text, parse_cpu, parse_memory, QuantityError, UNLIMITED_BYTES,
 };
-pub use validate::validate_annotations;
+pub use validate::{deprecated_spellings, validate_annotations};
 pub use verdict::{
     bounds, judge, limit_changes, CounterSample, LimitChange, Verdict, VerdictThresholds,
     WindowStats,

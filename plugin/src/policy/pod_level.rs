@@ -26,6 +26,7 @@
 use std::collections::BTreeMap;
 
 use super::admission::{Admission, NodeCapacity};
+use super::deprecated::mode_alias;
 use super::limits::Limits;
 use super::memory_decrease::MemoryUse;
 use super::quantity::Limit;
@@ -53,7 +54,11 @@ pub fn effective_enforce(
     node_enforces: bool,
     annotations: &BTreeMap<String, String>,
 ) -> (bool, Option<PodModeError>) {
-    match annotations.get(POD_MODE_ANNOTATION).map(|v| v.trim()) {
+    // The lowercase spelling of before 2026-11-25 reads as the current one (`deprecated.rs`).
+    let value = annotations
+        .get(POD_MODE_ANNOTATION)
+        .map(|v| mode_alias(v).unwrap_or(v.trim()));
+    match value {
         None => (node_enforces, None),
         Some("Enforce") => (true, None),
         Some("Observe") if node_enforces => (true, Some(PodModeError::Looser)),

@@ -8,8 +8,10 @@ use super::annotation::{
     CONTAINER_DECREASE_PREFIX, CONTAINER_POLICY_PREFIX, MAX_STALL_ANNOTATION,
     POD_DECREASE_ANNOTATION, POD_POLICY_ANNOTATION, TRIM_ANNOTATION, TRIM_MAX_STALL_ANNOTATION,
 };
+use super::deprecated::{decrease_alias, mode_alias, DeprecatedSpelling};
 use super::memory_decrease::parse_decrease_annotation;
 use super::pacing::parse_max_stall_annotation;
+use super::pod_level::POD_MODE_ANNOTATION;
 use super::resize_policy::{parse_action_annotation, parse_policy_annotation};
 use super::trim_opt_in::{parse_trim_annotation, parse_trim_max_stall};
 
@@ -54,10 +56,71 @@ pub fn validate_annotations(annotations: &BTreeMap<String, String>) -> Vec<Annot
     errors
 }
 
+/// The pod's nri-resize annotations written in a spelling of before 2026-11-25 (`reject`,
+/// `observe`): each is read as its current spelling, and reported so that its owner rewrites it.
+pub fn deprecated_spellings(annotations: &BTreeMap<String, String>) -> Vec<DeprecatedSpelling> {
+    annotations
+        .iter()
+        .filter_map(|(key, value)| {
+            if key == POD_DECREASE_ANNOTATION
+                || key
+                    .strip_prefix(CONTAINER_DECREASE_PREFIX)
+                    .is_some_and(|name| !name.is_empty())
+            {
+                DeprecatedSpelling::of(key, value, decrease_alias)
+            } else if key == POD_MODE_ANNOTATION {
+                DeprecatedSpelling::of(key, value, mode_alias)
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::policy::annotation::test_support::{ann, ckey};
+
+    #[test]
+    fn old_spellings_are_found_and_pass_validation() {
+        let a = ann(&[
+            (POD_DECREASE_ANNOTATION, "reject"),
+            ("memory-decrease.nri-resize.io/container.app", "Restart"),
+            ("memory-decrease.nri-resize.io/container.db", "restart"),
+            (POD_MODE_ANNOTATION, "observe"),
+            (ACTION_ANNOTATION, "LiveResize"),
+        ]);
+        assert_eq!(validate_annotations(&a), [], "accepted, not malformed");
+        let found: Vec<(String, String, &str)> = deprecated_spellings(&a)
+            .into_iter()
+            .map(|d| (d.annotation, d.written, d.current))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                (
+                    "memory-decrease.nri-resize.io/container.db".to_string(),
+                    "restart".to_string(),
+                    "Restart"
+                ),
+                (
+                    POD_DECREASE_ANNOTATION.to_string(),
+                    "reject".to_string(),
+                    "Reject"
+                ),
+                (
+                    POD_MODE_ANNOTATION.to_string(),
+                    "observe".to_string(),
+                    "Observe"
+                ),
+            ]
+        );
+        assert_eq!(
+            deprecated_spellings(&ann(&[(POD_DECREASE_ANNOTATION, "Reject")])),
+            []
+        );
+    }
 
     #[test]
     fn validate_reports_unknown_and_bad_annotations() {

@@ -160,8 +160,15 @@ fn annotations_only_tighten_the_mode() {
         effective_enforce(true, &ann("Observe")),
         (true, Some(PodModeError::Looser))
     );
-    // One spelling (Kubernetes' CamelCase enum values): the lowercase one is unknown.
-    assert!(effective_enforce(false, &ann("enforce")).1.is_some());
+    // The spelling of before 2026-11-25 reads as the current one (deprecated, reported by
+    // `deprecated_spellings`), with the same outcome.
+    assert_eq!(effective_enforce(false, &ann("enforce")), (true, None));
+    assert_eq!(effective_enforce(false, &ann("observe")), (false, None));
+    assert_eq!(
+        effective_enforce(true, &ann("observe")),
+        (true, Some(PodModeError::Looser))
+    );
+    assert!(effective_enforce(false, &ann("ENFORCE")).1.is_some());
     let (enforce, err) = effective_enforce(false, &ann("maybe"));
     assert!(!enforce);
     assert!(matches!(err, Some(PodModeError::Unknown { ref value }) if value == "maybe"));

@@ -15,8 +15,8 @@ use crate::metrics::DecreaseOutcome;
 use crate::model::{Container, LinuxResources, Pod};
 use crate::nri::{Deadline, Rejection};
 use crate::policy::{
-    bytes_text, effective_decrease_strategy, mib, plan_decrease, DecreasePlan,
-    MemoryDecreaseStrategy,
+    bytes_text, deprecated_spellings, effective_decrease_strategy, mib, plan_decrease,
+    DecreasePlan, MemoryDecreaseStrategy, CONTAINER_DECREASE_PREFIX, POD_DECREASE_ANNOTATION,
 };
 use crate::resize::reply::answered_already;
 use crate::sync::Locked as _;
@@ -83,6 +83,16 @@ impl DecreaseVerdict {
                 "{what}: memory-decrease strategy restart, and a whole-pod resize cannot restart a container"
             )),
             MemoryDecreaseStrategy::Reclaim => Self::Reclaim,
+        }
+    }
+
+    /// A refusal or restart whose strategy came from an annotation in its deprecated spelling
+    /// says so in its reason (status REASON, the runtime's error), so that the owner rewrites it.
+    fn noted(self, note: Option<&str>) -> Self {
+        match (self, note) {
+            (Self::Reject(r), Some(n)) => Self::Reject(format!("{r}; {n}")),
+            (Self::Restart(r), Some(n)) => Self::Restart(format!("{r}; {n}")),
+            (v, _) => v,
         }
     }
 
@@ -210,6 +220,16 @@ impl Engine {
             }
             other => other,
         };
+        // The memory-decrease annotations of this container in a spelling of before 2026-11-25
+        // (read as the current one; logged once when the pod was announced).
+        let container_key = format!("{CONTAINER_DECREASE_PREFIX}{}", ctr.name);
+        let note = deprecated_spellings(&pod.annotations)
+            .into_iter()
+            .filter(|d| d.annotation == container_key || d.annotation == POD_DECREASE_ANNOTATION)
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+            .join("; ");
+        let verdict = verdict.noted(Some(note.as_str()).filter(|n| !n.is_empty()));
         if let Some(o) = verdict.outcome() {
             self.state.metrics.decrease.outcome(o);
         }

@@ -327,3 +327,64 @@ async fn v1_inline_passes_put_the_limit_back_when_refused() {
         "no background reclaim on v1"
     );
 }
+
+/// An upgrade with old annotations: a pod annotated `memory-decrease.nri-resize.io/pod: reject`
+/// before the values were respelled (2026-11-25) is refused exactly as one annotated `Reject`
+/// (same state, same refusal, nothing reclaimed), its reason naming the deprecated spelling;
+/// not staged under the node default `Reclaim` as a malformed value is.
+#[tokio::test]
+async fn an_old_spelling_is_refused_exactly_as_the_current_one() {
+    struct Outcome {
+        error: String,
+        state: Option<ResizeState>,
+        reason: String,
+        reclaiming: bool,
+    }
+    async fn decrease_with(value: &str) -> Outcome {
+        let mut f = fixture(
+            false,
+            None,
+            "[memory_decrease]\ninline_max = 0\ntimeout = \"60s\"\n",
+        );
+        f.pod.annotations.insert(
+            crate::policy::POD_DECREASE_ANNOTATION.to_owned(),
+            value.to_owned(),
+        );
+        // Page cache in the way: what `Reclaim` would reclaim.
+        v2_memory(&f.ctr_dir, 310, 20, 290);
+        let error = f.ask(100).expect_err("refused").0;
+        let (state, reason) = f.record();
+        let reclaiming = f.engine.reclaim_toward_in_flight("c").is_some();
+        assert_eq!(
+            std::fs::read_to_string(f.ctr_dir.join("memory.max")).expect("read"),
+            (512 * MI).to_string(),
+            "{value}: no limit written"
+        );
+        f.engine.shutdown().await;
+        Outcome {
+            error,
+            state,
+            reason,
+            reclaiming,
+        }
+    }
+    let current = decrease_with("Reject").await;
+    let earlier = decrease_with("reject").await;
+    let note = "; annotation memory-decrease.nri-resize.io/pod: \"reject\" is the deprecated spelling of \"Reject\", read as \"Reject\"; write \"Reject\"";
+    assert!(
+        current.error.contains("strategy reject"),
+        "{}",
+        current.error
+    );
+    assert_eq!(earlier.error, format!("{}{note}", current.error));
+    assert_eq!(earlier.reason, format!("{}{note}", current.reason));
+    assert_eq!(earlier.state, current.state);
+    assert!(
+        !current.reclaiming && !earlier.reclaiming,
+        "refused, not staged"
+    );
+    // A value that is no spelling at all falls back to the node default (Reclaim): staged.
+    let malformed = decrease_with("Rejected").await;
+    assert!(malformed.reclaiming, "{}", malformed.error);
+    assert_ne!(malformed.state, None);
+}
