@@ -256,6 +256,14 @@ pub fn render_status(s: &Status, resizes: &Resizes, page_size: u64, now_ms: u64)
             "observer: throttle={} reclaim={} oom={} every {}ms",
             o.strategies.throttle, o.strategies.reclaim, o.strategies.oom, o.interval_ms
         );
+        // Why eBPF is off as a whole (no kernel BTF, no object): one line, as /readyz says it.
+        for f in o
+            .fallbacks
+            .iter()
+            .filter(|f| matches!(f.program.as_str(), "btf" | "object"))
+        {
+            let _ = writeln!(out, "observer: polling cgroup files: {}", f.reason);
+        }
     }
     if let Some(node) = &s.node {
         let _ = writeln!(out, "{}", crate::capacity::node_line(node, now_ms));
