@@ -183,7 +183,7 @@ struct RunArgs {
     #[arg(long, env = "NRI_RESIZE_NO_EBPF")]
     no_ebpf: bool,
     /// The running kernel's BTF: the kernel's own, or an external file for the same kernel
-    /// (BTFHub's, or one extracted with `pahole`) on nodes without `/sys/kernel/btf/vmlinux`.
+    /// (from a BTF archive, or extracted with `pahole`) on nodes without `/sys/kernel/btf/vmlinux`.
     /// Missing: every measurement polls cgroup files, said in the log, `/readyz` and `status`.
     #[arg(
         long,

@@ -133,13 +133,12 @@ fn kubelet_host_path_check(path: &Path, kind: &str) -> Result<(), String> {
     let shown = path.display();
     match kind {
         "" => Ok(()),
-        "Directory" if path.is_dir() => Ok(()),
+        "Directory" | "DirectoryOrCreate" if path.is_dir() => Ok(()),
         "Directory" => Err(format!(
             "hostPath type check failed: {shown} is not a directory"
         )),
         "File" if path.is_file() => Ok(()),
         "File" => Err(format!("hostPath type check failed: {shown} is not a file")),
-        "DirectoryOrCreate" if path.is_dir() => Ok(()),
         "DirectoryOrCreate" => {
             std::fs::create_dir_all(path).map_err(|e| format!("mkdir {shown}: {e}"))
         }
@@ -331,20 +330,19 @@ fn assert_applied(daemon: &DaemonContainer, ds: &Value) {
     );
     assert_eq!(field("NoNewPrivs"), "1");
     assert_eq!(spec["root"]["readonly"].as_bool(), Some(true));
-    for path in ["/sys/kernel"] {
-        let m = spec["mounts"]
+    let path = "/sys/kernel";
+    let m = spec["mounts"]
+        .as_array()
+        .expect("mounts")
+        .iter()
+        .find(|m| m["destination"].as_str() == Some(path))
+        .unwrap_or_else(|| panic!("{path} not mounted"));
+    assert!(
+        m["options"]
             .as_array()
-            .expect("mounts")
-            .iter()
-            .find(|m| m["destination"].as_str() == Some(path))
-            .unwrap_or_else(|| panic!("{path} not mounted"));
-        assert!(
-            m["options"]
-                .as_array()
-                .is_some_and(|o| o.iter().any(|o| o.as_str() == Some("ro"))),
-            "{path} mounted read-only: {m}"
-        );
-    }
+            .is_some_and(|o| o.iter().any(|o| o.as_str() == Some("ro"))),
+        "{path} mounted read-only: {m}"
+    );
     assert!(
         !spec["mounts"]
             .as_array()
@@ -590,10 +588,21 @@ async fn daemon_image_on_a_node_without_kernel_btf() {
         node.path().display()
     );
 
-    let spec = as_deployed(&ctrd, &ds, "no-btf", &|p| node.host_path(p));
-    let daemon = DaemonContainer::start_as_deployed(&ctrd, &archive, spec).await;
+    polls_and_says_why(&ctrd, &archive, &ds, &node).await;
+    loads_ebpf_with_btf_path(&ctrd, &archive, &ds, &node).await;
+}
+
+/// The daemon as rendered on `node`: ready, polling every measurement, saying why.
+async fn polls_and_says_why(
+    ctrd: &Containerd,
+    archive: &Path,
+    ds: &Value,
+    node: &SysKernelWithoutBtf,
+) {
+    let spec = as_deployed(ctrd, ds, "no-btf", &|p| node.host_path(p));
+    let daemon = DaemonContainer::start_as_deployed(ctrd, archive, spec).await;
     daemon.wait_ready(Duration::from_secs(120));
-    assert_mounted_as_rendered(&daemon, &ds);
+    assert_mounted_as_rendered(&daemon, ds);
     let seen = PathBuf::from(format!("/proc/{}/root/sys/kernel", daemon.pid()));
     assert!(
         !seen.join("btf").exists(),
@@ -632,12 +641,19 @@ async fn daemon_image_on_a_node_without_kernel_btf() {
         out.contains("observer: polling cgroup files: no kernel BTF at /sys/kernel/btf/vmlinux"),
         "{out}"
     );
-    drop(daemon);
+}
 
-    // An external BTF file for the same kernel (here a copy of its own, where BTFHub's would
-    // be used), on the node where the chart's `btfPath` names it: the chart mounts it at the
-    // same path (hostPath type File, read only) and passes `--btf-path`
-    // (deploy_manifests.rs checks that render).
+/// The daemon as rendered on `node` plus an external BTF file for the same kernel (here a copy
+/// of its own, where a BTF archive's would be used) where the chart's `btfPath` names it: the chart
+/// mounts it at the same path (hostPath type File, read only) and passes `--btf-path`
+/// (`deploy_manifests.rs` checks that render). The eBPF programs load.
+async fn loads_ebpf_with_btf_path(
+    ctrd: &Containerd,
+    archive: &Path,
+    ds: &Value,
+    node: &SysKernelWithoutBtf,
+) {
+    let real_btf = Path::new("/sys/kernel/btf/vmlinux");
     let on_node = "/var/lib/nri-resize-btf/vmlinux";
     let copy = ctrd.base_dir().join("external-btf/vmlinux");
     std::fs::create_dir_all(copy.parent().expect("parent")).expect("create the BTF directory");
@@ -662,14 +678,14 @@ async fn daemon_image_on_a_node_without_kernel_btf() {
         .as_sequence_mut()
         .expect("args")
         .push(Value::from(format!("--btf-path={on_node}")));
-    let spec = as_deployed(&ctrd, &with_btf, "external-btf", &|p| {
+    let spec = as_deployed(ctrd, &with_btf, "external-btf", &|p| {
         if p == on_node {
             copy.clone()
         } else {
             node.host_path(p)
         }
     });
-    let daemon = DaemonContainer::start_as_deployed(&ctrd, &archive, spec).await;
+    let daemon = DaemonContainer::start_as_deployed(ctrd, archive, spec).await;
     daemon.wait_ready(Duration::from_secs(180));
     assert_mounted_as_rendered(&daemon, &with_btf);
     assert!(

@@ -613,6 +613,38 @@ mod tests {
         assert!(!app.contains("capped"), "{text}");
     }
 
+    /// eBPF off as a whole (no kernel BTF) is said under the strategies, as `/readyz` says it;
+    /// a single measurement's fallback (PSI on cgroup v1) is not repeated there.
+    #[test]
+    fn an_observer_without_ebpf_says_why_it_polls() {
+        let mut s = status();
+        let fallback = |program: &str, reason: &str| crate::api::FallbackView {
+            program: program.into(),
+            reason: reason.into(),
+        };
+        s.observer = Some(crate::api::ObserverView {
+            strategies: crate::observer::Strategies::POLLING.into(),
+            fallbacks: vec![
+                fallback("btf", "no kernel BTF at /sys/kernel/btf/vmlinux"),
+                fallback("pressure", "cgroup v1 has no pressure stall information"),
+            ],
+            interval_ms: 1000,
+        });
+        let text = render_status(&s, &Resizes::default(), 4096, 0);
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("observer:"))
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                "observer: throttle=cpu_stat_polling reclaim=memory_stat_polling oom=memory_events_polling every 1000ms",
+                "observer: polling cgroup files: no kernel BTF at /sys/kernel/btf/vmlinux",
+            ],
+            "{text}"
+        );
+    }
+
     #[test]
     fn disconnected_runtime_and_no_pods_say_so() {
         let mut s = status();
