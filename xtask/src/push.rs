@@ -238,6 +238,19 @@ mod tests {
         head.split_whitespace().nth(1)?.parse().ok()
     }
 
+    /// Debian's `docker-registry`, unpacked (not installed) by `cargo xtask setup`.
+    fn registry_binary() -> PathBuf {
+        let cache = std::env::var_os("NRI_RESIZE_CACHE")
+            .map_or_else(|| PathBuf::from("/var/cache/nri-resize"), PathBuf::from);
+        let bin = cache.join("docker-registry/usr/bin/docker-registry");
+        assert!(
+            bin.is_file(),
+            "no {}: `cargo xtask setup` unpacks Debian's docker-registry there",
+            bin.display()
+        );
+        bin
+    }
+
     fn start_registry(dir: &Path) -> Registry {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
@@ -254,7 +267,7 @@ mod tests {
             ),
         )
         .expect("write the registry's configuration");
-        let child = Command::new("docker-registry")
+        let child = Command::new(registry_binary())
             .arg("serve")
             .arg(&config)
             .stdout(Stdio::null())
@@ -275,12 +288,11 @@ mod tests {
         registry
     }
 
-    /// The push end to end against a real registry (Debian's `docker-registry`, installed as
-    /// `push` installs skopeo) on loopback: the image index of both platforms arrives as it is
-    /// in the archive (same digest), each platform's manifest with it.
+    /// The push end to end against a real registry (Debian's `docker-registry`) started on
+    /// loopback and stopped by pid: the image index of both platforms arrives as it is in the
+    /// archive (same digest), each platform's manifest with it.
     #[test]
     fn pushes_the_image_index_to_a_registry_on_loopback() {
-        ensure_debian_package("docker-registry", "docker-registry").expect("docker-registry");
         let dir = std::env::temp_dir().join(format!("xtask-push-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let archive = dir.join("nri-resize.oci.tar");
