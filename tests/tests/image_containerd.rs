@@ -150,7 +150,8 @@ fn kubelet_host_path_check(path: &Path, kind: &str) -> Result<(), String> {
 /// to the host path a node would have (the private containerd's NRI socket, directories of
 /// the test named after `tag` for state, API socket and the `ConfigMap`; any other hostPath
 /// through `host_path`, checked as kubelet checks its type), `--metrics-addr` on a free
-/// loopback port; everything else as rendered.
+/// loopback port; everything else as rendered. `recursiveReadOnly: IfPossible` is sent as a
+/// plain read-only mount (what kubelet sends to a runtime without recursive read-only mounts).
 fn as_deployed(
     ctrd: &Containerd,
     ds: &Value,
