@@ -208,6 +208,15 @@ struct RunArgs {
     /// Load no eBPF at all: every measurement polls cgroup files.
     #[arg(long, env = "NRI_RESIZE_NO_EBPF")]
     no_ebpf: bool,
+    /// The running kernel's BTF: the kernel's own, or an external file for the same kernel
+    /// (from a BTF archive, or extracted with `pahole`) on nodes without `/sys/kernel/btf/vmlinux`.
+    /// Missing: every measurement polls cgroup files, said in the log, `/readyz` and `status`.
+    #[arg(
+        long,
+        env = "NRI_RESIZE_BTF_PATH",
+        default_value = "/sys/kernel/btf/vmlinux"
+    )]
+    btf_path: PathBuf,
     /// Where to serve /metrics, /healthz and /readyz (port 0: any free port, logged and shown
     /// in `status`); `off` disables it. Given more than once, the last one wins.
     #[arg(long, env = "NRI_RESIZE_METRICS_ADDR", default_value = "0.0.0.0:9464", value_parser = parse_metrics_addr, overrides_with = "metrics_addr")]
@@ -326,6 +335,7 @@ async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     spawn_signal_handler(cancel.clone())?;
     let mut settings = ObserverSettings::host();
     settings.cgroups = CgroupLayout::detect(&args.cgroup_root);
+    settings.btf = args.btf_path;
     if args.no_ebpf {
         settings.object = ObjectSource::None;
         settings.hotplug = false;

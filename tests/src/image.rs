@@ -286,6 +286,14 @@ impl DaemonContainer {
     /// The daemon's process status (`/proc/<pid>/status` of the container's init, read from
     /// the host): `CapEff`, `Seccomp`, `NoNewPrivs` as the kernel sees them.
     pub fn process_status(&self) -> String {
+        let pid = self.pid();
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_else(|e| panic!("read /proc/{pid}/status: {e}"))
+    }
+
+    /// The host pid of the container's init (the daemon): `/proc/<pid>/root` is the
+    /// container's view of the filesystem, its mounts included.
+    pub fn pid(&self) -> u32 {
         let out = self.run_ctr("task ls", &["task", "ls"]);
         let text = String::from_utf8_lossy(&out.stdout);
         let pid = text
@@ -297,8 +305,8 @@ impl DaemonContainer {
                     .flatten()
             })
             .unwrap_or_else(|| panic!("no task {} in\n{text}", self.id));
-        std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .unwrap_or_else(|e| panic!("read /proc/{pid}/status: {e}"))
+        pid.parse()
+            .unwrap_or_else(|e| panic!("task {} pid {pid:?}: {e}", self.id))
     }
 }
 

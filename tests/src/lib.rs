@@ -52,6 +52,7 @@ mod plugin;
 mod pod;
 pub mod probe;
 mod seeded_root;
+mod sys_kernel;
 mod systemd;
 mod util;
 mod version;
@@ -76,6 +77,7 @@ pub use kubelet::{
 };
 pub use plugin::{plugin_binary, resize_record, settled, PluginProcess};
 pub use pod::{ContainerSpec, Pod, PodSpec, Resources};
+pub use sys_kernel::SysKernelWithoutBtf;
 pub use systemd::{CgroupDriver, CGROUP_DRIVER_ENV};
 pub use util::{percentile, scrape_metrics, tail_lines};
 pub use version::ContainerdVersion;

@@ -141,8 +141,9 @@ fn the_daemonset_gives_the_daemon_what_it_needs() {
         (flag(c, "cgroup-root"), "/sys/fs/cgroup"),
         (flag(c, "state-dir"), "/var/lib/nri-resize"),
         (flag(c, "api-socket"), "/run/nri-resize"),
-        ("/sys/kernel/btf/vmlinux", "/sys/kernel/btf"),
-        ("/sys/kernel/tracing", "/sys/kernel/tracing"),
+        ("/sys/kernel/btf/vmlinux", "/sys/kernel"),
+        ("/sys/kernel/tracing", "/sys/kernel"),
+        ("/sys/kernel/debug/tracing", "/sys/kernel"),
     ] {
         assert_eq!(host_path_for(ds, inside), host, "{inside}");
     }
@@ -179,6 +180,72 @@ fn the_daemonset_gives_the_daemon_what_it_needs() {
     let text = s(&cm["data"][key]);
     nri_resize::config::Config::parse(text, "deploy/base/config.toml")
         .unwrap_or_else(|e| panic!("the ConfigMap's {key} does not parse: {e}"));
+}
+
+/// The kernel's interfaces are mounted from what exists on every node: sysfs and procfs refuse
+/// the mkdir of a `DirectoryOrCreate` (or unchecked) hostPath, so one of a path the kernel may
+/// lack (`/sys/kernel/btf` without BTF) kept the pod in `ContainerCreating` instead of letting the
+/// observer poll. Read only; the chart's `btfPath` mounts one external BTF file and passes it as
+/// `--btf-path`.
+#[test]
+fn kernel_interfaces_are_mounted_from_what_always_exists() {
+    let btf = "/var/lib/nri-resize-btf/vmlinux";
+    let installs = [
+        ("deploy", render("deploy")),
+        (
+            "deploy/overlays/privileged",
+            render("deploy/overlays/privileged"),
+        ),
+        ("chart", helm("{}")),
+        (
+            "chart with btfPath",
+            helm(&format!(r#"{{"btfPath": "{btf}"}}"#)),
+        ),
+    ];
+    for (what, docs) in &installs {
+        let ds = find(docs, "DaemonSet");
+        let volumes = ds["spec"]["template"]["spec"]["volumes"]
+            .as_sequence()
+            .expect("volumes");
+        for v in volumes.iter().filter(|v| !v["hostPath"].is_null()) {
+            let path = s(&v["hostPath"]["path"]);
+            if path.starts_with("/sys/") || path.starts_with("/proc/") {
+                assert!(
+                    matches!(v["hostPath"]["type"].as_str(), Some("Directory" | "File")),
+                    "{what}: hostPath {path} must exist on every node (type Directory), not be created: {v:?}"
+                );
+            }
+        }
+        let c = container(ds);
+        let mount = c["volumeMounts"]
+            .as_sequence()
+            .expect("volumeMounts")
+            .iter()
+            .find(|m| s(&m["mountPath"]) == "/sys/kernel")
+            .unwrap_or_else(|| panic!("{what}: /sys/kernel not mounted"));
+        assert_eq!(mount["readOnly"], Value::Bool(true), "{what}");
+        assert_eq!(s(&mount["recursiveReadOnly"]), "IfPossible", "{what}");
+        let with_btf = *what == "chart with btfPath";
+        let has_flag = c["args"]
+            .as_sequence()
+            .expect("args")
+            .iter()
+            .any(|a| s(a).starts_with("--btf-path="));
+        assert_eq!(has_flag, with_btf, "{what}: --btf-path only with btfPath");
+        if with_btf {
+            assert_eq!(flag(c, "btf-path"), btf);
+            assert_eq!(
+                host_path_for(ds, btf),
+                btf,
+                "the file is mounted at its own path"
+            );
+            let v = volumes
+                .iter()
+                .find(|v| !v["hostPath"].is_null() && s(&v["hostPath"]["path"]) == btf)
+                .expect("the BTF file's volume");
+            assert_eq!(s(&v["hostPath"]["type"]), "File");
+        }
+    }
 }
 
 /// The default install (`deploy/`, `deploy/base`) is least privilege: not privileged, every

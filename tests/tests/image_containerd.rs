@@ -5,7 +5,9 @@
 //! What the runtime applied is read back (OCI spec, the process's `/proc/<pid>/status`). A real
 //! pod created through CRI must show up in `/metrics` (classic and `OpenMetrics`) and in
 //! `nri-resize status` read through the API socket inside the container, with every eBPF
-//! program loaded (no fallback to polling but where the kernel lacks the tracepoint).
+//! program loaded (no fallback to polling but where the kernel lacks the tracepoint). On a node
+//! whose `/sys/kernel` has no `btf` the same `DaemonSet` starts and polls, and loads its eBPF
+//! programs again with `--btf-path` (`daemon_image_on_a_node_without_kernel_btf`).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -17,7 +19,7 @@ use nri_resize_tests::cri::{
 };
 use nri_resize_tests::{
     daemon_image_archive, free_port, http_get, AsDeployed, ContainerSpec, Containerd,
-    ContainerdOptions, ContainerdVersion, DaemonContainer, PodSpec, Resources,
+    ContainerdOptions, ContainerdVersion, DaemonContainer, PodSpec, Resources, SysKernelWithoutBtf,
     LEAST_PRIVILEGE_CAPS,
 };
 use serde_yaml::Value;
@@ -123,16 +125,44 @@ fn cri_security(sc: &Value) -> LinuxContainerSecurityContext {
     }
 }
 
+/// kubelet's check of a hostPath volume's `type` before the pod's containers are created
+/// (`pkg/volume/hostpath`): `Directory` and `File` must exist as such, `DirectoryOrCreate` is
+/// created (`MkdirAll`, 0755) where absent, an unset type is not checked. `Err` is what kubelet
+/// reports in the pod's events while the pod stays in `ContainerCreating`.
+fn kubelet_host_path_check(path: &Path, kind: &str) -> Result<(), String> {
+    let shown = path.display();
+    match kind {
+        "" => Ok(()),
+        "Directory" | "DirectoryOrCreate" if path.is_dir() => Ok(()),
+        "Directory" => Err(format!(
+            "hostPath type check failed: {shown} is not a directory"
+        )),
+        "File" if path.is_file() => Ok(()),
+        "File" => Err(format!("hostPath type check failed: {shown} is not a file")),
+        "DirectoryOrCreate" => {
+            std::fs::create_dir_all(path).map_err(|e| format!("mkdir {shown}: {e}"))
+        }
+        other => Err(format!("hostPath type {other} is not checked by this test")),
+    }
+}
+
 /// The rendered `DaemonSet`'s container for this test's containerd: every volume mount mapped
 /// to the host path a node would have (the private containerd's NRI socket, directories of
-/// the test for state, API socket and the `ConfigMap`), `--metrics-addr` on a free loopback
-/// port; everything else as rendered.
-fn as_deployed(ctrd: &Containerd, ds: &Value) -> AsDeployed {
+/// the test named after `tag` for state, API socket and the `ConfigMap`; any other hostPath
+/// through `host_path`, checked as kubelet checks its type), `--metrics-addr` on a free
+/// loopback port; everything else as rendered. `recursiveReadOnly: IfPossible` is sent as a
+/// plain read-only mount (what kubelet sends to a runtime without recursive read-only mounts).
+fn as_deployed(
+    ctrd: &Containerd,
+    ds: &Value,
+    tag: &str,
+    host_path: &dyn Fn(&str) -> PathBuf,
+) -> AsDeployed {
     let pod = &ds["spec"]["template"]["spec"];
     let c = &pod["containers"][0];
     let base = ctrd.base_dir();
     let dir = |name: &str| -> PathBuf {
-        let d = base.join(format!("image-daemon-{name}"));
+        let d = base.join(format!("image-daemon-{tag}-{name}"));
         std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("create {}: {e}", d.display()));
         d
     };
@@ -192,19 +222,23 @@ fn as_deployed(ctrd: &Containerd, ds: &Value) -> AsDeployed {
                 (d, inside)
             }
             _ => {
-                let host = volume["hostPath"]["path"]
+                let declared = volume["hostPath"]["path"]
                     .as_str()
                     .unwrap_or_else(|| panic!("volume {name}: only hostPath is mapped here"));
-                assert!(
-                    Path::new(host).exists(),
-                    "{host} (volume {name}) missing on this host{}",
-                    if host == "/sys/kernel/tracing" {
-                        ": mount -t tracefs tracefs /sys/kernel/tracing"
-                    } else {
-                        ""
-                    }
-                );
-                (PathBuf::from(host), inside)
+                let host = host_path(declared);
+                let kind = volume["hostPath"]["type"].as_str().unwrap_or_default();
+                kubelet_host_path_check(&host, kind).unwrap_or_else(|e| {
+                    panic!("kubelet would not start the pod: volume {name} ({declared}): {e}")
+                });
+                if declared == "/sys/kernel" {
+                    assert!(
+                        host.join("tracing/events").is_dir(),
+                        "no tracefs at {}/tracing on this host: mount -t tracefs tracefs \
+                         /sys/kernel/tracing",
+                        host.display()
+                    );
+                }
+                (host, inside)
             }
         };
         mounts.push((host, inside, readonly));
@@ -297,20 +331,19 @@ fn assert_applied(daemon: &DaemonContainer, ds: &Value) {
     );
     assert_eq!(field("NoNewPrivs"), "1");
     assert_eq!(spec["root"]["readonly"].as_bool(), Some(true));
-    for path in ["/sys/kernel/tracing", "/sys/kernel/btf"] {
-        let m = spec["mounts"]
+    let path = "/sys/kernel";
+    let m = spec["mounts"]
+        .as_array()
+        .expect("mounts")
+        .iter()
+        .find(|m| m["destination"].as_str() == Some(path))
+        .unwrap_or_else(|| panic!("{path} not mounted"));
+    assert!(
+        m["options"]
             .as_array()
-            .expect("mounts")
-            .iter()
-            .find(|m| m["destination"].as_str() == Some(path))
-            .unwrap_or_else(|| panic!("{path} not mounted"));
-        assert!(
-            m["options"]
-                .as_array()
-                .is_some_and(|o| o.iter().any(|o| o.as_str() == Some("ro"))),
-            "{path} mounted read-only: {m}"
-        );
-    }
+            .is_some_and(|o| o.iter().any(|o| o.as_str() == Some("ro"))),
+        "{path} mounted read-only: {m}"
+    );
     assert!(
         !spec["mounts"]
             .as_array()
@@ -365,7 +398,8 @@ async fn daemon_from_image_sees_a_real_pod(version: ContainerdVersion, deploy: &
     let archive = daemon_image_archive();
     let ctrd = Containerd::start(version, ContainerdOptions::default()).await;
     let ds = rendered_daemonset(deploy);
-    let daemon = DaemonContainer::start_as_deployed(&ctrd, &archive, as_deployed(&ctrd, &ds)).await;
+    let spec = as_deployed(&ctrd, &ds, "node", &|p| PathBuf::from(p));
+    let daemon = DaemonContainer::start_as_deployed(&ctrd, &archive, spec).await;
     daemon.wait_ready(Duration::from_secs(60));
     assert_applied(&daemon, &ds);
 
@@ -489,4 +523,208 @@ async fn daemon_image_as_deployed_in_containerd_2() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn daemon_image_privileged_overlay_in_containerd_1_7() {
     daemon_from_image_sees_a_real_pod(ContainerdVersion::V1_7, "deploy/overlays/privileged").await;
+}
+
+/// The `nri_resize_observer_strategy` series of `program` at `strategy`, on or off.
+fn strategy(program: &str, strategy: &str, on: bool) -> String {
+    format!(
+        r#"nri_resize_observer_strategy{{program="{program}",strategy="{strategy}"}} {}"#,
+        u8::from(on)
+    )
+}
+
+/// The daemon's `/readyz` (code, body) and `/metrics` body.
+fn readyz_and_metrics(daemon: &DaemonContainer) -> (u16, String, String) {
+    let (code, _, ready) = http_get(&daemon.metrics_addr, "/readyz", None)
+        .unwrap_or_else(|| panic!("no /readyz\nlog:\n{}", daemon.log_tail(40)));
+    let (_, _, metrics) = http_get(&daemon.metrics_addr, "/metrics", None)
+        .unwrap_or_else(|| panic!("no /metrics\nlog:\n{}", daemon.log_tail(40)));
+    (code, ready, metrics)
+}
+
+/// Every `volumeMounts[].mountPath` of the rendered container is a mount of the running one
+/// (the NRI socket's directory as its socket file): the pod runs with the `DaemonSet`'s mounts.
+fn assert_mounted_as_rendered(daemon: &DaemonContainer, ds: &Value) {
+    let spec = daemon.oci_spec();
+    let mounted: Vec<&str> = spec["mounts"]
+        .as_array()
+        .expect("mounts")
+        .iter()
+        .filter_map(|m| m["destination"].as_str())
+        .collect();
+    let c = &ds["spec"]["template"]["spec"]["containers"][0];
+    for m in c["volumeMounts"].as_sequence().expect("volumeMounts") {
+        let path = m["mountPath"].as_str().expect("mountPath");
+        assert!(
+            mounted.iter().any(|d| Path::new(d).starts_with(path)),
+            "{path} of the DaemonSet is not mounted in the container: {mounted:?}"
+        );
+    }
+}
+
+/// A node whose kernel has no BTF (issue 38). The default `DaemonSet` (`deploy/`), its host
+/// paths checked as kubelet checks them, on a node whose `/sys/kernel` has no `btf`
+/// ([`SysKernelWithoutBtf`] says what that shows and what it does not). The pod starts, the
+/// daemon is ready and polls every measurement, saying why in its log, `/readyz` and
+/// `nri-resize status`. Then the same with a copy of the kernel's BTF placed on the node and
+/// named by `--btf-path`, mounted as the chart's `btfPath` mounts it: the eBPF programs load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_image_on_a_node_without_kernel_btf() {
+    let archive = daemon_image_archive();
+    let ctrd = Containerd::start(ContainerdVersion::V2, ContainerdOptions::default()).await;
+    let ds = rendered_daemonset("deploy");
+    let real_btf = Path::new("/sys/kernel/btf/vmlinux");
+    assert!(
+        real_btf.is_file(),
+        "this test hides the kernel's BTF from the daemon, and needs it for --btf-path"
+    );
+    let node = SysKernelWithoutBtf::mount(&ctrd.base_dir().join("sys-kernel-without-btf"));
+    // What the DaemonSet mounted before (`/sys/kernel/btf`, DirectoryOrCreate) is refused on
+    // this node as on a kernel without BTF: the pod stayed in ContainerCreating.
+    let former = kubelet_host_path_check(&node.host_path("/sys/kernel/btf"), "DirectoryOrCreate");
+    eprintln!("the former /sys/kernel/btf DirectoryOrCreate volume on this node: {former:?}");
+    assert!(
+        former.is_err(),
+        "a mkdir under {} must fail as under sysfs",
+        node.path().display()
+    );
+
+    polls_and_says_why(&ctrd, &archive, &ds, &node).await;
+    loads_ebpf_with_btf_path(&ctrd, &archive, &ds, &node).await;
+}
+
+/// The daemon as rendered on `node`: ready, polling every measurement, saying why.
+async fn polls_and_says_why(
+    ctrd: &Containerd,
+    archive: &Path,
+    ds: &Value,
+    node: &SysKernelWithoutBtf,
+) {
+    let spec = as_deployed(ctrd, ds, "no-btf", &|p| node.host_path(p));
+    let daemon = DaemonContainer::start_as_deployed(ctrd, archive, spec).await;
+    daemon.wait_ready(Duration::from_secs(120));
+    assert_mounted_as_rendered(&daemon, ds);
+    let seen = PathBuf::from(format!("/proc/{}/root/sys/kernel", daemon.pid()));
+    assert!(
+        !seen.join("btf").exists(),
+        "the container's /sys/kernel has no btf"
+    );
+    assert!(
+        seen.join("tracing/events").is_dir(),
+        "tracefs reaches the container through the /sys/kernel mount"
+    );
+    let (code, ready, metrics) = readyz_and_metrics(&daemon);
+    eprintln!("without BTF: /readyz {code} {ready}");
+    assert_eq!(code, 200, "{ready}");
+    assert!(
+        ready.contains("btf: no kernel BTF at /sys/kernel/btf/vmlinux")
+            && ready.contains("--btf-path"),
+        "/readyz says why the observer polls: {ready}"
+    );
+    for series in [
+        strategy("throttle", "cpu_stat_polling", true),
+        strategy("reclaim", "memory_stat_polling", true),
+        strategy("oom", "memory_events_polling", true),
+        strategy("hotplug", "unavailable", true),
+    ] {
+        assert!(metrics.contains(&series), "missing {series} in\n{metrics}");
+    }
+    let log = daemon.log_tail(200);
+    assert!(
+        log.contains("every measurement polls cgroup files")
+            && log.contains("no kernel BTF at /sys/kernel/btf/vmlinux"),
+        "one log line says the observer polls and why:\n{log}"
+    );
+    let (code, out, err) = daemon.exec(&["/usr/bin/nri-resize", "status"]);
+    assert_eq!(code, 0, "nri-resize status in the container: {out}{err}");
+    eprintln!("{out}");
+    assert!(
+        out.contains("observer: polling cgroup files: no kernel BTF at /sys/kernel/btf/vmlinux"),
+        "{out}"
+    );
+}
+
+/// The daemon as rendered on `node` plus an external BTF file for the same kernel (here a copy
+/// of its own, where a BTF archive's would be used) where the chart's `btfPath` names it: the chart
+/// mounts it at the same path (hostPath type File, read only) and passes `--btf-path`
+/// (`deploy_manifests.rs` checks that render). The eBPF programs load.
+async fn loads_ebpf_with_btf_path(
+    ctrd: &Containerd,
+    archive: &Path,
+    ds: &Value,
+    node: &SysKernelWithoutBtf,
+) {
+    let real_btf = Path::new("/sys/kernel/btf/vmlinux");
+    let on_node = "/var/lib/nri-resize-btf/vmlinux";
+    let copy = ctrd.base_dir().join("external-btf/vmlinux");
+    std::fs::create_dir_all(copy.parent().expect("parent")).expect("create the BTF directory");
+    std::fs::copy(real_btf, &copy).expect("copy the kernel's BTF");
+    let mut with_btf = ds.clone();
+    let pod = &mut with_btf["spec"]["template"]["spec"];
+    let graft = |yaml: &str| -> Value { serde_yaml::from_str(yaml).expect("YAML") };
+    pod["volumes"]
+        .as_sequence_mut()
+        .expect("volumes")
+        .push(graft(&format!(
+            "{{name: btf-file, hostPath: {{path: {on_node}, type: File}}}}"
+        )));
+    let c = &mut pod["containers"][0];
+    c["volumeMounts"]
+        .as_sequence_mut()
+        .expect("volumeMounts")
+        .push(graft(&format!(
+            "{{name: btf-file, mountPath: {on_node}, readOnly: true}}"
+        )));
+    c["args"]
+        .as_sequence_mut()
+        .expect("args")
+        .push(Value::from(format!("--btf-path={on_node}")));
+    let spec = as_deployed(ctrd, &with_btf, "external-btf", &|p| {
+        if p == on_node {
+            copy.clone()
+        } else {
+            node.host_path(p)
+        }
+    });
+    let daemon = DaemonContainer::start_as_deployed(ctrd, archive, spec).await;
+    daemon.wait_ready(Duration::from_secs(180));
+    assert_mounted_as_rendered(&daemon, &with_btf);
+    assert!(
+        !PathBuf::from(format!("/proc/{}/root/sys/kernel/btf", daemon.pid())).exists(),
+        "still no /sys/kernel/btf in the container"
+    );
+    let (code, ready, metrics) = readyz_and_metrics(&daemon);
+    eprintln!("with --btf-path: /readyz {code} {ready}");
+    assert_eq!(code, 200, "{ready}");
+    assert!(!ready.contains("btf:"), "no BTF fallback: {ready}");
+    let throttle = std::env::var("NRI_RESIZE_EXPECT_THROTTLE").ok();
+    let mut want = vec![
+        strategy("throttle", "cpu_stat_polling", false),
+        strategy("oom", "mark_victim", true),
+    ];
+    if let Some(t) = &throttle {
+        want.push(strategy("throttle", t, true));
+    }
+    // CPU hotplug is a classic tracepoint, read from tracefs through the /sys/kernel mount and
+    // attached with perf_event_open: CAP_PERFMON suffices up to perf_event_paranoid 2; Debian's
+    // kernels default to 3, which asks CAP_SYS_ADMIN of any perf_event_open (Debian's patch), so
+    // the least-privilege container is refused there: by the kernel, not for want of tracefs.
+    let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .expect("read perf_event_paranoid");
+    let paranoid: i32 = paranoid.trim().parse().expect("perf_event_paranoid");
+    eprintln!("perf_event_paranoid {paranoid}");
+    if paranoid <= 2 {
+        want.push(strategy("hotplug", "cpuhp_tracepoints", true));
+    } else {
+        assert!(
+            ready.contains("cpuhp_enter: attach: `perf_event_open_trace_point` failed")
+                && !ready.contains("tracing"),
+            "with perf_event_paranoid {paranoid}, perf_event_open is refused, tracefs found: {ready}"
+        );
+    }
+    for series in want {
+        assert!(metrics.contains(&series), "missing {series} in\n{metrics}");
+    }
+    let log = daemon.log_tail(200);
+    assert!(!log.contains("no kernel BTF"), "{log}");
 }

@@ -54,6 +54,8 @@ for p in qemu-system-x86 qemu-system-arm qemu-system-data xz-utils zstd e2fsprog
   dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p/bookworm")
 done
 dpkg -s runc >/dev/null 2>&1 || need_pkgs+=("runc/bookworm")
+# `cargo xtask image --push` (skopeo).
+dpkg -s skopeo >/dev/null 2>&1 || need_pkgs+=("skopeo/bookworm")
 # (No `dpkg -s | grep -q` here: with pipefail, grep's early exit makes dpkg die of SIGPIPE and
 # the check fail at random, reinstalling containerd under running tests.)
 containerd_version=$(dpkg-query -W -f='${Version}' containerd 2>/dev/null || true)
@@ -124,6 +126,22 @@ if [[ ! -x "$GO_DIR/usr/lib/go-1.26/bin/go" || ! -d "$GO_DIR/usr/share/gocode/sr
   log "fetching Go 1.26 and NRI's Go stub (0.8) with its dependencies from Debian sid (unpacked into $GO_DIR)"
   sid_unpack "$GO_DIR" "${GO_PKGS[@]}"
   echo "${GO_PKGS[*]}" >"$GO_DIR/.pkgs"
+fi
+
+# The push test's registry (xtask/src/push.rs): Debian's docker-registry (needs only libc),
+# unpacked beside the system, never installed: installing it would start a registry service on
+# :5000 where systemd runs.
+REGISTRY_DIR="$CACHE/docker-registry"
+if [[ ! -x "$REGISTRY_DIR/usr/bin/docker-registry" ]]; then
+  log "fetching Debian's docker-registry (unpacked into $REGISTRY_DIR, not installed)"
+  tmp=$(mktemp -d)
+  (cd "$tmp" && apt-get download docker-registry/bookworm >/dev/null 2>&1) || {
+    apt_update
+    (cd "$tmp" && apt-get download docker-registry/bookworm >/dev/null 2>&1) || die "could not download docker-registry"
+  }
+  rm -rf "$REGISTRY_DIR" && mkdir -p "$REGISTRY_DIR"
+  dpkg-deb -x "$tmp"/docker-registry_*.deb "$REGISTRY_DIR"
+  rm -rf "$tmp"
 fi
 
 # 3. eBPF toolchain (Debian's rustc-web with precompiled core for bpfel, bpf-linker on LLVM 22).

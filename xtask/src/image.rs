@@ -434,6 +434,28 @@ pub fn build_multiarch_archive(
         .iter()
         .map(|(arch, binary)| PlatformImage::build(*arch, binary))
         .collect::<anyhow::Result<Vec<_>>>()?;
+    write_archive(images, out, name)
+}
+
+/// A small archive of the real layout for each of `arches`, whose layer holds one text file in
+/// place of the binary: what the push is tested with, without building the daemon.
+#[cfg(test)]
+pub fn fake_archive(arches: &[Arch], out: &Path, name: &str) -> anyhow::Result<Built> {
+    let images = arches
+        .iter()
+        .map(|&arch| {
+            let mut tar = tar::Builder::new(Vec::new());
+            let data = format!("not the daemon: a stand-in for linux/{arch}");
+            let mut h = header(tar::EntryType::Regular, 0o755, data.len() as u64);
+            tar.append_data(&mut h, "usr/bin/nri-resize", data.as_bytes())?;
+            PlatformImage::from_layer(arch, &tar.into_inner()?, vec![])
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    write_archive(images, out, name)
+}
+
+/// Writes the archive of `images` under `name` to `out` (atomically).
+fn write_archive(images: Vec<PlatformImage>, out: &Path, name: &str) -> anyhow::Result<Built> {
     let (files, target) = layout(name, &images)?;
     let mut archive = tar::Builder::new(Vec::new());
     for (path, data) in &files {

@@ -8,7 +8,8 @@
 //! - `fuzz`       run one fuzz target (default: all, 60 s each; `--runs N` for N executions each)
 //! - `manifests`  render deploy/ with kustomize and the Helm chart, lint, validate offline, test the alerts with promtool (also a tier of `test`)
 //! - `image`      the daemon as one OCI image archive for linux/amd64 and linux/arm64 (an image
-//!   index; `ctr images import`-able), no Docker engine; `--arch amd64` for the host's alone
+//!   index; `ctr images import`-able), no Docker engine; `--arch amd64` for the host's alone;
+//!   `--push registry/repo[:tag]` pushes it to a registry (skopeo)
 //! - `soak`       the full soak: 200 pods x 3 containers, 10 resizes/s, 10 minutes (`--pods`, `--seconds`)
 //! - `vm-test`    the VM tier alone: cgroup v2 on Debian's 6.1 and 6.12 kernels under QEMU
 //!   (`--kernel 6.1|6.12|all`, `--suite <test>`); see `vm.rs`
@@ -18,6 +19,7 @@ mod disk;
 mod ebpf;
 mod image;
 mod manifests;
+mod push;
 mod vm;
 
 use std::path::{Path, PathBuf};
@@ -765,10 +767,16 @@ fn manifests_tier() -> anyhow::Result<()> {
     )
 }
 
-/// `cargo xtask image [--debug] [--out PATH] [--arch amd64,arm64]`: eBPF object, the daemon
-/// built for each architecture (release unless `--debug`; the foreign one cross-built, see
-/// `cross.rs`), one OCI archive whose image index holds them all.
-fn image_cmd(debug: bool, out: Option<PathBuf>, arches: &[cross::Arch]) -> anyhow::Result<()> {
+/// `cargo xtask image [--debug] [--out PATH] [--arch amd64,arm64] [--push REF [--push-insecure]]`:
+/// eBPF object, the daemon built for each architecture (release unless `--debug`; the foreign
+/// one cross-built, see `cross.rs`), one OCI archive whose image index holds them all; with
+/// `--push`, that archive pushed to the registry `REF` names (`push.rs`).
+fn image_cmd(
+    debug: bool,
+    out: Option<PathBuf>,
+    arches: &[cross::Arch],
+    push_to: Option<(push::Destination, push::Transport)>,
+) -> anyhow::Result<()> {
     setup(true)?;
     build_ebpf()?;
     let mut binaries = Vec::new();
@@ -802,6 +810,14 @@ fn image_cmd(debug: bool, out: Option<PathBuf>, arches: &[cross::Arch]) -> anyho
         built.archive.display(),
         built.archive.display()
     );
+    if let Some((to, transport)) = push_to {
+        let digest = push::push(&built.archive, &to, transport)?;
+        eprintln!(
+            "\n==> pushed {to} ({digest})\n    helm: --set image.repository={} --set image.tag={} --set image.digest={digest}",
+            to.repository(),
+            to.tag()
+        );
+    }
     Ok(())
 }
 
@@ -855,11 +871,22 @@ fn xtask_main() -> anyhow::Result<()> {
             setup(false)?;
             manifests_tier()
         }
-        Some("image") => image_cmd(
-            args.iter().any(|a| a == "--debug"),
-            arg("--out").map(PathBuf::from),
-            &parse_arches(arg("--arch").as_deref())?,
-        ),
+        Some("image") => {
+            // Checked before anything is built.
+            let push_to = arg("--push")
+                .map(|r| push::Destination::parse(&r, env!("CARGO_PKG_VERSION")))
+                .transpose()?
+                .map(|to| {
+                    let insecure = args.iter().any(|a| a == "--push-insecure");
+                    (to, push::Transport { insecure })
+                });
+            image_cmd(
+                args.iter().any(|a| a == "--debug"),
+                arg("--out").map(PathBuf::from),
+                &parse_arches(arg("--arch").as_deref())?,
+                push_to,
+            )
+        }
         Some("vm-test") => {
             let opts = vm::Options::parse(&args[1..])?;
             setup(true)?;
@@ -878,6 +905,6 @@ fn xtask_main() -> anyhow::Result<()> {
                 None => fuzz(&FUZZ_TARGETS, budget, Sanitizer::Address),
             }
         }
-        _ => bail!("usage: cargo xtask <setup|build-ebpf|test [--fuzz-seconds N]|demo|bench|fuzz [--target T] [--seconds N | --runs N]|manifests|image [--debug] [--out PATH] [--arch amd64,arm64]|vm-test [--kernel 6.1|6.12|all] [--suite T] [--budget-seconds N]|soak [--pods N] [--seconds N]>"),
+        _ => bail!("usage: cargo xtask <setup|build-ebpf|test [--fuzz-seconds N]|demo|bench|fuzz [--target T] [--seconds N | --runs N]|manifests|image [--debug] [--out PATH] [--arch amd64,arm64] [--push REGISTRY/REPO[:TAG] [--push-insecure]]|vm-test [--kernel 6.1|6.12|all] [--suite T] [--budget-seconds N]|soak [--pods N] [--seconds N]>"),
     }
 }

@@ -240,6 +240,9 @@ const SPLIT_TO_2: &[&str] = &[
 #[cfg(test)]
 const SPLIT_SUITES: &[&str] = &["resize_runtime", "faults"];
 
+/// The kernel-without-BTF test of `image_containerd`, run against 2.1.9 on 6.12 in its own run.
+const NO_BTF: &[&str] = &["daemon_image_on_a_node_without_kernel_btf"];
+
 /// Test binaries whose VM-only tests are `#[ignore]`d (they change the machine's CPUs and
 /// memory, or need cgroup v2): the guest runs them with `--include-ignored`.
 const WITH_IGNORED: &[&str] = &["vm_hotplug", "capacity_kernel", "cgroup_kernel"];
@@ -298,13 +301,16 @@ pub const SUITES: &[Suite] = &[
     Suite { name: "faults@2.1",             package: "nri-resize-tests", test: "faults",             filter: "", skip: &[TWINS_1_7, SPLIT_TO_1_7], env: ON_2,   kernels: OLDEST, timeout_s: 900 },
     // A VPA-driven decrease through kubelet ≥ 1.34 with and without working-set trimming (v2's
     // memory.reclaim and PSI): `cargo xtask bench` runs it here, as a benchmark.
+    // The DaemonSet on a node whose /sys/kernel has no btf: it starts and polls; with
+    // `--btf-path` it loads eBPF (tests/src/sys_kernel.rs: what the guest hides and how).
+    Suite { name: "image_no_btf@2.1",       package: "nri-resize-tests", test: "image_containerd",   filter: "without_kernel_btf", skip: &[], env: ON_2, kernels: NEWEST, timeout_s: 600 },
     Suite { name: "trim_containerd@2.1",    package: "nri-resize-tests", test: "trim_containerd",    filter: "", skip: &[TWINS_1_7], env: ON_2,   kernels: NEWEST, timeout_s: 900 },
     Suite { name: "nri_runtime@1.7",     package: "nri-resize-tests", test: "nri_runtime",     filter: "", skip: &[TWINS_2],   env: ON_1_7, kernels: OLDEST, timeout_s: 600 },
     Suite { name: "resize_runtime@1.7",  package: "nri-resize-tests", test: "resize_runtime",  filter: "", skip: &[TWINS_2, SPLIT_TO_2],   env: ON_1_7, kernels: OLDEST, timeout_s: 900 },
     Suite { name: "memory_decrease@1.7",    package: "nri-resize-tests", test: "memory_decrease",    filter: "", skip: &[TWINS_2],   env: ON_1_7, kernels: OLDEST, timeout_s: 900 },
     Suite { name: "faults@1.7",             package: "nri-resize-tests", test: "faults",             filter: "", skip: &[TWINS_2, SPLIT_TO_2],   env: ON_1_7, kernels: OLDEST, timeout_s: 900 },
     Suite { name: "observer_containerd@1.7", package: "nri-resize-tests", test: "observer_containerd", filter: "", skip: &[TWINS_2], env: ON_1_7, kernels: OLDEST, timeout_s: 900 },
-    Suite { name: "image_containerd@1.7",   package: "nri-resize-tests", test: "image_containerd",   filter: "", skip: &[TWINS_2],   env: ON_1_7, kernels: OLDEST, timeout_s: 600 },
+    Suite { name: "image_containerd@1.7",   package: "nri-resize-tests", test: "image_containerd",   filter: "", skip: &[TWINS_2, NO_BTF],   env: ON_1_7, kernels: OLDEST, timeout_s: 600 },
     Suite { name: "harness_smoke@1.7",      package: "nri-resize-tests", test: "harness_smoke",      filter: "", skip: &[TWINS_2],   env: ON_1_7, kernels: OLDEST, timeout_s: 300 },
     Suite { name: "pod_level_runtime@1.7", package: "nri-resize-tests", test: "pod_level_runtime", filter: "", skip: &[TWINS_2], env: ON_1_7, kernels: OLDEST, timeout_s: 300 },
     Suite { name: "coexist_containerd@1.7", package: "nri-resize-tests", test: "coexist_containerd", filter: "", skip: &[TWINS_2],   env: ON_1_7, kernels: OLDEST, timeout_s: 600 },

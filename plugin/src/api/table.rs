@@ -256,6 +256,14 @@ pub fn render_status(s: &Status, resizes: &Resizes, page_size: u64, now_ms: u64)
             "observer: throttle={} reclaim={} oom={} every {}ms",
             o.strategies.throttle, o.strategies.reclaim, o.strategies.oom, o.interval_ms
         );
+        // Why eBPF is off as a whole (no kernel BTF, no object): one line, as /readyz says it.
+        for f in o
+            .fallbacks
+            .iter()
+            .filter(|f| matches!(f.program.as_str(), "btf" | "object"))
+        {
+            let _ = writeln!(out, "observer: polling cgroup files: {}", f.reason);
+        }
     }
     if let Some(node) = &s.node {
         let _ = writeln!(out, "{}", crate::capacity::node_line(node, now_ms));
@@ -603,6 +611,38 @@ mod tests {
         let app = text.lines().find(|l| l.contains(" app ")).expect("app row");
         assert_eq!(app.split_whitespace().nth(4), Some("500m/512Mi"), "{text}");
         assert!(!app.contains("capped"), "{text}");
+    }
+
+    /// eBPF off as a whole (no kernel BTF) is said under the strategies, as `/readyz` says it;
+    /// a single measurement's fallback (PSI on cgroup v1) is not repeated there.
+    #[test]
+    fn an_observer_without_ebpf_says_why_it_polls() {
+        let mut s = status();
+        let fallback = |program: &str, reason: &str| crate::api::FallbackView {
+            program: program.into(),
+            reason: reason.into(),
+        };
+        s.observer = Some(crate::api::ObserverView {
+            strategies: crate::observer::Strategies::POLLING.into(),
+            fallbacks: vec![
+                fallback("btf", "no kernel BTF at /sys/kernel/btf/vmlinux"),
+                fallback("pressure", "cgroup v1 has no pressure stall information"),
+            ],
+            interval_ms: 1000,
+        });
+        let text = render_status(&s, &Resizes::default(), 4096, 0);
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("observer:"))
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                "observer: throttle=cpu_stat_polling reclaim=memory_stat_polling oom=memory_events_polling every 1000ms",
+                "observer: polling cgroup files: no kernel BTF at /sys/kernel/btf/vmlinux",
+            ],
+            "{text}"
+        );
     }
 
     #[test]

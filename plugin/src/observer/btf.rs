@@ -51,9 +51,17 @@ impl KernelBtf {
     /// position of its buffered reader for every type, one `lseek` on sysfs each (some
     /// hundred thousand for a kernel's BTF), which made most of the daemon's start-up.
     pub fn from_file(path: &Path) -> Result<Self, ObserverError> {
-        let bytes = std::fs::read(path).map_err(|source| ObserverError::Io {
-            path: path.to_owned(),
-            source,
+        let bytes = std::fs::read(path).map_err(|source| {
+            if source.kind() == std::io::ErrorKind::NotFound {
+                ObserverError::NoBtf {
+                    path: path.to_owned(),
+                }
+            } else {
+                ObserverError::Io {
+                    path: path.to_owned(),
+                    source,
+                }
+            }
         })?;
         let btf = Btf::from_bytes(&bytes).map_err(|e| ObserverError::Btf {
             path: path.to_owned(),

@@ -46,6 +46,13 @@ pub enum ObserverError {
         #[source]
         source: std::io::Error,
     },
+    /// No BTF file where the settings look: a kernel built without `CONFIG_DEBUG_INFO_BTF`
+    /// has no `/sys/kernel/btf/vmlinux`, or `--btf-path` names nothing.
+    #[error(
+        "no kernel BTF at {path} (a kernel built without CONFIG_DEBUG_INFO_BTF has none; \
+         `--btf-path <file>` names an external BTF file for the running kernel, e.g. from BTFHub)"
+    )]
+    NoBtf { path: PathBuf },
     #[error("parse kernel BTF {path}: {reason}")]
     Btf { path: PathBuf, reason: String },
     #[error("kernel BTF lookup: {0}")]
@@ -215,7 +222,8 @@ pub enum ObjectSource {
 pub struct ObserverSettings {
     pub cgroups: CgroupLayout,
     pub object: ObjectSource,
-    /// The running kernel's BTF.
+    /// The running kernel's BTF: `/sys/kernel/btf/vmlinux`, or an external file for the same
+    /// kernel (`--btf-path`). Without one, every measurement polls cgroup files.
     pub btf: PathBuf,
     /// `/proc/cgroups`, for the v1 hierarchy ids.
     pub proc_cgroups: PathBuf,
@@ -487,9 +495,17 @@ impl Observer {
             match KernelSide::start(settings, cpu_hierarchy, memory_hierarchy, &mut fallbacks) {
                 Ok((kernel, strategies)) => (Some(kernel), strategies),
                 Err(e) => {
-                    tracing::warn!(error = %e, "observer: eBPF unavailable, polling cgroup files");
+                    let program = match e {
+                        ObserverError::NoBtf { .. } | ObserverError::Btf { .. } => "btf",
+                        _ => "object",
+                    };
+                    tracing::warn!(
+                        program,
+                        error = %e,
+                        "observer: eBPF unavailable, every measurement polls cgroup files"
+                    );
                     fallbacks.push(Fallback {
-                        program: "object",
+                        program,
                         reason: e.to_string(),
                     });
                     (None, Strategies::POLLING)
@@ -820,6 +836,37 @@ mod tests {
                 last_victim_tgid: None,
                 kernel_oom_kill: Some(1)
             }
+        );
+    }
+
+    /// A kernel without BTF (no `/sys/kernel/btf/vmlinux`, or a `--btf-path` naming nothing):
+    /// the observer starts, polls every measurement and says why in one fallback.
+    #[test]
+    fn without_kernel_btf_every_measurement_polls_and_says_why() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let object = dir.path().join("object.o");
+        std::fs::write(&object, b"not read: the BTF is missing first").expect("write");
+        let cpu = dir.path().join("cpu");
+        let memory = dir.path().join("memory");
+        std::fs::create_dir_all(&cpu).expect("mkdir");
+        std::fs::create_dir_all(&memory).expect("mkdir");
+        std::fs::write(dir.path().join("cgroups"), "#subsys_name\thierarchy\n").expect("write");
+        let mut settings = ObserverSettings::polling(CgroupLayout::V1 { cpu, memory });
+        settings.object = ObjectSource::File(object);
+        settings.btf = dir.path().join("no-btf/vmlinux");
+        settings.proc_cgroups = dir.path().join("cgroups");
+        let observer = Observer::start(&settings).expect("start without BTF");
+        assert_eq!(observer.strategies(), Strategies::POLLING);
+        // One fallback for all of eBPF (and cgroup v1's own, PSI).
+        let programs: Vec<&str> = observer.fallbacks().iter().map(|f| f.program).collect();
+        assert_eq!(programs, ["btf", "pressure"]);
+        let f = &observer.fallbacks()[0];
+        assert!(
+            f.reason.contains("no kernel BTF at")
+                && f.reason.contains("no-btf/vmlinux")
+                && f.reason.contains("--btf-path"),
+            "{}",
+            f.reason
         );
     }
 
