@@ -5,6 +5,7 @@ mod diff;
 #[cfg(test)]
 pub mod fixtures;
 mod journal;
+mod kept;
 mod pages;
 mod pod_limits;
 mod resources;
@@ -15,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 pub use diff::{fields_changed, values_of};
 pub use journal::{EventKind, EventRecord, Journal};
+pub use kept::{is_ours, kept, MAX_KEPT_KEYS, MAX_KEPT_VALUE_BYTES, OVERSIZED};
 pub use pages::held_memory_limit;
 pub use pod_limits::PodLimits;
 pub use resources::{
@@ -28,7 +30,10 @@ pub struct Pod {
     pub name: String,
     pub namespace: String,
     pub uid: String,
+    /// nri-resize's own labels, bounded ([`kept`]); no other is read.
     pub labels: BTreeMap<String, String>,
+    /// nri-resize's own annotations, bounded ([`kept`]): what pod owners write costs the
+    /// daemon a bounded amount.
     pub annotations: BTreeMap<String, String>,
     pub runtime_handler: String,
     /// The pod cgroup (kubelet's `cgroup_parent`), as given to the runtime.
@@ -76,7 +81,9 @@ pub struct Container {
     pub cgroups_path: String,
     /// The container's full Linux resources as the runtime holds them.
     pub resources: Option<LinuxResources>,
+    /// nri-resize's own labels, bounded ([`kept`]).
     pub labels: BTreeMap<String, String>,
+    /// nri-resize's own annotations, bounded ([`kept`]).
     pub annotations: BTreeMap<String, String>,
 }
 

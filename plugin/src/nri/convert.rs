@@ -7,7 +7,8 @@ use nri_resize_proto::api as pb;
 use protobuf::{EnumOrUnknown, MessageField};
 
 use crate::model::{
-    Container, ContainerState, CpuResources, HugepageLimit, LinuxResources, MemoryResources, Pod,
+    kept, Container, ContainerState, CpuResources, HugepageLimit, LinuxResources, MemoryResources,
+    Pod,
 };
 
 use super::handler::{ContainerUpdate, Eviction};
@@ -179,8 +180,8 @@ pub(crate) fn pod_from_pb(p: &pb::PodSandbox) -> Pod {
         name: or_label(&p.name, &p.labels, POD_NAME_LABEL),
         namespace: or_label(&p.namespace, &p.labels, POD_NAMESPACE_LABEL),
         uid: or_label(&p.uid, &p.labels, POD_UID_LABEL),
-        labels: sorted(&p.labels),
-        annotations: sorted(&p.annotations),
+        labels: kept(&p.labels),
+        annotations: kept(&p.annotations),
         runtime_handler: p.runtime_handler.clone(),
         cgroup_parent: linux.map(|l| l.cgroup_parent.clone()).unwrap_or_default(),
         resources: linux
@@ -215,8 +216,8 @@ pub(crate) fn container_from_pb(c: &pb::Container) -> Container {
         resources: linux
             .and_then(|l| l.resources.as_ref())
             .map(resources_from_pb),
-        labels: sorted(&c.labels),
-        annotations: sorted(&c.annotations),
+        labels: kept(&c.labels),
+        annotations: kept(&c.annotations),
     }
 }
 
@@ -321,6 +322,8 @@ mod tests {
         c.state = EnumOrUnknown::new(pb::ContainerState::CONTAINER_RUNNING);
         c.pid = 42;
         c.annotations.insert("a".into(), "b".into());
+        c.annotations
+            .insert("trim.nri-resize.io/pod".into(), "on".into());
         c.linux = some(pb::LinuxContainer {
             cgroups_path: "/kubepods/pod1/c1".into(),
             resources: some(resources_to_pb(&full())),
@@ -331,7 +334,17 @@ mod tests {
         assert_eq!(d.pid, Some(42));
         assert_eq!(d.cgroups_path, "/kubepods/pod1/c1");
         assert_eq!(d.resources, Some(full()));
-        assert_eq!(d.annotations.get("a").map(String::as_str), Some("b"));
+        assert_eq!(
+            d.annotations
+                .get("trim.nri-resize.io/pod")
+                .map(String::as_str),
+            Some("on")
+        );
+        assert_eq!(
+            d.annotations.get("a"),
+            None,
+            "only nri-resize's keys are kept"
+        );
 
         let mut p = pb::PodSandbox::new();
         p.id = "p1".into();
