@@ -382,6 +382,24 @@ pub struct LinkStatusView {
     pub connected_since: Option<u64>,
 }
 
+#[cfg(test)]
+impl LinkStatusView {
+    /// A runtime link that is up and synchronized, nothing else known: the API's test fixtures.
+    pub(crate) fn up() -> Self {
+        LinkStatusView {
+            connected: true,
+            synchronized: true,
+            name: None,
+            version: None,
+            nri_version: None,
+            request_timeout_ms: None,
+            handler_budget_ms: None,
+            connects: 1,
+            connected_since: None,
+        }
+    }
+}
+
 impl From<LinkStatus> for LinkStatusView {
     fn from(s: LinkStatus) -> Self {
         LinkStatusView {

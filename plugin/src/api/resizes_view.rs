@@ -239,17 +239,7 @@ mod tests {
             ..Container::default()
         };
         Status {
-            runtime: LinkStatusView {
-                connected: true,
-                synchronized: true,
-                name: None,
-                version: None,
-                nri_version: None,
-                request_timeout_ms: None,
-                handler_budget_ms: None,
-                connects: 1,
-                connected_since: None,
-            },
+            runtime: LinkStatusView::up(),
             pods: vec![PodStatus {
                 pod,
                 containers: vec![ContainerStatus {

@@ -89,17 +89,7 @@ mod tests {
 
     fn status() -> Status {
         Status {
-            runtime: LinkStatusView {
-                connected: true,
-                synchronized: true,
-                name: None,
-                version: None,
-                nri_version: None,
-                request_timeout_ms: None,
-                handler_budget_ms: None,
-                connects: 1,
-                connected_since: None,
-            },
+            runtime: LinkStatusView::up(),
             pods: vec![
                 pod("s1", "default", "web", &[("c1", "app"), ("c2", "sidecar")]),
                 pod("s2", "shop", "web", &[("c3", "app")]),
