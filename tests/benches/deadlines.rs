@@ -69,24 +69,6 @@ async fn remove(ctrd: &Containerd, pod: &nri_resize_tests::Pod, id: &str) {
         .expect("RemovePodSandbox");
 }
 
-/// Writes the checkpoint an earlier nri-resize left for a staged decrease of container `id` (of
-/// sandbox `pod_id`) to `target`, the container's spec holding `interim` (the record
-/// `faults::legacy_checkpoint` writes).
-fn legacy_checkpoint(plugin: &PluginProcess, pod_id: &str, id: &str, target: i64, interim: i64) {
-    std::fs::create_dir_all(&plugin.state_dir).expect("state dir");
-    let record = serde_json::json!({
-        "container_id": id,
-        "pod_id": pod_id,
-        "target": target,
-        "interim": interim,
-    });
-    std::fs::write(
-        plugin.state_dir.join(format!("reclaim-{id}.json")),
-        record.to_string(),
-    )
-    .expect("checkpoint");
-}
-
 /// SIGTERM of an idle daemon and of one resuming an earlier version's staged decrease (see the
 /// module docs), `rounds` each, alternating.
 async fn sigterm(ctrd: &Containerd) {
@@ -113,7 +95,7 @@ async fn sigterm(ctrd: &Containerd) {
             plugin.stop_with(Signal::SIGTERM, Duration::from_secs(10)),
             Some(0)
         );
-        legacy_checkpoint(&plugin, &pod.id, &id, 100 * MIB, 512 * MIB);
+        plugin.write_legacy_checkpoint(&pod.id, &id, 100 * MIB, 512 * MIB);
         plugin.restart();
         plugin.wait_ready(Duration::from_secs(30)).await;
         let deadline = Instant::now() + Duration::from_secs(60);

@@ -60,6 +60,28 @@ pub struct PluginProcess {
 }
 
 impl PluginProcess {
+    /// Writes the checkpoint an earlier nri-resize (before the refused-decrease protocol) left
+    /// in its state directory for a staged decrease of container `id` (of sandbox `pod_id`) to
+    /// `target` bytes, the container's spec holding `interim`: what a daemon upgraded over one
+    /// finds and resumes at its next start.
+    ///
+    /// # Panics
+    /// If the state directory cannot be written.
+    pub fn write_legacy_checkpoint(&self, pod_id: &str, id: &str, target: i64, interim: i64) {
+        std::fs::create_dir_all(&self.state_dir).expect("state dir");
+        let record = serde_json::json!({
+            "container_id": id,
+            "pod_id": pod_id,
+            "target": target,
+            "interim": interim,
+        });
+        std::fs::write(
+            self.state_dir.join(format!("reclaim-{id}.json")),
+            record.to_string(),
+        )
+        .expect("checkpoint");
+    }
+
     /// A plugin process for `ctrd` named `name` (its sockets, log and state under the
     /// containerd's base directory), started with `args` and `env`.
     fn spawned(

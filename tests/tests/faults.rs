@@ -126,25 +126,6 @@ async fn kill_dd(ctrd: &Containerd, id: &str) {
     }
 }
 
-/// Writes the checkpoint an earlier nri-resize left for a staged decrease of container `id` (of
-/// sandbox `pod_id`) to `target`, the container's spec holding `interim`: before kubelet's path
-/// stopped answering a decrease below usage with an interim limit, such a decrease was
-/// checkpointed in the state directory as this JSON record, and an upgraded plugin finds it.
-fn legacy_checkpoint(plugin: &PluginProcess, pod_id: &str, id: &str, target: i64, interim: i64) {
-    std::fs::create_dir_all(&plugin.state_dir).expect("state dir");
-    let record = serde_json::json!({
-        "container_id": id,
-        "pod_id": pod_id,
-        "target": target,
-        "interim": interim,
-    });
-    std::fs::write(
-        plugin.state_dir.join(format!("reclaim-{id}.json")),
-        record.to_string(),
-    )
-    .expect("checkpoint");
-}
-
 /// A container `app` (512 MiB) running `script` (once it uses `min_usage`), and a plugin with
 /// `config`, stopped, whose state directory holds an earlier nri-resize's checkpoint of a staged
 /// decrease of the container to 100 MiB (the container's 512 MiB its interim): its next start
@@ -162,7 +143,7 @@ async fn with_legacy_checkpoint(
         plugin.stop_with(Signal::SIGTERM, Duration::from_secs(10)),
         Some(0)
     );
-    legacy_checkpoint(&plugin, &pod.id, &id, 100 * MIB, 512 * MIB);
+    plugin.write_legacy_checkpoint(&pod.id, &id, 100 * MIB, 512 * MIB);
     (plugin, id)
 }
 
@@ -184,7 +165,7 @@ async fn plugin_killed_mid_memory_decrease_resumes_from_its_checkpoint() {
     .await;
     // A second container whose checkpoint names an interim it no longer holds.
     let (moved_pod, moved) = ctrd.loaded_pod("moved", &[], "sleep 3600", 0).await;
-    legacy_checkpoint(&plugin, &moved_pod.id, &moved, 100 * MIB, 400 * MIB);
+    plugin.write_legacy_checkpoint(&moved_pod.id, &moved, 100 * MIB, 400 * MIB);
     let api = plugin.api();
     plugin.restart();
     plugin.wait_ready(READY).await;
