@@ -193,6 +193,8 @@ async fn lifecycle(version: ContainerdVersion) {
     let mut spec = PodSpec::new("web");
     spec.labels.insert("app".into(), "web".into());
     spec.annotations
+        .insert("trim.nri-resize.io/pod".into(), "off".into());
+    spec.annotations
         .insert("example.com/owner".into(), "team-a".into());
     spec.resources = Resources::limits(400_000, 1024 * MIB);
     let pod = Box::pin(ctrd.run_pod(spec)).await.expect("RunPodSandbox");
@@ -229,20 +231,27 @@ async fn lifecycle(version: ContainerdVersion) {
     wait_for_event(&plugin, &pod.id, "app", EventKind::StartContainer).await;
     wait_for_event(&plugin, &pod.id, "app", EventKind::PostStartContainer).await;
 
-    // The model holds pod metadata and the container's annotations, cgroup path and state.
+    // The model holds pod metadata and the container's annotations, cgroup path and state; of
+    // the labels and annotations only nri-resize's own (what a pod owner writes costs the
+    // daemon a bounded amount: `model::kept`).
     let st = api.status().await.expect("status");
     let pv = st
         .pods
         .iter()
         .find(|p| p.pod.id == pod.id)
         .expect("pod in model");
-    assert_eq!(pv.pod.labels.get("app").map(String::as_str), Some("web"));
+    assert_eq!(pv.pod.labels.get("app"), None, "not nri-resize's: not kept");
+    assert_eq!(
+        pv.pod.annotations.get("example.com/owner"),
+        None,
+        "not nri-resize's: not kept"
+    );
     assert_eq!(
         pv.pod
             .annotations
-            .get("example.com/owner")
+            .get("trim.nri-resize.io/pod")
             .map(String::as_str),
-        Some("team-a")
+        Some("off")
     );
     assert_eq!(pv.pod.uid, pod.uid);
     assert_eq!(pv.pod.cgroup_parent, pod.cgroup_parent);
