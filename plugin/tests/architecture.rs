@@ -2,6 +2,12 @@
 //! wiring in `daemon/` is imported by `main.rs` only, and there are no module cycles: between the
 //! top-level modules of `src/`, nor between the sibling modules of any directory below it.
 //!
+//! The resize domain's state has owners ([`OWNERS`]), each reached only through its handle: the
+//! owner's fields are private (so the compiler keeps every other file out of its maps), the
+//! owners sit below the engine's front and call each other without a cycle, the engine holds
+//! handles and context but no maps or locks of its own, and `daemon/` decides nothing of
+//! pod-level resizes. The calls into each owner are printed with the graph.
+//!
 //! Pure: reads the crate's own sources. A dependency is a `crate::<module>` path in code (also in
 //! `use crate::{a, b}` groups); comments are skipped. `cargo test --test architecture --
 //! --nocapture` prints the graph.
@@ -250,4 +256,170 @@ fn the_parser_sees_groups_and_skips_longer_names() {
         ("b".into(), BTreeSet::from(["a".into()])),
     ]);
     assert_eq!(find_cycle(&g).expect("cycle"), ["a", "b", "a"]);
+}
+
+/// The owners of the resize domain's state: (name, file under `src/`, handle type).
+const OWNERS: [(&str, &str, &str); 5] = [
+    ("records", "resize/record_store.rs", "Records"),
+    ("reclaims", "resize/reclaims.rs", "Reclaims"),
+    ("pod runs", "resize/pod_runs.rs", "PodRuns"),
+    ("restarts", "resize/restart.rs", "Restarts"),
+    ("trimming", "trim/mod.rs", "Trimmer"),
+];
+
+/// The body (between the braces) of `struct <name>` in `code`.
+fn struct_body<'a>(code: &'a str, name: &str) -> &'a str {
+    let at = code
+        .match_indices(&format!("struct {name} "))
+        .map(|(i, _)| i)
+        .chain(
+            code.match_indices(&format!("struct {name}<"))
+                .map(|(i, _)| i),
+        )
+        .next()
+        .unwrap_or_else(|| panic!("no struct {name}"));
+    let open = at + code[at..].find('{').expect("a struct with fields");
+    let close = open + code[open..].find("\n}").expect("the struct's end");
+    &code[open + 1..close]
+}
+
+/// The fields of a struct body as `(visibility, name, type)`.
+fn fields(body: &str) -> Vec<(String, String, String)> {
+    body.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .filter_map(|l| {
+            let (left, ty) = l.split_once(':')?;
+            let mut words: Vec<&str> = left.split_whitespace().collect();
+            let name = words.pop()?.to_owned();
+            Some((
+                words.join(" "),
+                name,
+                ty.trim().trim_end_matches(',').to_owned(),
+            ))
+        })
+        .collect()
+}
+
+fn has_word(code: &str, word: &str) -> bool {
+    code.match_indices(word).any(|(i, _)| {
+        let before = code[..i].chars().next_back();
+        let after = code[i + word.len()..].chars().next();
+        let part = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+        !part(before) && !part(after)
+    })
+}
+
+#[test]
+fn owners_keep_their_state_private() {
+    for (owner, file, handle) in OWNERS {
+        let code = code(&src().join(file));
+        let fields = fields(struct_body(&code, handle));
+        assert!(!fields.is_empty(), "{owner}: no fields of {handle} parsed");
+        for (vis, name, _) in &fields {
+            assert!(
+                vis.is_empty(),
+                "{owner}: field {handle}::{name} is `{vis}`: its state would be reachable past the handle"
+            );
+        }
+    }
+}
+
+#[test]
+fn owners_sit_below_the_engine_and_call_each_other_without_a_cycle() {
+    let mut g = Graph::new();
+    for (owner, file, _) in OWNERS {
+        let code = code(&src().join(file));
+        assert!(
+            !has_word(&code, "Engine"),
+            "{owner} ({file}) names the Engine: owners sit below its front"
+        );
+        let calls = g.entry(owner.to_owned()).or_default();
+        for (other, _, handle) in OWNERS {
+            if other != owner && has_word(&code, handle) {
+                calls.insert(other.to_owned());
+            }
+        }
+    }
+    print(&g);
+    if let Some(cycle) = find_cycle(&g) {
+        panic!("owners call each other in a cycle: {}", cycle.join(" -> "));
+    }
+    // The records and the pod runs are leaves: they decide nothing about any other owner.
+    for leaf in ["records", "pod runs"] {
+        assert!(g[leaf].is_empty(), "{leaf} calls {:?}", g[leaf]);
+    }
+    // Who calls into each owner from the resize domain (through the engine's field).
+    let mut callers = Graph::new();
+    for f in rust_files(&src().join("resize")) {
+        let code = code(&f);
+        let rel = f
+            .strip_prefix(src())
+            .expect("under src")
+            .display()
+            .to_string();
+        for (owner, field) in [
+            ("records", ".records."),
+            ("reclaims", ".reclaims."),
+            ("pod runs", ".runs."),
+            ("restarts", ".restarts."),
+        ] {
+            if code.contains(field) {
+                callers
+                    .entry(owner.to_owned())
+                    .or_default()
+                    .insert(rel.clone());
+            }
+        }
+    }
+    print(&callers);
+    assert!(
+        callers
+            .get("reclaims")
+            .is_some_and(|c| c.contains("resize/pod_level/mod.rs")),
+        "pod-level admission reclaims through the owner: {callers:?}"
+    );
+}
+
+#[test]
+fn the_engine_holds_handles_and_context_but_no_state_of_its_own() {
+    let code = code(&src().join("resize/mod.rs"));
+    for (_, name, ty) in fields(struct_body(&code, "Engine")) {
+        for state in ["Mutex", "RwLock", "HashMap", "BTreeMap", "AtomicU64"] {
+            assert!(
+                !ty.contains(state),
+                "Engine::{name}: {ty}: state belongs to an owner, the engine holds its handle"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_daemon_decides_nothing_of_pod_level_resizes() {
+    for f in rust_files(&src().join("daemon")) {
+        let code = code(&f);
+        for decision in [
+            "admit_pod_level",
+            "admit_unchecked_memory",
+            "reclaim_request",
+            "reclaim_pod",
+            "read_pod",
+        ] {
+            assert!(
+                !has_word(&code, decision),
+                "{} uses {decision}: pod-level logic lives in resize/pod_level",
+                f.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn the_owner_parsers_read_fields_and_words() {
+    let code = "pub struct A {\n    pub x: u32,\n    /// doc\n    y: Mutex<B>,\n}\n";
+    let f = fields(struct_body(code, "A"));
+    assert_eq!(f.len(), 2);
+    assert_eq!(f[0], ("pub".into(), "x".into(), "u32".into()));
+    assert_eq!(f[1].2, "Mutex<B>");
+    assert!(has_word("use Engine;", "Engine") && !has_word("EngineX", "Engine"));
 }

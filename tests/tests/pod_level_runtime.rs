@@ -11,7 +11,7 @@
 //! containerd 1.7 and 2.1 answer `Unimplemented` (kubelet goes on and writes the pod cgroup),
 //! 2.2 "not implemented yet" (kubelet stops): the test says so loudly and checks that nothing
 //! reached the plugin; the same order and the revert run over the NRI wire in
-//! `plugin/src/daemon/pod_level/tests.rs`. `NRI_RESIZE_CONTAINERD_BIN=<dir>` runs the
+//! `plugin/src/daemon/pod_level_tests.rs`. `NRI_RESIZE_CONTAINERD_BIN=<dir>` runs the
 //! 2.x half against another build (e.g. 2.3.4, which relays the call to NRI).
 //!
 //! The runtime is containerd (1.7.24 and 2.x); with `NRI_RESIZE_CRIO_BIN=<dir>` the harness
@@ -120,7 +120,7 @@ async fn pod_level_resize(version: ContainerdVersion) {
         eprintln!(
             "\n!!!!!!!! {} {} has no CRI UpdatePodSandboxResources: the NRI \
              UpdatePodSandbox path is NOT exercised against this runtime (the in-process runtime \
-             peer of plugin/src/daemon/pod_level/tests.rs exercises it in CI). Run with \
+             peer of plugin/src/daemon/pod_level_tests.rs exercises it in CI). Run with \
              NRI_RESIZE_CONTAINERD_BIN=<containerd >= 2.3 build> to exercise it. !!!!!!!!\n",
             ctrd.runtime_name(),
             ctrd.version(),

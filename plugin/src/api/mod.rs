@@ -46,7 +46,9 @@ use crate::model::{Container, EventRecord, LinuxResources, Pod, PodView};
 use crate::nri::{ContainerUpdate, LinkError, LinkStatus, RuntimeInfo, RuntimeLink};
 use crate::observer::Strategies;
 use crate::resize::off_worker::off_worker;
-use crate::resize::{ContainerResize, Engine, PodResize, PodResizeRequest, ResizeError};
+use crate::resize::{
+    ContainerResize, Engine, PodResize, PodResizeRequest, RecordsView, ResizeError,
+};
 use crate::state::{
     Confirmation, ContainerObservation, NodeState, ObserverInfo, PodLevelStatus, ResizeVerdict,
 };
@@ -434,6 +436,8 @@ struct Ctx {
     state: Arc<NodeState>,
     link: RuntimeLink,
     engine: Option<Arc<Engine>>,
+    /// The engine's resize records, read through their view.
+    records: Option<RecordsView>,
     trim: Option<Trimmer>,
 }
 
@@ -467,6 +471,7 @@ fn router(
         .with_state(Ctx {
             state,
             link,
+            records: engine.as_ref().map(|e| e.records()),
             engine,
             trim,
         })
@@ -485,11 +490,11 @@ pub struct Resizes {
 
 async fn resizes(State(ctx): State<Ctx>) -> Json<Resizes> {
     let mut r = ctx
-        .engine
+        .records
         .as_ref()
-        .map_or_else(Resizes::default, |e| Resizes {
-            containers: e.container_resizes().into_iter().collect(),
-            pods: e.pod_resizes(),
+        .map_or_else(Resizes::default, |records| Resizes {
+            containers: records.containers().into_iter().collect(),
+            pods: records.pods(),
             verdicts: std::collections::BTreeMap::new(),
         });
     r.verdicts = ctx.state.verdicts(|v| {
@@ -839,6 +844,7 @@ mod tests {
             let ctx = Ctx {
                 state: state.clone(),
                 link: link.clone(),
+                records: engine.as_ref().map(|e| e.records()),
                 engine,
                 trim: None,
             };

@@ -11,60 +11,56 @@ use async_trait::async_trait;
 use tracing::{debug, info, warn};
 
 use super::off_worker::off_worker;
-use super::read_back::ReadBacks;
+
 use crate::model::{Container, ContainerState, EventKind, LinuxResources, Pod};
 use crate::nri::{
     ContainerUpdate, CreateReply, Deadline, EventSet, Handler, Rejection, RuntimeInfo, UpdateReply,
 };
 use crate::resize::node::NodeReader;
+use crate::resize::pod_level::PodLevel;
+use crate::resize::read_back::ReadBacks;
 use crate::resize::Engine;
 use crate::state::NodeState;
 use crate::sync::ReadWriteLocked as _;
-use crate::trim::Trimmer;
 
 /// See the module docs.
 #[derive(Debug, Clone)]
 pub struct ModelHandler {
     state: Arc<NodeState>,
     engine: Option<Arc<Engine>>,
-    /// Node capacity for pod-level admission; `None`: no node checks.
-    node: Option<NodeReader>,
-    /// Cgroup read-backs that follow the answer instead of delaying it.
+    /// Cgroup read-backs that follow the answer instead of delaying it (shared with
+    /// `pod_level`).
     read_backs: Arc<ReadBacks>,
-    /// When a pod's cgroup is read back after an accepted `UpdatePodSandbox` (`None`: the
-    /// daemon's schedule, `POD_READ_BACK_AFTER`).
-    pod_read_back_after: Option<&'static [Duration]>,
-    /// Working-set trimming: what it found bounds how low a pod's memory may go.
-    trimmer: Option<Trimmer>,
+    /// `UpdatePodSandbox` and `PostUpdatePodSandbox`, decided in the resize domain.
+    pod_level: PodLevel,
 }
 
 impl ModelHandler {
     pub fn new(state: Arc<NodeState>) -> Self {
+        let read_backs = Arc::<ReadBacks>::default();
         ModelHandler {
+            pod_level: PodLevel::new(Arc::clone(&state), Arc::clone(&read_backs)),
             state,
             engine: None,
-            node: None,
-            read_backs: Arc::default(),
-            pod_read_back_after: None,
-            trimmer: None,
+            read_backs,
         }
     }
 
-    /// With working-set trimming consulted by pod-level admission.
+    /// With working-set trimming consulted by pod-level admission, through an owner of reclaim
+    /// of its own (tests without an engine; the daemon's comes from the engine).
+    #[cfg(test)]
     #[must_use]
-    pub fn with_trimmer(mut self, trimmer: Trimmer) -> Self {
-        self.trimmer = Some(trimmer);
+    pub(super) fn with_trimmer(mut self, trimmer: crate::trim::Trimmer) -> Self {
+        let engine = Engine::new(
+            Arc::clone(&self.state),
+            crate::nri::RuntimeLink::default(),
+            None,
+            NodeReader::new("/nonexistent"),
+            None,
+        )
+        .with_trimmer(trimmer);
+        self.pod_level = engine.pod_level(self.pod_level);
         self
-    }
-
-    pub(super) fn trimmer(&self) -> Option<&Trimmer> {
-        self.trimmer.as_ref()
-    }
-
-    /// When the pod cgroup is read back after an accepted `UpdatePodSandbox` (`None`: the
-    /// daemon's schedule).
-    pub(super) fn pod_read_back_after(&self) -> Option<&'static [Duration]> {
-        self.pod_read_back_after
     }
 
     /// With the pod cgroup read back at `after` following an accepted `UpdatePodSandbox`
@@ -72,32 +68,15 @@ impl ModelHandler {
     #[cfg(test)]
     #[must_use]
     pub(super) fn with_pod_read_back(mut self, after: &'static [Duration]) -> Self {
-        self.pod_read_back_after = Some(after);
+        self.pod_level = self.pod_level.with_read_back_after(after);
         self
     }
 
     /// With node capacity read for pod-level admission (`/` on a node).
     #[must_use]
     pub fn with_node(mut self, node: NodeReader) -> Self {
-        self.node = Some(node);
+        self.pod_level = self.pod_level.with_node(node);
         self
-    }
-
-    pub(super) fn state(&self) -> &NodeState {
-        &self.state
-    }
-
-    /// The node state, shared (for a read-back that outlives the handler call).
-    pub(super) fn shared_state(&self) -> Arc<NodeState> {
-        Arc::clone(&self.state)
-    }
-
-    pub(super) fn read_backs(&self) -> &ReadBacks {
-        &self.read_backs
-    }
-
-    pub(super) fn node_reader(&self) -> Option<&NodeReader> {
-        self.node.as_ref()
     }
 
     /// Waits, at most `within`, for the read-backs started after answers.
@@ -108,6 +87,7 @@ impl ModelHandler {
     /// With the resize engine deciding kubelet-driven updates.
     #[must_use]
     pub fn with_engine(mut self, engine: Arc<Engine>) -> Self {
+        self.pod_level = engine.pod_level(self.pod_level);
         self.engine = Some(engine);
         self
     }
@@ -239,7 +219,8 @@ impl Handler for ModelHandler {
         let asked = resources.is_some();
         let verdict = match &resources {
             Some(r) => {
-                self.admit_pod_update(&pod, overhead.as_ref(), r, &deadline)
+                self.pod_level
+                    .admit_update(&pod, overhead.as_ref(), r, &deadline)
                     .await
             }
             None => Ok(()),
@@ -265,7 +246,7 @@ impl Handler for ModelHandler {
         if asked {
             // The pod cgroup is read back after the answer: CRI-O sends no
             // PostUpdatePodSandbox, and kubelet 1.36 writes the cgroup after this call.
-            self.follow_pod_update(admitted);
+            self.pod_level.follow_update(admitted);
         }
         Ok(())
     }
@@ -276,7 +257,8 @@ impl Handler for ModelHandler {
         overhead: Option<&LinuxResources>,
         resources: &LinuxResources,
     ) -> Option<Rejection> {
-        self.refuse_undecided_pod_decrease(pod, overhead, resources)
+        self.pod_level
+            .refuse_undecided_decrease(pod, overhead, resources)
     }
 
     async fn post_update_pod_sandbox(&self, mut pod: Pod) {
@@ -287,7 +269,7 @@ impl Handler for ModelHandler {
             pod.overhead = known.overhead;
         }
         self.pod_event(EventKind::PostUpdatePodSandbox, pod.clone());
-        self.confirm_pod(&pod).await;
+        self.pod_level.confirm(&pod).await;
     }
 
     async fn stop_pod_sandbox(&self, pod: Pod) {

@@ -10,10 +10,8 @@ mod bind_retry;
 mod handler;
 mod observe;
 mod off_worker;
-mod pod_level;
-mod pod_read;
-mod pod_reclaim;
-mod read_back;
+#[cfg(test)]
+mod pod_level_tests;
 mod reserve;
 mod trim;
 
@@ -27,7 +25,6 @@ use tracing::{error, info, warn};
 
 pub use handler::ModelHandler;
 pub use observe::ObserverOptions;
-pub use pod_read::READ_BUDGET;
 
 use crate::api;
 use crate::backoff::Backoff;
@@ -196,8 +193,7 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
     let handler = Arc::new(
         ModelHandler::new(state.clone())
             .with_engine(engine.clone())
-            .with_node(NodeReader::new("/"))
-            .with_trimmer(trimmer.clone()),
+            .with_node(NodeReader::new("/")),
     );
     let handler_observer: Arc<dyn HandlerObserver> = state.metrics.clone();
     let exit = session_loop(

@@ -13,7 +13,6 @@ use crate::metrics::RestartOutcome;
 use crate::model::{Container, LinuxResources, Pod};
 use crate::nri::{ContainerUpdate, Eviction, UpdateReply};
 use crate::policy::ResizeState;
-use crate::sync::Locked as _;
 
 impl Engine {
     /// Keeps the container as it is (no in-place write) and evicts it (when enforcing): the
@@ -137,17 +136,18 @@ impl Engine {
                 )
             }
         };
-        if let Some(r) = self.containers.locked().get_mut(&t.container_id) {
+        self.records.update_container(&t.container_id, |r| {
             r.state = state;
             r.reason = reason;
             r.updated_ms = now_ms();
-        }
+        });
     }
 
     /// The runtime reported the container stopped (a restart waiting for it is confirmed).
     pub fn container_stopped(&self, id: &str) {
         self.restarts.note(id, restart::Seen::Stopped);
         // Its cgroup is going: a staged decrease has nothing left to reclaim or to apply.
-        self.end_reclaim(id, "container stopped: staged memory decrease ended");
+        self.reclaims
+            .end(id, "container stopped: staged memory decrease ended");
     }
 }

@@ -13,6 +13,7 @@ use tracing::{info, warn};
 
 use super::pod_cgroup::{update_resources, PodCgroupError};
 use super::pod_checkpoint::checkpoint_key;
+use super::pod_runs::Submitted;
 use super::records::{from_snapshot, snapshot};
 use super::runtime_update::UpdateError;
 use super::{Engine, PodResize, ResizeError, SnapshotLimits, StepRecord};
@@ -20,7 +21,6 @@ use crate::model::Pod;
 use crate::policy::{
     check_invariants, plan, Limit, PlanOptions, PodResources, ResizeState, Step, Violation,
 };
-use crate::sync::Locked as _;
 
 /// Why a step of a whole-pod resize did not complete.
 #[derive(Debug, thiserror::Error)]
@@ -83,10 +83,10 @@ impl Drop for Running<'_> {
         if self.ended {
             return;
         }
-        self.engine.targets.locked().remove(self.pod_id);
-        if let Some(r) = self.engine.pods.locked().get_mut(self.pod_id) {
+        self.engine.runs.end(self.pod_id);
+        self.engine.records.update_pod(self.pod_id, |r| {
             STOPPED.clone_into(&mut r.reason);
-        }
+        });
     }
 }
 
@@ -98,15 +98,9 @@ impl Engine {
         target: SnapshotLimits,
         resumed: bool,
     ) -> Result<PodResize, ResizeError> {
-        let running = {
-            let mut targets = self.targets.locked();
-            let running = targets.get(&pod.id).is_some_and(|(_, r)| *r);
-            targets.insert(pod.id.clone(), (target.clone(), true));
-            running
-        };
-        if running {
+        if self.runs.submit(&pod.id, target.clone()) == Submitted::Wait {
             // A reclaim for the older target must not hold the newer one up.
-            self.supersede_pod_reclaims(&pod.id);
+            self.reclaims.supersede_pod(&pod.id);
             return self.wait_for(&pod.id, &target).await;
         }
         // Dropped before its end (the daemon stops): the pod's later resizes and their waiters
@@ -124,10 +118,10 @@ impl Engine {
                 break Err(ResizeError::Stopping);
             }
             let done = self
-                .pods
-                .locked()
-                .get(&pod.id)
-                .map(|r| r.target.clone())
+                .records
+                .view()
+                .pod(&pod.id)
+                .map(|r| r.target)
                 .unwrap_or_default();
             if let Some(store) = self.checkpoints.clone() {
                 let key = checkpoint_key(&pod.id);
@@ -137,17 +131,8 @@ impl Engine {
                 }
             }
             let again = result.is_ok() && !self.pod_gone(&pod.id);
-            let newer = {
-                let mut targets = self.targets.locked();
-                match targets.get(&pod.id) {
-                    // A newer request came after the last plan (it waits for this executor).
-                    Some((t, _)) if again && *t != done => Some(t.clone()),
-                    _ => {
-                        targets.remove(&pod.id);
-                        None
-                    }
-                }
-            };
+            // A newer request came after the last plan (it waits for this executor).
+            let newer = self.runs.next_or_end(&pod.id, &done, again);
             let Some(newer) = newer else {
                 break result;
             };
@@ -169,10 +154,10 @@ impl Engine {
         // The pod was removed meanwhile (`forget_pod` came before the record's last update):
         // its record goes with it.
         if self.pod_gone(&pod.id) {
-            self.pods.locked().remove(&pod.id);
+            self.records.remove_pod(&pod.id);
         }
         if matches!(result, Err(ResizeError::Stopping)) {
-            self.targets.locked().remove(&pod.id);
+            self.runs.end(&pod.id);
         }
         result
     }
@@ -192,8 +177,8 @@ impl Engine {
                 () = tokio::time::sleep(Duration::from_millis(20)) => {}
                 () = self.shutdown.cancelled() => return Err(ResizeError::Stopping),
             }
-            if !self.targets.locked().contains_key(pod_id) {
-                let r = self.pods.locked().get(pod_id).cloned().unwrap_or_default();
+            if !self.runs.running(pod_id) {
+                let r = self.records.view().pod(pod_id).unwrap_or_default();
                 return if r.state.is_none() && &r.target == target {
                     Ok(r)
                 } else {
@@ -228,17 +213,12 @@ impl Engine {
                 // Stopping: the checkpoint stays, the next start resumes from the actual state.
                 info!(pod = %full, "stopping: the whole-pod resize stays checkpointed");
                 record.reason = STOPPED.into();
-                self.pods.locked().insert(pod.id.clone(), record.clone());
+                self.records.put_pod(record.clone());
                 return Err(ResizeError::Stopping);
             }
-            let target = self
-                .targets
-                .locked()
-                .get(&pod.id)
-                .map(|(t, _)| t.clone())
-                .unwrap_or_default();
+            let target = self.runs.target(&pod.id);
             record.target = target.clone();
-            self.pods.locked().insert(pod.id.clone(), record.clone());
+            self.records.put_pod(record.clone());
             let current = self.current_or_end(pod, &mut record).await?;
             let steps = match plan(&current, &from_snapshot(&target), &opts) {
                 Ok(p) => p.steps,
@@ -250,18 +230,13 @@ impl Engine {
             if steps.is_empty() {
                 record.state = None;
                 record.reason.clear();
-                self.pods.locked().insert(pod.id.clone(), record.clone());
+                self.records.put_pod(record.clone());
                 info!(pod = %full, steps = record.steps.len(), attempts, "whole-pod resize done");
                 self.state.metrics.resize_outcome("in_place");
                 return Ok(record);
             }
             for step in steps {
-                if self
-                    .targets
-                    .locked()
-                    .get(&pod.id)
-                    .is_some_and(|(t, _)| t != &target)
-                {
+                if self.runs.superseded(&pod.id, &target) {
                     info!(pod = %full, "newer resize request: re-planning from the current state");
                     continue 'replan;
                 }
@@ -272,7 +247,7 @@ impl Engine {
                         warn!(pod = %full, step = %step, %reason, "resize deferred");
                         record.state = Some(ResizeState::Deferred);
                         record.reason.clone_from(&reason);
-                        self.pods.locked().insert(pod.id.clone(), record.clone());
+                        self.records.put_pod(record.clone());
                         self.state.metrics.resize_outcome("deferred");
                         return Err(ResizeError::Refused {
                             state: ResizeState::Deferred,
@@ -293,7 +268,7 @@ impl Engine {
                             "step {step} failed (attempt {attempts} of {}): {e}; planning again from the actual state",
                             cfg.resize.max_attempts
                         );
-                        self.pods.locked().insert(pod.id.clone(), record.clone());
+                        self.records.put_pod(record.clone());
                         tokio::time::sleep(backoff.next_delay()).await;
                         continue 'replan;
                     }
@@ -326,9 +301,7 @@ impl Engine {
     fn end_in_error(&self, record: &mut PodResize, reason: String) {
         record.state = Some(ResizeState::Error);
         record.reason = reason;
-        self.pods
-            .locked()
-            .insert(record.pod_id.clone(), record.clone());
+        self.records.put_pod(record.clone());
     }
 
     /// Applies one step, reads the pod's cgroups back and checks the invariants on them; the
@@ -374,7 +347,7 @@ impl Engine {
             actual: actual.as_ref().map(snapshot),
             violation: violation.map(|v| v.to_string()).unwrap_or_default(),
         });
-        self.pods.locked().insert(pod.id.clone(), record.clone());
+        self.records.put_pod(record.clone());
         outcome
     }
 
@@ -718,7 +691,7 @@ mod tests {
             "the checkpoint stays for the next start"
         );
         // Nothing waits on it, and a request after shutdown is refused at once.
-        assert!(!engine.targets.locked().contains_key("pA"));
+        assert!(!engine.runs.running("pA"));
         let late = engine.resize_pod("ns", "web", &grow_app_request()).await;
         assert!(matches!(late, Err(ResizeError::Stopping)), "{late:?}");
         connected.close().await;
@@ -760,7 +733,7 @@ mod tests {
             };
             async move { engine.resize_pod("ns", "web", &shrink).await }
         });
-        while engine.reclaims.locked().is_empty() {
+        while engine.reclaims.is_empty() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         assert_eq!(
@@ -776,10 +749,7 @@ mod tests {
             .expect("the resize ends at shutdown")
             .expect("the caller");
         assert!(matches!(result, Err(ResizeError::Stopping)), "{result:?}");
-        assert!(
-            engine.reclaims.locked().is_empty(),
-            "a reclaim handle leaked"
-        );
+        assert!(engine.reclaims.is_empty(), "a reclaim handle leaked");
         assert_eq!(
             in_progress(&engine).as_deref(),
             Some("nri_resize_memory_decrease_reclaims_in_progress 0")
@@ -817,7 +787,9 @@ mod tests {
             format!("anon 0\nfile {}\nshmem 0\n", 200 * MI),
         )
         .expect("write");
-        let older = engine.reclaim_toward_in_flight_for_test("pA", "cA", 150 * MI, 256 * MI);
+        let older = engine
+            .reclaims
+            .toward_in_flight_for_test("pA", "cA", 150 * MI, 256 * MI);
         let result = engine.resize_pod("ns", "web", &app_to(100)).await;
         assert!(
             matches!(

@@ -12,7 +12,6 @@ use crate::config::Mode;
 use crate::metrics::DecreaseOutcome;
 use crate::nri::{Deadline, Rejection};
 use crate::policy::ResizeState;
-use crate::sync::Locked as _;
 
 /// `Err` when the runtime was already answered without this decision; `Ok`: the answer will
 /// be delivered (the deadline is committed), so the caller may act on it.
@@ -47,9 +46,7 @@ impl Engine {
             m.container(container_id)
                 .map(|c| (c.pod_id.clone(), c.name.clone()))
         });
-        {
-            let mut all = self.containers.locked();
-            let r = all.entry(container_id.to_string()).or_default();
+        self.records.upsert_container(container_id, |r| {
             if let Some((pod_id, name)) = known {
                 r.pod_id = pod_id;
                 r.container = name;
@@ -58,7 +55,7 @@ impl Engine {
             r.reason = UNDECIDED_DECREASE.to_string();
             r.updated_ms = now_ms();
             r.deferred_target = None;
-        }
+        });
         self.state.metrics.resize_outcome("deferred");
         self.state
             .metrics

@@ -18,7 +18,13 @@
 //! One idea per file: `update` (the kubelet path), `admission`, `decrease` (memory decreases
 //! below usage: refused on the kubelet path, never an interim limit), `eviction` (restarts), `whole_pod` and `executor` (API resizes),
 //! `pod_checkpoint`, `pod_cgroup` (cgroupfs I/O of the pod), `records` (what `status` reads),
-//! `reevaluate` (after capacity changes).
+//! `reevaluate` (after capacity changes), `pod_level` (KEP-5419's `UpdatePodSandbox`), and
+//! `read_back` (reads that follow an answer).
+//!
+//! The engine is a thin front over owners, each reached only through its handle:
+//! [`record_store`] (the container and pod records; the API reads a view), [`reclaims`] (every
+//! reclaim on a container: background, inline, trimming's pauses), [`pod_runs`] (whole-pod
+//! runs: the newest target wins, one executor per pod) and [`restart`] (restarts in flight).
 
 mod admission;
 pub mod checkpoint;
@@ -28,11 +34,17 @@ mod executor;
 #[cfg(test)]
 pub(crate) mod fake_runtime;
 mod late;
+mod lifecycle;
 pub mod node;
 pub(crate) mod off_worker;
 mod pod_cgroup;
 mod pod_checkpoint;
+pub mod pod_level;
+mod pod_runs;
+pub(crate) mod read_back;
 pub mod reclaim;
+mod reclaims;
+mod record_store;
 mod records;
 pub mod reevaluate;
 mod reply;
@@ -41,12 +53,16 @@ mod runtime_update;
 mod update;
 mod whole_pod;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use self::checkpoint::CheckpointStore;
 use self::node::NodeReader;
 pub use self::pod_cgroup::PodCgroupError;
+use self::pod_level::PodLevel;
+use self::pod_runs::PodRuns;
+use self::reclaims::Reclaims;
+use self::record_store::Records;
+pub use self::record_store::RecordsView;
 pub use self::records::{ContainerResize, LimitPair, PodResize, SnapshotLimits, StepRecord};
 pub use self::runtime_update::UpdateError;
 pub use self::whole_pod::{ContainerTarget, PodResizeRequest, ResizeError};
@@ -56,28 +72,26 @@ use crate::nri::RuntimeLink;
 use crate::policy::PlanOptions;
 use crate::state::NodeState;
 use crate::sync::ReadWriteLocked as _;
-use crate::trim::{TrimPause, Trimmer};
+use crate::trim::Trimmer;
 
-/// See the module docs.
+/// See the module docs. A thin front: it holds the owners' handles and the context they share,
+/// and fans each entry point out to them; no domain state of its own.
 #[derive(Debug)]
 pub struct Engine {
     state: Arc<NodeState>,
     link: RuntimeLink,
     cgroups: Option<Cgroups>,
     node: NodeReader,
+    /// Whole-pod resize checkpoints ([`pod_checkpoint`]); the reclaims keep their own.
     checkpoints: Option<CheckpointStore>,
-    containers: Mutex<HashMap<String, ContainerResize>>,
-    pods: Mutex<HashMap<String, PodResize>>,
-    /// Latest target per pod id, and whether an executor is running for it.
-    targets: Mutex<HashMap<String, (SnapshotLimits, bool)>>,
+    /// The container and pod records (what `status` reads).
+    records: Records,
+    /// Whole-pod runs: each pod's latest target, one executor per pod.
+    runs: PodRuns,
     resumed: std::sync::atomic::AtomicBool,
-    /// Reclaims in flight, by container id: one per container (see [`decrease::ReclaimHandle`]).
-    reclaims: Mutex<HashMap<String, decrease::ReclaimHandle>>,
-    reclaim_generation: std::sync::atomic::AtomicU64,
-    /// Held around the reclaim checkpoints' file I/O together with the ownership check that
-    /// decides it, so that a superseded decrease's late write or removal never lands over a
-    /// newer decrease's checkpoint (same key). Taken on blocking threads only.
-    reclaim_checkpoint_io: Mutex<()>,
+    /// Every reclaim on a container: background, inline, and trimming's pauses (shared with
+    /// pod-level admission).
+    reclaims: Arc<Reclaims>,
     /// Restarts in flight ([`restart`]).
     restarts: Arc<restart::Restarts>,
     /// Fires at shutdown: every background task of the engine (staged decreases, resumed
@@ -85,9 +99,6 @@ pub struct Engine {
     shutdown: tokio_util::sync::CancellationToken,
     /// The engine's background tasks; [`Engine::shutdown`] waits for them.
     tasks: tokio_util::task::TaskTracker,
-    /// Working-set trimming, asked what it found and paused while a decrease reclaims
-    /// ([`Engine::with_trimmer`]; none: trimming is not consulted).
-    trimmer: Option<Trimmer>,
 }
 
 impl Engine {
@@ -100,25 +111,26 @@ impl Engine {
     ) -> Self {
         let shutdown = tokio_util::sync::CancellationToken::new();
         Engine {
+            reclaims: Arc::new(Reclaims::new(
+                Arc::clone(&state),
+                checkpoints.clone(),
+                None,
+                shutdown.clone(),
+            )),
             state,
             link,
             cgroups,
             node,
             checkpoints,
-            containers: Mutex::new(HashMap::new()),
-            pods: Mutex::new(HashMap::new()),
-            targets: Mutex::new(HashMap::new()),
+            records: Records::default(),
+            runs: PodRuns::default(),
             resumed: std::sync::atomic::AtomicBool::new(false),
-            reclaims: Mutex::new(HashMap::new()),
-            reclaim_generation: std::sync::atomic::AtomicU64::new(0),
-            reclaim_checkpoint_io: Mutex::new(()),
             restarts: Arc::new(restart::Restarts::new(
                 shutdown.child_token(),
                 restart::Timing::default(),
             )),
             shutdown,
             tasks: tokio_util::task::TaskTracker::new(),
-            trimmer: None,
         }
     }
 
@@ -126,13 +138,20 @@ impl Engine {
     /// and pauses it on the container while reclaiming there.
     #[must_use]
     pub fn with_trimmer(mut self, trimmer: Trimmer) -> Self {
-        self.trimmer = Some(trimmer);
+        // Before any use: no reclaim is in flight yet, the owner is built anew with trimming.
+        self.reclaims = Arc::new(Reclaims::new(
+            Arc::clone(&self.state),
+            self.checkpoints.clone(),
+            Some(trimmer),
+            self.shutdown.clone(),
+        ));
         self
     }
 
-    /// Holds trimming of container `id` off until the pause is dropped.
-    fn pause_trimming(&self, id: &str) -> Option<TrimPause> {
-        self.trimmer.as_ref().map(|t| t.pause(id))
+    /// Pod-level admission with this engine's owner of reclaim.
+    #[must_use]
+    pub fn pod_level(&self, pod_level: PodLevel) -> PodLevel {
+        pod_level.with_reclaims(Arc::clone(&self.reclaims))
     }
 
     fn config(&self) -> Config {

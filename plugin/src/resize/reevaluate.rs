@@ -24,7 +24,6 @@ use crate::config::Mode;
 use crate::model::{fields_changed, Container, LinuxResources, Pod};
 use crate::policy::{plan_single, Admission, Limits, Quantities, ResizeState, Step};
 use crate::state::{Reevaluation, ReevaluationOutcome};
-use crate::sync::Locked as _;
 
 /// Why a waiting resize that fits now could not be applied.
 #[derive(Debug, thiserror::Error)]
@@ -50,15 +49,16 @@ impl Engine {
     /// resources and state.
     fn waiting(&self) -> Vec<(String, LinuxResources, ResizeState)> {
         let mut v: Vec<_> = self
-            .containers
-            .locked()
-            .iter()
+            .records
+            .view()
+            .containers()
+            .into_iter()
             // A memory decrease waiting on reclaim is not a capacity question, and applying it
             // directly could OOM-kill: the staged decrease (or kubelet's retry) owns it.
             .filter(|(_, r)| !super::decrease::is_memory_decrease(r))
             .filter_map(|(id, r)| match (r.state, &r.desired) {
                 (Some(s @ (ResizeState::Deferred | ResizeState::Infeasible)), Some(d)) => {
-                    Some((id.clone(), d.clone(), s))
+                    Some((id, d.clone(), s))
                 }
                 _ => None,
             })
@@ -153,11 +153,11 @@ impl Engine {
     }
 
     fn set_waiting(&self, id: &str, state: ResizeState, reason: &str) {
-        if let Some(r) = self.containers.locked().get_mut(id) {
+        self.records.update_container(id, |r| {
             r.state = Some(state);
             reason.clone_into(&mut r.reason);
             r.updated_ms = now_ms();
-        }
+        });
     }
 
     /// Applies a waiting resize as the runtime would have for kubelet: the pod cgroup raised

@@ -16,7 +16,6 @@ use crate::policy::{
     changes, check_invariants, Admission, ContainerAllocation, CpuSet, Limit, Limits,
     PodAllocation, PodResources, Quantities, ResizeState,
 };
-use crate::sync::Locked as _;
 
 /// A whole-pod resize request: new limits per container name (unnamed containers keep theirs).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -134,11 +133,11 @@ impl Engine {
         let current = self.read_current_pod(&pod).await?;
         // A resize in flight: the new request builds on its target (the latest desired state),
         // not on the transient values of a half-done plan.
-        let base = self
-            .targets
-            .locked()
-            .get(&pod.id)
-            .map_or_else(|| current.clone(), |(t, _)| from_snapshot(t));
+        let base = if self.runs.running(&pod.id) {
+            from_snapshot(&self.runs.target(&pod.id))
+        } else {
+            current.clone()
+        };
         let target = build_target(&base, req, &full)?;
         check_invariants(&target, &self.plan_options())
             .map_err(|v| ResizeError::Invalid(format!("the resulting pod is not allowed: {v}")))?;

@@ -1,5 +1,5 @@
 //! Pod-level resources (KEP-5419): the record of each pod's desired vs actual pod cgroup limits
-//! and where its last resize stands. The NRI handler (`daemon/pod_level.rs`) writes them, the
+//! and where its last resize stands. Pod-level admission (`resize/pod_level/`) writes them, the
 //! status API reads them.
 
 use std::collections::HashMap;

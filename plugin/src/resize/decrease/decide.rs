@@ -19,7 +19,6 @@ use crate::policy::{
     DecreasePlan, MemoryDecreaseStrategy, CONTAINER_DECREASE_PREFIX, POD_DECREASE_ANNOTATION,
 };
 use crate::resize::reply::answered_already;
-use crate::sync::Locked as _;
 
 /// The most one pass of the inline reclaim asks for.
 const INLINE_CHUNK: u64 = 64 << 20;
@@ -205,7 +204,7 @@ impl Engine {
         }
         if strategy == MemoryDecreaseStrategy::Reclaim && cfg.resize.mode == Mode::Enforce {
             // Trimming stays off the container while the update reclaims it.
-            let _pause = self.pause_trimming(&ctr.id);
+            let _pause = self.reclaims.inline_pass(&ctr.id);
             if self.reclaim_inline(ctr, (old, target), &usage, md.inline_max, deadline) {
                 return DecreaseVerdict::Direct;
             }
@@ -248,7 +247,7 @@ impl Engine {
         target: u64,
         what: &str,
     ) -> Option<String> {
-        let trim = self.trimmer.as_ref()?.state(&ctr.id)?;
+        let trim = self.reclaims.trim_state(&ctr.id)?;
         let working_set = trim.working_set_bytes.filter(|ws| *ws > target)?;
         let how = match trim.state {
             crate::trim::TrimState::Converged { found, .. } => format!(" ({found})"),
@@ -369,29 +368,29 @@ impl Engine {
     ) -> Option<Rejection> {
         let asked = memory_limit(requested);
         let subject = format!("{}/{}", pod.full_name(), ctr.name);
-        if let Some(target) = self.reclaim_toward_in_flight(&ctr.id) {
+        if let Some(target) = self.reclaims.toward_target(&ctr.id) {
             if asked == Some(target) {
                 return self.repeat_toward(ctr, &subject, target);
             }
-            self.take_reclaim(
+            self.reclaims.take(
                 &ctr.id,
                 "newer update: the reclaim toward the refused limit ends",
             );
             return None;
         }
-        if let Some((interim, target)) = self.reclaim_in_flight(&ctr.id) {
+        if let Some((interim, target)) = self.reclaims.staged(&ctr.id) {
             if asked == Some(target) && answered_already(desired, allocated, target, interim) {
                 let progress = self
-                    .containers
-                    .locked()
-                    .get(&ctr.id)
-                    .map(|r| r.reason.clone())
+                    .records
+                    .view()
+                    .container(&ctr.id)
+                    .map(|r| r.reason)
                     .unwrap_or_default();
                 return Some(Rejection(format!(
                     "memory decrease of {subject} in progress, not yet in place: {progress}"
                 )));
             }
-            if !self.supersede_unless_applying(&ctr.id) {
+            if !self.reclaims.supersede_unless_applying(&ctr.id) {
                 info!(container = %subject, "newer update while the staged memory decrease is being applied: refused once, kubelet asks again");
                 return Some(Rejection(format!(
                     "the staged memory decrease of {subject} is being applied by the runtime at this moment; this newer update goes through when kubelet asks again"

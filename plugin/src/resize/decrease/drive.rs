@@ -15,7 +15,6 @@ use crate::policy::{bytes_text, memory_limit_text, mib, not_reclaimable_reason, 
 use crate::resize::reclaim::{self, reclaim_to, ReclaimJob, ReclaimOutcome};
 use crate::resize::runtime_update::UpdateError;
 use crate::resize::ContainerResize;
-use crate::sync::Locked as _;
 
 /// Whose progress a reclaim reports: a staged decrease's (an interim limit in the runtime's
 /// spec, the requested one applied at the end) or the background reclaim toward a limit kubelet
@@ -231,13 +230,13 @@ impl Engine {
         limit: u64,
     ) -> Result<(), UpdateError> {
         if let Some(g) = generation {
-            if !self.begin_apply(id, g) {
+            if !self.reclaims.begin_apply(id, g) {
                 return Err(UpdateError::Superseded);
             }
         }
         let applied = self.update_through_runtime(id, &memory_only(limit)).await;
         if let Some(g) = generation {
-            self.end_apply(id, g);
+            self.reclaims.end_apply(id, g);
         }
         applied?;
         let allocated = self
@@ -249,9 +248,7 @@ impl Engine {
                 self.own_record(id, g, set);
             }
             None => {
-                if let Some(r) = self.containers.locked().get_mut(id) {
-                    set(r);
-                }
+                self.records.update_container(id, set);
             }
         }
         Ok(())
@@ -279,15 +276,11 @@ impl Engine {
         generation: u64,
         f: impl FnOnce(&mut ContainerResize),
     ) -> bool {
-        let reclaims = self.reclaims.locked();
-        if reclaims.get(id).is_none_or(|h| h.generation != generation) {
-            return false;
-        }
-        if let Some(r) = self.containers.locked().get_mut(id) {
-            f(r);
-        }
-        drop(reclaims);
-        true
+        self.reclaims
+            .while_current(id, generation, || {
+                self.records.update_container(id, f);
+            })
+            .is_some()
     }
 }
 
@@ -309,8 +302,8 @@ mod tests {
     use crate::model::{Container, Pod};
     use crate::nri::RuntimeLink;
     use crate::policy::MemoryUse;
-    use crate::resize::decrease::ReclaimHandle;
     use crate::resize::node::NodeReader;
+    use crate::resize::reclaims::ReclaimHandle;
     use crate::state::NodeState;
 
     const MIB: u64 = 1 << 20;
@@ -345,17 +338,15 @@ mod tests {
             name: "app".into(),
             ..Container::default()
         };
-        let generation = 7;
-        engine.reclaims.locked().insert(
-            "c".into(),
+        let (_, generation) = engine.reclaims.own("c", |cancel, generation| {
             ReclaimHandle::new(
-                CancellationToken::new(),
+                cancel,
                 Arc::new(Notify::new()),
                 "p".into(),
                 (100 * MIB, 317 * MIB),
                 generation,
-            ),
-        );
+            )
+        });
         engine.record(
             &pod,
             &ctr,
@@ -388,7 +379,7 @@ mod tests {
             .contains("usage 250Mi"));
 
         // The newer update (400Mi) supersedes it and records itself, in flight.
-        engine.supersede_reclaim("c");
+        engine.reclaims.supersede("c");
         engine.record(&pod, &ctr, None, Some(ResizeState::InProgress), "");
         // The superseded decrease's last pass, its end and its allocation all come too late.
         engine.reclaim_progress(
@@ -418,30 +409,31 @@ mod tests {
     #[test]
     fn a_newer_update_never_races_the_decrease_s_own_apply() {
         let engine = engine();
-        let generation = 3;
-        engine.reclaims.locked().insert(
-            "c".into(),
+        let (_, generation) = engine.reclaims.own("c", |cancel, generation| {
             ReclaimHandle::new(
-                CancellationToken::new(),
+                cancel,
                 Arc::new(Notify::new()),
                 "p".into(),
                 (100 * MIB, 317 * MIB),
                 generation,
-            ),
-        );
-        assert!(engine.begin_apply("c", generation));
+            )
+        });
+        assert!(engine.reclaims.begin_apply("c", generation));
         assert!(
-            !engine.supersede_unless_applying("c"),
+            !engine.reclaims.supersede_unless_applying("c"),
             "superseded in the middle of the decrease's own apply"
         );
-        assert!(engine.reclaim_in_flight("c").is_some());
-        engine.end_apply("c", generation);
-        assert!(engine.supersede_unless_applying("c"));
-        assert!(engine.reclaim_in_flight("c").is_none());
+        assert!(engine.reclaims.staged("c").is_some());
+        engine.reclaims.end_apply("c", generation);
+        assert!(engine.reclaims.supersede_unless_applying("c"));
+        assert!(engine.reclaims.staged("c").is_none());
         assert!(
-            !engine.begin_apply("c", generation),
+            !engine.reclaims.begin_apply("c", generation),
             "a superseded decrease must apply nothing"
         );
-        assert!(engine.supersede_unless_applying("c"), "nothing in flight");
+        assert!(
+            engine.reclaims.supersede_unless_applying("c"),
+            "nothing in flight"
+        );
     }
 }

@@ -172,7 +172,7 @@ async fn anonymous_memory_in_the_way_is_refused_with_its_figures() {
         "memory decrease of ns/p/app refused: usage 310Mi above the requested limit 100Mi: 300Mi of anonymous memory cannot be reclaimed, and a limit below it would OOM-kill the container"
     );
     assert_eq!(f.record().0, Some(ResizeState::Deferred));
-    assert!(f.engine.reclaim_toward_in_flight("c").is_none());
+    assert!(f.engine.reclaims.toward_target("c").is_none());
     assert_eq!(
         std::fs::read_to_string(f.ctr_dir.join("memory.reclaim")).expect("read"),
         "",
@@ -200,7 +200,7 @@ async fn page_cache_in_the_way_is_reclaimed_until_kubelets_retry_fits() {
         err.0
     );
     assert_eq!(f.record().0, Some(ResizeState::InProgress));
-    assert_eq!(f.engine.reclaim_toward_in_flight("c"), Some(100 * MI));
+    assert_eq!(f.engine.reclaims.toward_target("c"), Some(100 * MI));
     // The background reclaim asks the kernel (the fixture's takes nothing).
     for _ in 0..200 {
         if !std::fs::read_to_string(f.ctr_dir.join("memory.reclaim"))
@@ -229,12 +229,12 @@ async fn page_cache_in_the_way_is_reclaimed_until_kubelets_retry_fits() {
         "{}",
         err.0
     );
-    assert_eq!(f.engine.reclaim_toward_in_flight("c"), Some(100 * MI));
+    assert_eq!(f.engine.reclaims.toward_target("c"), Some(100 * MI));
     // The cache went: the retry goes through as asked.
     v2_memory(&f.ctr_dir, 90, 20, 70);
     let reply = f.ask(100).expect("applied at kubelet's retry");
     assert!(reply.updates.is_empty(), "no adjustment: {reply:?}");
-    assert!(f.engine.reclaim_toward_in_flight("c").is_none());
+    assert!(f.engine.reclaims.toward_target("c").is_none());
     assert_eq!(f.record().0, Some(ResizeState::InProgress));
     f.engine.shutdown().await;
 }
@@ -249,9 +249,9 @@ async fn a_newer_update_ends_the_background_reclaim() {
     );
     v2_memory(&f.ctr_dir, 310, 20, 290);
     f.ask(100).expect_err("refused");
-    assert!(f.engine.reclaim_toward_in_flight("c").is_some());
+    assert!(f.engine.reclaims.toward_target("c").is_some());
     f.ask(400).expect("a limit above usage goes through");
-    assert!(f.engine.reclaim_toward_in_flight("c").is_none());
+    assert!(f.engine.reclaims.toward_target("c").is_none());
     f.engine.shutdown().await;
 }
 
@@ -323,7 +323,7 @@ async fn v1_inline_passes_put_the_limit_back_when_refused() {
         "the limit the spec says is back"
     );
     assert!(
-        f.engine.reclaim_toward_in_flight("c").is_none(),
+        f.engine.reclaims.toward_target("c").is_none(),
         "no background reclaim on v1"
     );
 }
@@ -354,7 +354,7 @@ async fn an_old_spelling_is_refused_exactly_as_the_current_one() {
         v2_memory(&f.ctr_dir, 310, 20, 290);
         let error = f.ask(100).expect_err("refused").0;
         let (state, reason) = f.record();
-        let reclaiming = f.engine.reclaim_toward_in_flight("c").is_some();
+        let reclaiming = f.engine.reclaims.toward_target("c").is_some();
         assert_eq!(
             std::fs::read_to_string(f.ctr_dir.join("memory.max")).expect("read"),
             (512 * MI).to_string(),

@@ -27,15 +27,6 @@ pub(super) struct ReclaimCheckpoint {
     pub(super) interim: u64,
 }
 
-pub(super) fn checkpoint_key(container_id: &str) -> String {
-    let safe: String = container_id
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
-        .take(100)
-        .collect();
-    format!("reclaim-{safe}")
-}
-
 impl Engine {
     /// The pod, container and desired resources of a checkpointed decrease, while the container
     /// exists (its pod as the model knows it, or an empty one).
@@ -113,7 +104,7 @@ impl Engine {
             );
             self.spawn_reclaim(rec.pod_id, &ctr, rec.target, rec.interim, Instant::now());
             // Nothing to wait for: the interim limit is in place already.
-            self.notify_reclaim_applied(&ctr.id);
+            self.reclaims.notify_applied(&ctr.id);
         }
     }
 }
@@ -143,10 +134,5 @@ mod tests {
         assert!(!still_staged(&rec, Some(512 * MI)));
         assert!(!still_staged(&rec, Some(100 * MI)));
         assert!(!still_staged(&rec, None));
-    }
-
-    #[test]
-    fn checkpoint_keys_are_safe() {
-        assert_eq!(checkpoint_key("ab/../c d"), "reclaim-abcd");
     }
 }

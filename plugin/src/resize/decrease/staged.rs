@@ -9,9 +9,10 @@ use tokio::sync::Notify;
 use tracing::info;
 
 use super::resume::ReclaimCheckpoint;
-use super::{Engine, ReclaimHandle};
+use super::Engine;
 use crate::cgroup::container_path;
 use crate::model::Container;
+use crate::resize::reclaims::ReclaimHandle;
 
 impl Engine {
     /// Starts the reclaim task of a staged decrease of `ctr` (a whole-pod step's, or one resumed
@@ -28,7 +29,7 @@ impl Engine {
             return;
         };
         let applied = Arc::new(Notify::new());
-        let (cancel, generation) = self.own_reclaim(&ctr.id, |cancel, generation| {
+        let (cancel, generation) = self.reclaims.own(&ctr.id, |cancel, generation| {
             ReclaimHandle::new(
                 cancel,
                 Arc::clone(&applied),
@@ -51,7 +52,10 @@ impl Engine {
             // The checkpoint is written here, not in the handler: after the handler committed
             // to its answer only in-memory work may delay that answer (see `Deadline`).
             engine
-                .off_worker(move |e| e.save_reclaim_checkpoint(generation, &checkpoint))
+                .off_worker(move |e| {
+                    e.reclaims
+                        .save_checkpoint(&checkpoint.container_id, generation, &checkpoint);
+                })
                 .await;
             // The runtime applies the interim limit after this handler answers: start after it.
             let _ = tokio::time::timeout(Duration::from_secs(2), applied.notified()).await;
@@ -74,7 +78,7 @@ impl Engine {
                 .finished(o, seconds, reclaimed);
             // Superseded: the handle and the checkpoint (if any) belong to a newer decrease.
             engine
-                .off_worker(move |e| e.retire_reclaim(&id, generation))
+                .off_worker(move |e| e.reclaims.retire(&id, generation))
                 .await;
         });
     }

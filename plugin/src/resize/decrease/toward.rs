@@ -14,7 +14,7 @@
 //! retry passes its own usage check and ours. Anonymous or shared memory in the way: refused,
 //! nothing reclaimed.
 //!
-//! The reclaim is one [`super::ReclaimHandle`] in the engine's reclaims (one reclaimer per
+//! The reclaim is one [`crate::resize::reclaims::ReclaimHandle`] in the engine's reclaims (one reclaimer per
 //! container): kubelet asking again while it runs is answered with its progress unless usage
 //! fits now (then the handle goes and the update is decided anew); any other update supersedes
 //! it. Nothing is checkpointed: after a restart kubelet's next retry starts it again.
@@ -26,14 +26,14 @@ use tokio::sync::Notify;
 use tracing::{info, warn};
 
 use super::drive::Progress;
-use super::{memory_limit, Engine, ReclaimHandle};
+use super::{memory_limit, Engine};
 use crate::cgroup::{container_path, CgroupIo as _, CgroupVersion};
 use crate::metrics::DecreaseOutcome;
 use crate::model::{Container, LinuxResources, Pod};
 use crate::nri::{Rejection, UpdateReply};
 use crate::policy::{below_usage_reason, bytes_text, CacheReclaim, MemoryUse, ResizeState};
 use crate::resize::reclaim::{ReclaimJob, ReclaimOutcome};
-use crate::sync::Locked as _;
+use crate::resize::reclaims::ReclaimHandle;
 
 impl Engine {
     /// Refuses a kubelet-driven decrease of `ctr` to `target` while its usage (`used`, read after
@@ -113,7 +113,7 @@ impl Engine {
         let Some(cg) = self.cgroups.clone() else {
             return;
         };
-        let (cancel, generation) = self.own_reclaim(&ctr.id, |cancel, generation| {
+        let (cancel, generation) = self.reclaims.own(&ctr.id, |cancel, generation| {
             ReclaimHandle::new(
                 cancel,
                 Arc::new(Notify::new()),
@@ -154,7 +154,7 @@ impl Engine {
                 return;
             }
             engine
-                .off_worker(move |e| e.retire_reclaim(&id, generation))
+                .off_worker(move |e| e.reclaims.retire(&id, generation))
                 .await;
         });
     }
@@ -245,17 +245,17 @@ impl Engine {
         match usage {
             Some(u) if u.usage > target => {
                 let progress = self
-                    .containers
-                    .locked()
-                    .get(&ctr.id)
-                    .map(|r| r.reason.clone())
+                    .records
+                    .view()
+                    .container(&ctr.id)
+                    .map(|r| r.reason)
                     .unwrap_or_default();
                 Some(Rejection(format!(
                     "memory decrease of {subject} refused: {progress}"
                 )))
             }
             _ => {
-                self.take_reclaim(&ctr.id, "kubelet asked again: the reclaim toward the refused limit ends, the update is decided anew");
+                self.reclaims.take(&ctr.id, "kubelet asked again: the reclaim toward the refused limit ends, the update is decided anew");
                 None
             }
         }

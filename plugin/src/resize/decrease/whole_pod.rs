@@ -7,9 +7,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tracing::warn;
 
-use super::{
-    deferred_outcome, memory_limit, node_has_swap, DecreaseVerdict, Engine, ReclaimHandle,
-};
+use super::{deferred_outcome, memory_limit, node_has_swap, DecreaseVerdict, Engine};
 use crate::cgroup::{container_path, CgroupIo, Cgroups};
 use crate::metrics::DecreaseOutcome;
 use crate::model::{Container, Pod};
@@ -19,7 +17,7 @@ use crate::policy::{
 };
 use crate::resize::executor::{StepError, StepFailure};
 use crate::resize::reclaim::{reclaim_to, ReclaimJob, ReclaimOutcome};
-use crate::sync::Locked as _;
+use crate::resize::reclaims::ReclaimHandle;
 
 impl Engine {
     /// Whole-pod resizes: brings container `ctr` under `target` before the runtime writes it.
@@ -82,7 +80,7 @@ impl Engine {
         let interim = current.unwrap_or(interim);
         // One reclaim per container: the one in flight (kubelet's path reclaiming toward a
         // refused limit, or an older staged decrease) ends here.
-        let (cancel, generation) = self.own_reclaim(&ctr.id, |cancel, generation| {
+        let (cancel, generation) = self.reclaims.own(&ctr.id, |cancel, generation| {
             ReclaimHandle::new(
                 cancel,
                 Arc::new(Notify::new()),
@@ -206,7 +204,7 @@ impl Engine {
     }
 }
 
-/// A whole-pod step's reclaim in flight: its handle in [`Engine::reclaims`] and its share of the
+/// A whole-pod step's reclaim in flight: its handle in the engine's reclaims and its share of the
 /// in-progress gauge, given back when it is dropped before its outcome was counted (its
 /// reclaim thread is then told to stop).
 struct InFlight<'a> {
@@ -219,13 +217,7 @@ struct InFlight<'a> {
 
 impl InFlight<'_> {
     fn forget_handle(&self) {
-        let mut all = self.engine.reclaims.locked();
-        if all
-            .get(self.id)
-            .is_some_and(|h| h.generation == self.generation)
-        {
-            all.remove(self.id);
-        }
+        self.engine.reclaims.forget(self.id, self.generation);
     }
 }
 

@@ -16,12 +16,16 @@ use crate::capacity::snapshot::fixture::meminfo;
 use crate::cgroup::gate::{Gate, Gated};
 use crate::cgroup::{Cgroups, V2};
 use crate::config::Config;
+use crate::config::Mode;
 use crate::model::{Container, CpuResources, MemoryResources};
+use crate::model::{LinuxResources, Pod, PodLimits};
 use crate::nri::{
     Deadline, Handler, Mux, PluginIdentity, RuntimeLink, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN,
 };
+use crate::policy::ResizeState;
 use crate::resize::node::NodeReader;
 use crate::state::NodeState;
+use crate::state::{limits_text, PodLevelStatus};
 
 const MI: u64 = 1 << 20;
 const POD_CG: &str = "/kubepods/podA";
@@ -219,14 +223,14 @@ async fn the_pod_cgroup_is_read_back_after_the_answer_without_post_update() {
     // kubelet 1.36: the pod cgroup is written once the call has returned.
     f.pod_cgroup("50000 100000", &(128 * MI).to_string(), 60 * MI);
     // The read-backs run at growing intervals (the last 10 s after the answer).
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_secs(60);
     let r = loop {
         let r = record(&state);
         if r.matches == Some(true) {
             break r;
         }
         assert!(
-            std::time::Instant::now() < deadline,
+            Instant::now() < deadline,
             "the pod cgroup was never read back as holding the request: {r:?}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -415,7 +419,7 @@ fn pb_pod() -> pb::PodSandbox {
 struct Wire {
     plugin: PluginClient,
     cancel: CancellationToken,
-    session: tokio::task::JoinHandle<Result<crate::nri::SessionEnd, crate::nri::TransportError>>,
+    session: tokio::task::JoinHandle<Result<SessionEnd, nri::TransportError>>,
     server: Server,
 }
 
@@ -437,7 +441,7 @@ impl Wire {
                     name: "nri-resize".into(),
                     idx: "42".into(),
                 };
-                crate::nri::serve_trunk(plugin_end, &id, h, &l, None, &c).await
+                nri::serve_trunk(plugin_end, &id, h, &l, None, &c).await
             })
         };
         let mut mux = Mux::start(runtime_end, &[PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN]);
@@ -445,7 +449,7 @@ impl Wire {
             mux.take(PLUGIN_SERVICE_CONN).expect("conn 1"),
         )));
         let mut server = Server::new()
-            .add_listener(crate::nri::one_shot_listener(
+            .add_listener(nri::one_shot_listener(
                 mux.take(RUNTIME_SERVICE_CONN).expect("conn 2"),
             ))
             .register_service(create_runtime(Arc::new(Peer)));
@@ -581,13 +585,13 @@ async fn kubelet_1_36_calls_before_writing_and_reverts_a_failed_write() {
         "the model is back at the previous resources"
     );
     // The read-back after the revert's answer finds the pod cgroup where it always was.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(10);
     let r = loop {
         let r = record(&state);
         if r.matches.is_some() {
             break r;
         }
-        assert!(std::time::Instant::now() < deadline, "no read-back: {r:?}");
+        assert!(Instant::now() < deadline, "no read-back: {r:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert_eq!((r.matches, r.state), (Some(true), None), "{r:?}");
@@ -664,7 +668,7 @@ async fn a_pod_decrease_below_the_working_set_trimming_found_is_refused() {
         .trim
         .interval = Duration::from_millis(50);
     let cancel = CancellationToken::new();
-    let trimmer = crate::trim::Trimmer::start_with(state.clone(), &cancel, || false);
+    let trimmer = Trimmer::start_with(state.clone(), &cancel, || false);
     let h = h.with_trimmer(trimmer.clone());
     let mut app = container("app", limits(500, 100 * MI));
     app.cgroups_path = "/kubepods/podA/ctr".into();
@@ -674,7 +678,7 @@ async fn a_pod_decrease_below_the_working_set_trimming_found_is_refused() {
     trimmer.watch(
         &app.id,
         crate::trim::TrimTarget {
-            labels: crate::metrics::ContainerLabels {
+            labels: metrics::ContainerLabels {
                 namespace: "ns".into(),
                 pod: "web".into(),
                 container: "app".into(),

@@ -14,21 +14,20 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio_util::task::TaskTracker;
-use tracing::warn;
+use tracing::{error, warn};
 
-use super::off_worker::off_worker;
 use crate::sync::Locked as _;
 
 /// See the module docs.
 #[derive(Debug, Default)]
-pub(super) struct ReadBacks {
+pub(crate) struct ReadBacks {
     tasks: TaskTracker,
     latest: Mutex<HashMap<String, JoinHandle<Option<()>>>>,
 }
 
 impl ReadBacks {
     /// Runs `read` for container `id` on a blocking thread, without waiting for it.
-    pub(super) fn start(&self, what: &'static str, id: &str, read: impl FnOnce() + Send + 'static) {
+    pub(crate) fn start(&self, what: &'static str, id: &str, read: impl FnOnce() + Send + 'static) {
         let handle = self.tasks.spawn(off_worker(what, read));
         let mut latest = self.latest.locked();
         // Finished ones of containers that went without a RemoveContainer (a reconnect).
@@ -39,7 +38,7 @@ impl ReadBacks {
     /// Runs `follow` (a read-back that waits between its reads, on the async workers; its reads
     /// go off them) for `id`, without waiting for it. Owned like [`Self::start`]: abandoned at
     /// shutdown after [`Self::settle`]'s bound, and a later one for the same `id` replaces it.
-    pub(super) fn start_async(
+    pub(crate) fn start_async(
         &self,
         id: &str,
         follow: impl std::future::Future<Output = ()> + Send + 'static,
@@ -58,7 +57,7 @@ impl ReadBacks {
 
     /// Waits for container `id`'s latest read-back, if one is running. Cancellable: the
     /// caller's deadline bounds the wait.
-    pub(super) async fn finish(&self, id: &str) {
+    pub(crate) async fn finish(&self, id: &str) {
         let handle = self.latest.locked().remove(id);
         if let Some(h) = handle {
             let _ = h.await;
@@ -67,7 +66,7 @@ impl ReadBacks {
 
     /// Waits, at most `within`, for every read-back; what is left is abandoned (reads only:
     /// nothing is half-written).
-    pub(super) async fn settle(&self, within: Duration) {
+    pub(crate) async fn settle(&self, within: Duration) {
         self.tasks.close();
         if tokio::time::timeout(within, self.tasks.wait())
             .await
@@ -83,6 +82,20 @@ impl ReadBacks {
     #[cfg(test)]
     fn running(&self) -> usize {
         self.tasks.len()
+    }
+}
+
+/// Runs `f` on a blocking thread and waits for it. `None`: it panicked (logged).
+async fn off_worker<T: Send + 'static>(
+    what: &'static str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(v) => Some(v),
+        Err(e) => {
+            error!(what, error = %e, "read-back failed");
+            None
+        }
     }
 }
 

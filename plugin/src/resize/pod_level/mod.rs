@@ -17,7 +17,7 @@
 //! with a [`Rejection`], so that under kubelet 1.36 the pod cgroup is never written. A call
 //! that overruns the runtime's deadline is answered fail-open by the transport, except a memory
 //! decrease, which is recorded and refused
-//! ([`ModelHandler::refuse_undecided_pod_decrease`]). A revert is one more `UpdatePodSandbox`:
+//! ([`PodLevel::refuse_undecided_decrease`]). A revert is one more `UpdatePodSandbox`:
 //! it replaces the record and the model's resources, nothing is counted twice. The pod cgroup is read back after the answer
 //! (kubelet 1.36 writes it after the call) and on `PostUpdatePodSandbox`, and compared with what
 //! was asked, as containers are confirmed.
@@ -28,9 +28,16 @@ use std::time::Duration;
 
 use tracing::{error, info, warn};
 
-use super::handler::ModelHandler;
-use super::pod_read::{read_pod, PodReadError};
-use super::pod_reclaim::reclaim_pod;
+mod confirm;
+pub mod read;
+mod reclaim;
+
+use self::confirm::{confirm_pod, follow_reads, POD_READ_BACK_AFTER};
+use self::read::{read_pod, PodReadError};
+use self::reclaim::reclaim_pod;
+use super::node::NodeReader;
+use super::read_back::ReadBacks;
+use super::reclaims::Reclaims;
 use crate::cgroup::{CgroupIo as _, CgroupVersion};
 use crate::clock::now_ms;
 use crate::config::Mode;
@@ -40,13 +47,65 @@ use crate::policy::{
     admit_pod_level, admit_unchecked_memory, effective_enforce, with_overhead, Admission, Limit,
     Limits, MemoryUse, PodMemory, ResizeState,
 };
-use crate::state::{limits_differences, limits_text, NodeReserve, NodeState, PodLevelStatus};
+use crate::state::{limits_text, NodeState, PodLevelStatus};
 use crate::sync::ReadWriteLocked as _;
-use crate::trim::TrimPause;
 
-impl ModelHandler {
+/// Pod-level admission and confirmation (see the module docs): the handlers of `UpdatePodSandbox`
+/// and `PostUpdatePodSandbox` call it. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct PodLevel {
+    state: Arc<NodeState>,
+    /// Node capacity for admission; `None`: no node checks.
+    node: Option<NodeReader>,
+    /// The owner of reclaim on containers: the pod's reclaim pass holds trimming off its
+    /// containers through it, and asks it what trimming found. `None`: no trimming consulted.
+    reclaims: Option<Arc<Reclaims>>,
+    /// The read-backs that follow an answer (shared with the container handlers).
+    read_backs: Arc<ReadBacks>,
+    /// When the pod cgroup is read back after an accepted update (`None`:
+    /// [`POD_READ_BACK_AFTER`]).
+    read_back_after: Option<&'static [Duration]>,
+}
+
+impl PodLevel {
+    pub(crate) fn new(state: Arc<NodeState>, read_backs: Arc<ReadBacks>) -> Self {
+        PodLevel {
+            state,
+            node: None,
+            reclaims: None,
+            read_backs,
+            read_back_after: None,
+        }
+    }
+
+    /// With node capacity read for admission (`/` on a node).
+    #[must_use]
+    pub fn with_node(mut self, node: NodeReader) -> Self {
+        self.node = Some(node);
+        self
+    }
+
+    /// With the engine's owner of reclaim (trimming paused and consulted through it).
+    #[must_use]
+    pub(crate) fn with_reclaims(mut self, reclaims: Arc<Reclaims>) -> Self {
+        self.reclaims = Some(reclaims);
+        self
+    }
+
+    /// With the pod cgroup read back at `after` following an accepted update (tests: none, to
+    /// see the record before any read-back, or a short schedule).
+    #[must_use]
+    pub fn with_read_back_after(mut self, after: &'static [Duration]) -> Self {
+        self.read_back_after = Some(after);
+        self
+    }
+
+    fn state(&self) -> &NodeState {
+        &self.state
+    }
+
     /// Admits an `UpdatePodSandbox` and records it; `Err` when it is refused and enforced.
-    pub(super) async fn admit_pod_update(
+    pub async fn admit_update(
         &self,
         pod: &Pod,
         overhead: Option<&LinuxResources>,
@@ -58,7 +117,7 @@ impl ModelHandler {
         let snapshot = state.capacity.read_locked().clone();
         let read = read_pod(
             state.cgroups.clone(),
-            self.node_reader().cloned(),
+            self.node.clone(),
             snapshot,
             pod.cgroup_parent.clone(),
             state.node_reserve(),
@@ -151,7 +210,7 @@ impl ModelHandler {
     /// nri-resize knows of it (or sets one where the pod had none, or nothing is known: it
     /// cannot be checked) it is recorded Deferred with the reason and, when enforcing, refused
     /// and counted; anything else is let through (`None`), as the transport answers fail-open.
-    pub(super) fn refuse_undecided_pod_decrease(
+    pub fn refuse_undecided_decrease(
         &self,
         pod: &Pod,
         overhead: Option<&LinuxResources>,
@@ -208,8 +267,8 @@ impl ModelHandler {
         deadline: &Deadline,
     ) -> PodMemory {
         let cgroups = self.state().cgroups.clone();
-        let trimmer = self.trimmer();
-        let ids = if trimmer.is_some() {
+        let reclaims = self.reclaims.as_deref().filter(|r| r.trims());
+        let ids = if reclaims.is_some() {
             self.pod_container_ids(&pod.id)
         } else {
             Vec::new()
@@ -217,9 +276,9 @@ impl ModelHandler {
         let mut m = PodMemory {
             used,
             // The sum of the working sets trimming found for the pod's containers.
-            trimmed_working_set: trimmer.and_then(|t| {
+            trimmed_working_set: reclaims.and_then(|r| {
                 ids.iter()
-                    .filter_map(|id| t.working_set(id))
+                    .filter_map(|id| r.trim_state(id)?.working_set_bytes)
                     .reduce(u64::saturating_add)
             }),
             reclaimed: 0,
@@ -230,10 +289,8 @@ impl ModelHandler {
         };
         if let (Limit::Limited(limit), Some(cg), true) = (limit, cgroups, enforce) {
             if m.needs_reclaim(limit) {
-                // Trimming stays off the pod's containers while the pod is reclaimed.
-                let _pauses: Vec<TrimPause> = trimmer
-                    .map(|t| ids.iter().map(|id| t.pause(id)).collect())
-                    .unwrap_or_default();
+                // An inline pass: trimming stays off the pod's containers meanwhile.
+                let _pass = reclaims.map(|r| r.inline_pod_pass(&ids));
                 let after =
                     reclaim_pod(cg, pod.cgroup_parent.clone(), limit, m.used, deadline).await;
                 m.reclaimed = m.used.usage.saturating_sub(after.used.usage);
@@ -257,21 +314,21 @@ impl ModelHandler {
     /// After `PostUpdatePodSandbox`: reads the pod cgroup back and compares it with desired.
     /// Drift is not reported from this read: containerd sends the event inside the CRI call,
     /// before kubelet 1.36 writes the pod cgroup; the reads that follow the answer
-    /// ([`Self::follow_pod_update`]) report it after the last.
-    pub(super) async fn confirm_pod(&self, pod: &Pod) {
+    /// ([`Self::follow_update`]) report it after the last.
+    pub async fn confirm(&self, pod: &Pod) {
         confirm_pod(self.state(), pod, false).await;
     }
 
     /// After answering an accepted `UpdatePodSandbox`: reads `pod`'s cgroup back at
     /// [`POD_READ_BACK_AFTER`] (an owned read-back; a newer update of the pod replaces it).
-    pub(super) fn follow_pod_update(&self, pod: Pod) {
-        let after = self.pod_read_back_after().unwrap_or(&POD_READ_BACK_AFTER);
+    pub fn follow_update(&self, pod: Pod) {
+        let after = self.read_back_after.unwrap_or(&POD_READ_BACK_AFTER);
         if after.is_empty() {
             return;
         }
         let id = format!("pod:{}", pod.id);
-        self.read_backs()
-            .start_async(&id, follow_reads(self.shared_state(), pod, after));
+        self.read_backs
+            .start_async(&id, follow_reads(Arc::clone(&self.state), pod, after));
     }
 }
 
@@ -354,91 +411,3 @@ fn unread_usage(read: &Result<(PodLimits, Option<u64>), PodReadError>) -> Option
         Err(e) => Some(e.to_string()),
     }
 }
-
-/// When the pod cgroup is read back after an accepted `UpdatePodSandbox`, counted from the
-/// answer: CRI-O sends no `PostUpdatePodSandbox` (1.34 to 1.37), and kubelet 1.36 writes the
-/// pod cgroup only after the call returns, so the read follows the answer and is repeated until
-/// the cgroup holds the request; drift is reported after the last.
-const POD_READ_BACK_AFTER: [Duration; 5] = [
-    Duration::from_millis(100),
-    Duration::from_millis(400),
-    Duration::from_millis(1500),
-    Duration::from_secs(3),
-    Duration::from_secs(5),
-];
-
-/// Reads the pod cgroup of `pod` at `after` (each counted from the previous read) until it
-/// holds what the pod-level record asks; stops when the record is gone or the cgroup cannot be
-/// read. Drift is reported after the last read only.
-async fn follow_reads(state: Arc<NodeState>, pod: Pod, after: &[Duration]) {
-    for (i, wait) in after.iter().enumerate() {
-        tokio::time::sleep(*wait).await;
-        let last = i + 1 == after.len();
-        if confirm_pod(&state, &pod, last).await != Some(false) {
-            return;
-        }
-    }
-}
-
-/// Reads `pod`'s cgroup back and records it against its pod-level record: `Some(true)` when it
-/// holds what was asked, `Some(false)` when it does not (a warning when `report_drift`), `None`
-/// when there is no record or the cgroup could not be read.
-async fn confirm_pod(state: &NodeState, pod: &Pod, report_drift: bool) -> Option<bool> {
-    let desired = state.pod_level(|m| m.get(&pod.id).map(|r| r.desired))?;
-    let read = read_pod(
-        state.cgroups.clone(),
-        None,
-        None,
-        pod.cgroup_parent.clone(),
-        NodeReserve::default(),
-        // After the answer, or on an event whose answer does not depend on it: READ_BUDGET.
-        &Deadline::none(),
-    )
-    .await;
-    let mut drift = None;
-    let mut matches = None;
-    state.pod_level(|m| {
-        let Some(r) = m.get_mut(&pod.id) else { return };
-        r.updated_ms = now_ms();
-        match read.actual {
-            Ok((actual, usage)) => {
-                r.actual = Some(actual);
-                r.memory_usage = usage;
-                r.error = None;
-                // The memory limit as the kernel holds it: in whole pages.
-                let held = actual == desired.as_held(crate::cgroup::page_size());
-                r.matches = Some(held);
-                matches = r.matches;
-                if held {
-                    if r.state == Some(ResizeState::InProgress) {
-                        r.state = None;
-                        r.reason.clear();
-                    }
-                } else {
-                    drift = Some(actual);
-                }
-                state
-                    .metrics
-                    .pod
-                    .set_actual(&pod.namespace, &pod.name, actual);
-            }
-            Err(e) => {
-                r.matches = None;
-                r.error = Some(e.to_string());
-            }
-        }
-    });
-    if let (Some(actual), true) = (drift, report_drift) {
-        warn!(
-            pod = %pod.full_name(),
-            desired = %limits_text(&desired),
-            actual = %limits_text(&actual),
-            differences = %limits_differences(&desired, &actual, crate::cgroup::page_size()).join("; "),
-            "pod-level resize not in effect: desired and actual differ"
-        );
-    }
-    matches
-}
-
-#[cfg(test)]
-mod tests;
