@@ -425,6 +425,7 @@ fn staged_reclaim_is_paced_by_memory_pressure_on_v2() {
         step_interval: Duration::from_millis(50),
         force_memory_high: false,
         max_stall: Share::new(0.05),
+        writes: std::sync::Arc::default(),
     };
     let mut passes: Vec<Pass> = Vec::new();
     let out = reclaim_to(
@@ -617,6 +618,7 @@ fn staged_reclaim_by_memory_high_puts_back_the_value_it_found() {
         step_interval: Duration::from_millis(50),
         force_memory_high: true,
         max_stall: Share::new(1.0),
+        writes: std::sync::Arc::default(),
     };
     let out = reclaim_to(
         &io,

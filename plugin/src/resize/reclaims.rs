@@ -18,6 +18,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use serde::Serialize;
 use tokio::sync::Notify;
@@ -25,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use super::checkpoint::CheckpointStore;
+use super::reclaim::LimitWrites;
 use crate::policy::mib;
 use crate::state::NodeState;
 use crate::sync::Locked as _;
@@ -49,6 +51,21 @@ pub(in crate::resize) struct ReclaimHandle {
     /// The reclaim toward a limit kubelet was refused: no interim, no limit applied at the end;
     /// `interim` is the limit the container keeps.
     toward: bool,
+    /// The reclaim's limit writes inside the kernel (v1), which a supersede waits for.
+    writes: Arc<LimitWrites>,
+}
+
+/// What a newer kubelet update did to the staged decrease in flight
+/// ([`Reclaims::supersede_unless_applying`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::resize) enum Supersede {
+    /// Superseded (or there was none): the newer update goes on.
+    Done,
+    /// The decrease is having the runtime apply a limit at this moment: nothing changed.
+    Applying,
+    /// Superseded, but a limit write of it is still inside the kernel at the deadline: the
+    /// newer update must not be answered yet (its write could land before ours).
+    InKernel,
 }
 
 impl ReclaimHandle {
@@ -69,6 +86,7 @@ impl ReclaimHandle {
             applying: false,
             trim_pause: None,
             toward: false,
+            writes: Arc::default(),
         }
     }
 
@@ -272,34 +290,62 @@ impl Reclaims {
     }
 
     /// A newer kubelet update of `container_id` while its staged decrease may be in flight:
-    /// supersedes it (`true`), unless the decrease is having the runtime apply a limit at this
-    /// moment (`false`: nothing changes). The runtime's writes of that apply and of the newer
-    /// update would race, and the older limit could land last, over kubelet's; refused once,
-    /// kubelet asks again and the newer update goes through after the apply. (Waiting here
-    /// instead could deadlock: the runtime applies the plugin's update under the lock it holds
-    /// while it calls this handler.) The check and the removal are one step under the lock,
-    /// which the apply takes to start ([`Reclaims::begin_apply`]). Removes the checkpoint:
-    /// file I/O.
-    pub(in crate::resize) fn supersede_unless_applying(&self, container_id: &str) -> bool {
-        {
+    /// supersedes it, unless the decrease is having the runtime apply a limit at this moment
+    /// ([`Supersede::Applying`]: nothing changes). The runtime's writes of that apply and of the
+    /// newer update would race, and the older limit could land last, over kubelet's; refused
+    /// once, kubelet asks again and the newer update goes through after the apply. (Waiting
+    /// here instead could deadlock: the runtime applies the plugin's update under the lock it
+    /// holds while it calls this handler.) The check and the removal are one step under the
+    /// lock, which the apply takes to start ([`Reclaims::begin_apply`]).
+    ///
+    /// A superseded decrease may have a limit write inside the kernel (v1), which can land
+    /// after the runtime's write of the newer limit: this waits, at most until `until` (the
+    /// runtime's deadline), for it to leave the kernel; [`Supersede::InKernel`] when it did not
+    /// (the newer update is refused once). Blocking (the wait, and the checkpoint's removal).
+    pub(in crate::resize) fn supersede_unless_applying(
+        &self,
+        container_id: &str,
+        until: Instant,
+    ) -> Supersede {
+        let writes = {
             let mut all = self.handles.locked();
             match all.get(container_id) {
-                None => return true,
-                Some(h) if h.applying => return false,
-                Some(_) => {
-                    if let Some(h) = all.remove(container_id) {
+                None => return Supersede::Done,
+                Some(h) if h.applying => return Supersede::Applying,
+                Some(_) => match all.remove(container_id) {
+                    Some(h) => {
                         info!(
                             container_id,
                             target_mib = mib(h.target),
                             "newer update: staged memory decrease superseded"
                         );
                         h.cancel.cancel();
+                        Arc::clone(&h.writes)
                     }
-                }
+                    None => return Supersede::Done,
+                },
             }
-        }
+        };
         self.remove_checkpoint(container_id);
-        true
+        if writes.wait_idle(until) {
+            Supersede::Done
+        } else {
+            warn!(
+                container_id,
+                "a limit write of the superseded memory decrease is still inside the kernel"
+            );
+            Supersede::InKernel
+        }
+    }
+
+    /// Where reclaim `generation` of `id` marks its limit writes (a fresh mark where it was
+    /// superseded meanwhile: nothing waits on it).
+    pub(in crate::resize) fn limit_writes(&self, id: &str, generation: u64) -> Arc<LimitWrites> {
+        self.handles
+            .locked()
+            .get(id)
+            .filter(|h| h.generation == generation)
+            .map_or_else(Arc::default, |h| Arc::clone(&h.writes))
     }
 
     /// Staged decrease `generation` of `container_id` is about to have the runtime apply a
@@ -436,7 +482,12 @@ mod tests {
         assert_eq!(r.while_current("c", g1, || ()), None);
         assert_eq!(r.while_current("c", g2, || 7), Some(7));
         assert!(r.begin_apply("c", g2));
-        assert!(!r.supersede_unless_applying("c"), "applying: kept");
+        let until = Instant::now();
+        assert_eq!(
+            r.supersede_unless_applying("c", until),
+            Supersede::Applying,
+            "applying: kept"
+        );
         r.end_apply("c", g2);
         r.supersede_pod("p");
         assert!(second.is_cancelled() && r.is_empty());

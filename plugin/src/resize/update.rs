@@ -38,7 +38,9 @@ impl Engine {
         // kubelet retrying a refused decrease while its page cache is reclaimed (or one a
         // whole-pod step staged): answered with the progress (kubelet's PodResizeInProgress
         // message) until usage fits; a newer update supersedes.
-        if let Some(answer) = self.repeated_decrease(pod, ctr, requested, &desired, &allocated) {
+        if let Some(answer) =
+            self.repeated_decrease(pod, ctr, requested, &desired, &allocated, deadline)
+        {
             return Err(answer);
         }
         let resolved = parse_effective_policy(&pod.annotations, &ctr.name, &cfg.policy);

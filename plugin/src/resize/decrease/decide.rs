@@ -18,6 +18,7 @@ use crate::policy::{
     bytes_text, deprecated_spellings, effective_decrease_strategy, mib, plan_decrease,
     DecreasePlan, MemoryDecreaseStrategy, CONTAINER_DECREASE_PREFIX, POD_DECREASE_ANNOTATION,
 };
+use crate::resize::reclaims::Supersede;
 use crate::resize::reply::answered_already;
 
 /// The most one pass of the inline reclaim asks for.
@@ -365,6 +366,7 @@ impl Engine {
         requested: &LinuxResources,
         desired: &LinuxResources,
         allocated: &LinuxResources,
+        deadline: &Deadline,
     ) -> Option<Rejection> {
         let asked = memory_limit(requested);
         let subject = format!("{}/{}", pod.full_name(), ctr.name);
@@ -390,11 +392,21 @@ impl Engine {
                     "memory decrease of {subject} in progress, not yet in place: {progress}"
                 )));
             }
-            if !self.reclaims.supersede_unless_applying(&ctr.id) {
-                info!(container = %subject, "newer update while the staged memory decrease is being applied: refused once, kubelet asks again");
-                return Some(Rejection(format!(
-                    "the staged memory decrease of {subject} is being applied by the runtime at this moment; this newer update goes through when kubelet asks again"
-                )));
+            // Half of what is left of the deadline for a write of it still inside the kernel.
+            let until = Instant::now() + deadline.remaining() / 2;
+            match self.reclaims.supersede_unless_applying(&ctr.id, until) {
+                Supersede::Done => {}
+                Supersede::Applying => {
+                    info!(container = %subject, "newer update while the staged memory decrease is being applied: refused once, kubelet asks again");
+                    return Some(Rejection(format!(
+                        "the staged memory decrease of {subject} is being applied by the runtime at this moment; this newer update goes through when kubelet asks again"
+                    )));
+                }
+                Supersede::InKernel => {
+                    return Some(Rejection(format!(
+                        "a memory limit write of the superseded staged decrease of {subject} is still inside the kernel; this newer update goes through when kubelet asks again"
+                    )));
+                }
             }
         }
         None

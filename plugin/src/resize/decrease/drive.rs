@@ -61,6 +61,7 @@ impl Engine {
                 step_interval: Duration::from_millis(md.step_interval_ms),
                 force_memory_high: false,
                 max_stall: self.max_stall_of(id),
+                writes: self.reclaims.limit_writes(id, generation),
             };
             let outcome = self
                 .reclaim_reporting(id, generation, &cg, job, cancel, Progress::Staged)
@@ -303,7 +304,7 @@ mod tests {
     use crate::nri::RuntimeLink;
     use crate::policy::MemoryUse;
     use crate::resize::node::NodeReader;
-    use crate::resize::reclaims::ReclaimHandle;
+    use crate::resize::reclaims::{ReclaimHandle, Supersede};
     use crate::state::NodeState;
 
     const MIB: u64 = 1 << 20;
@@ -419,20 +420,26 @@ mod tests {
             )
         });
         assert!(engine.reclaims.begin_apply("c", generation));
-        assert!(
-            !engine.reclaims.supersede_unless_applying("c"),
+        let until = Instant::now();
+        assert_eq!(
+            engine.reclaims.supersede_unless_applying("c", until),
+            Supersede::Applying,
             "superseded in the middle of the decrease's own apply"
         );
         assert!(engine.reclaims.staged("c").is_some());
         engine.reclaims.end_apply("c", generation);
-        assert!(engine.reclaims.supersede_unless_applying("c"));
+        assert_eq!(
+            engine.reclaims.supersede_unless_applying("c", until),
+            Supersede::Done
+        );
         assert!(engine.reclaims.staged("c").is_none());
         assert!(
             !engine.reclaims.begin_apply("c", generation),
             "a superseded decrease must apply nothing"
         );
-        assert!(
-            engine.reclaims.supersede_unless_applying("c"),
+        assert_eq!(
+            engine.reclaims.supersede_unless_applying("c", until),
+            Supersede::Done,
             "nothing in flight"
         );
     }

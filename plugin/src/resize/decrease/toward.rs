@@ -134,6 +134,7 @@ impl Engine {
             step_interval: Duration::from_millis(md.step_interval_ms),
             force_memory_high: false,
             max_stall: self.max_stall_of(&ctr.id),
+            writes: self.reclaims.limit_writes(&ctr.id, generation),
         };
         let (engine, id, name) = (Arc::clone(self), ctr.id.clone(), ctr.name.clone());
         self.state.metrics.decrease.started();

@@ -109,6 +109,7 @@ impl Engine {
             step_interval: Duration::from_millis(md.step_interval_ms),
             force_memory_high: false,
             max_stall: self.max_stall_of(&ctr.id),
+            writes: self.reclaims.limit_writes(&ctr.id, generation),
         };
         let cancel2 = cancel.clone();
         let outcome = tokio::task::spawn_blocking(move || reclaim_to(&cg, &job, &cancel2, |_| {}))

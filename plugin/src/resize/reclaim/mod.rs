@@ -33,6 +33,7 @@
 //! after it.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -42,6 +43,7 @@ use crate::cgroup::{CgroupError, CgroupIo, CgroupVersion};
 use crate::clock::{Clock, RealClock};
 use crate::policy::{reclaim_request, safe_limit, Harm, MemoryUse, Share};
 use high::HighOwner;
+pub use in_kernel::LimitWrites;
 use paced::Paced;
 
 /// One staged decrease of one cgroup.
@@ -62,6 +64,9 @@ pub struct ReclaimJob {
     pub force_memory_high: bool,
     /// Ceiling on the container's stall share (memory or I/O) between passes (1.0: unpaced).
     pub max_stall: Share,
+    /// Where every limit write of the loop is marked while it is inside the kernel (shared
+    /// with the reclaim's handle, whose supersede waits for it).
+    pub writes: Arc<LimitWrites>,
 }
 
 /// How a staged decrease ended.
@@ -202,7 +207,10 @@ pub fn reclaim_with_clock(
             let kept = safe_limit(limit_now, job.target, usage, job.headroom);
             if v1 && kept < limit_now && !cancel.is_cancelled() {
                 // Best effort: a refusal keeps the (higher, still safe) limit in place.
-                let written = io.set_memory_limit(&job.cgroup, Some(kept)).is_ok();
+                let written = job
+                    .writes
+                    .write(|| io.set_memory_limit(&job.cgroup, Some(kept)))
+                    .is_ok();
                 // Superseded while the kernel reclaimed inside the write: `Cancelled`, not
                 // `TimedOut`, whose `kept` the caller would have the runtime apply over the
                 // newer update's limit (see `v1_pass` on the write itself).
@@ -259,12 +267,9 @@ fn restore_failed(e: &CgroupError) -> ReclaimOutcome {
 /// The write that raced the cancel is the one left. A v1 limit write blocks while the kernel
 /// reclaims, and the newer update's limit is written by the runtime only after the handler
 /// that cancelled us answered; so a write of ours that returned before then lands first and
-/// the newer limit last. One still inside the kernel at that moment can land after it: the
-/// kernel (`mem_cgroup_resize_max`) sets the limit anew between rounds of reclaim, so the
-/// container can be left at our lower limit instead of the newer one. Nothing here can stop a
-/// write under way (only a signal interrupts it), and the loop does not know the newer limit
-/// to put it back: that race stays open (closing it needs the caller to write the newer limit
-/// again after a v1 loop ended `Cancelled` with a write under way).
+/// the newer limit last. Every write is marked in `job.writes` while it is inside the kernel,
+/// and the handler that supersedes the decrease waits for it to leave before answering
+/// ([`in_kernel`]), so one still inside the kernel never lands after the newer limit.
 fn v1_pass(
     io: &dyn CgroupIo,
     job: &ReclaimJob,
@@ -274,7 +279,9 @@ fn v1_pass(
     if cancel.is_cancelled() {
         return Ok(());
     }
-    let wrote = io.set_memory_limit(&job.cgroup, Some(job.target));
+    let wrote = job
+        .writes
+        .write(|| io.set_memory_limit(&job.cgroup, Some(job.target)));
     if cancel.is_cancelled() {
         // Superseded during the write: nothing follows it (the loop ends `Cancelled`).
         if wrote.is_ok() {
@@ -291,7 +298,10 @@ fn v1_pass(
             let usage = io.memory_use(&job.cgroup)?.usage;
             let follow = safe_limit(*limit_now, job.target, usage, job.headroom);
             if follow < *limit_now && !cancel.is_cancelled() {
-                match io.set_memory_limit(&job.cgroup, Some(follow)) {
+                match job
+                    .writes
+                    .write(|| io.set_memory_limit(&job.cgroup, Some(follow)))
+                {
                     Ok(()) => *limit_now = follow,
                     // Usage grew meanwhile: keep the limit in place.
                     Err(CgroupError::Busy { .. }) => {}
@@ -346,6 +356,7 @@ fn v2_pass(
 }
 
 mod high;
+mod in_kernel;
 mod paced;
 #[cfg(test)]
 mod tests;

@@ -214,6 +214,7 @@ fn job(target: u64, interim: u64) -> ReclaimJob {
         step_interval: Duration::from_millis(1),
         force_memory_high: false,
         max_stall: Share::new(1.0),
+        writes: Arc::default(),
     }
 }
 
@@ -888,5 +889,141 @@ fn a_v1_decrease_superseded_during_a_limit_write_writes_nothing_after_it() {
             "{name}: a limit written after the supersede: {writes:?}"
         );
         assert_eq!(out, ReclaimOutcome::Cancelled, "{name}: {writes:?}");
+    }
+}
+
+/// A v1 memcg whose first limit write stays inside the kernel (as `mem_cgroup_resize_max` does
+/// while it reclaims) until the test releases it, and lands after.
+#[derive(Debug)]
+struct HeldInKernel {
+    inner: FakeMemcg,
+    entered: Mutex<Option<std::sync::mpsc::Sender<()>>>,
+    release: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+}
+
+impl CgroupIo for HeldInKernel {
+    fn version(&self) -> CgroupVersion {
+        self.inner.version()
+    }
+    fn read_actual(&self, p: &std::path::Path) -> Result<ActualResources, CgroupError> {
+        self.inner.read_actual(p)
+    }
+    fn read_limits(&self, p: &std::path::Path) -> Result<crate::cgroup::CgroupLimits, CgroupError> {
+        self.inner.read_limits(p)
+    }
+    fn set_cpu_limit(&self, p: &std::path::Path, l: CpuLimit) -> Result<(), CgroupError> {
+        self.inner.set_cpu_limit(p, l)
+    }
+    fn procs(&self, p: &std::path::Path) -> Result<Vec<u32>, CgroupError> {
+        self.inner.procs(p)
+    }
+    fn set_memory_limit(&self, p: &std::path::Path, l: Option<u64>) -> Result<(), CgroupError> {
+        if let Some(entered) = self.entered.lock().unwrap().take() {
+            entered.send(()).unwrap();
+            let release = self.release.lock().unwrap().take().unwrap();
+            release.recv().unwrap();
+        }
+        self.inner.set_memory_limit(p, l)
+    }
+    fn memory_use(&self, p: &std::path::Path) -> Result<MemoryUse, CgroupError> {
+        self.inner.memory_use(p)
+    }
+    fn reclaim(&self, p: &std::path::Path, bytes: u64) -> Result<(), CgroupError> {
+        CgroupIo::reclaim(&self.inner, p, bytes)
+    }
+    fn set_memory_high(&self, p: &std::path::Path, h: Option<u64>) -> Result<(), CgroupError> {
+        self.inner.set_memory_high(p, h)
+    }
+    fn memory_high(&self, p: &std::path::Path) -> Result<Option<u64>, CgroupError> {
+        self.inner.memory_high(p)
+    }
+    fn memory_pressure(&self, p: &std::path::Path) -> Result<StallTotals, CgroupError> {
+        self.inner.memory_pressure(p)
+    }
+    fn io_pressure(&self, p: &std::path::Path) -> Result<StallTotals, CgroupError> {
+        self.inner.io_pressure(p)
+    }
+    fn workingset_refaults(&self, p: &std::path::Path) -> Result<u64, CgroupError> {
+        self.inner.workingset_refaults(p)
+    }
+}
+
+/// Issue 36 audit: a v1 limit write of a staged decrease still inside the kernel when a newer
+/// kubelet update superseded the decrease landed after the runtime's write of the newer limit,
+/// leaving the container at the decrease's lower limit. The newer update now waits (within its
+/// share of the deadline) for the write to leave the kernel, so the runtime's write comes last;
+/// past that share it is refused once and nothing is written.
+#[test]
+fn a_newer_update_is_answered_only_after_a_limit_write_left_the_kernel() {
+    use crate::resize::reclaims::{ReclaimHandle, Reclaims, Supersede};
+    use std::time::Instant;
+
+    for held_past_the_deadline in [false, true] {
+        let reclaims = Reclaims::new(
+            crate::state::NodeState::new(crate::config::Config::default()),
+            None,
+            None,
+            CancellationToken::new(),
+        );
+        let (cancel, generation) = reclaims.own("c", |cancel, g| {
+            ReclaimHandle::new(
+                cancel,
+                Arc::new(tokio::sync::Notify::new()),
+                "p".into(),
+                (128 * MIB, 466 * MIB),
+                g,
+            )
+        });
+        let mut j = job(128 * MIB, 466 * MIB);
+        j.writes = reclaims.limit_writes("c", generation);
+        let (entered_tx, entered_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel();
+        let io = HeldInKernel {
+            inner: FakeMemcg::new(CgroupVersion::V1, 450 * MIB, 50 * MIB, 466 * MIB),
+            entered: Mutex::new(Some(entered_tx)),
+            release: Mutex::new(Some(release_rx)),
+        };
+        std::thread::scope(|s| {
+            let looping = s.spawn(|| reclaim_with_clock(&io, &j, &io.inner.clock, &cancel, |_| {}));
+            entered_rx.recv().unwrap();
+            if held_past_the_deadline {
+                let answer = reclaims.supersede_unless_applying("c", Instant::now());
+                assert_eq!(
+                    answer,
+                    Supersede::InKernel,
+                    "refused once: the runtime writes nothing"
+                );
+                release_tx.send(()).unwrap();
+            } else {
+                // The kernel lets the write go while the newer update's handler waits (or before).
+                let releaser = s.spawn(move || {
+                    std::thread::sleep(Duration::from_millis(50));
+                    release_tx.send(()).unwrap();
+                });
+                let answer = reclaims
+                    .supersede_unless_applying("c", Instant::now() + Duration::from_secs(60));
+                assert_eq!(answer, Supersede::Done);
+                // Answered: the runtime writes the newer limit.
+                io.inner
+                    .set_memory_limit(std::path::Path::new("/pod/ctr"), Some(512 * MIB))
+                    .unwrap();
+                releaser.join().unwrap();
+            }
+            assert_eq!(looping.join().unwrap(), ReclaimOutcome::Cancelled);
+        });
+        let s = io.inner.state.lock().unwrap();
+        if !held_past_the_deadline {
+            assert_eq!(
+                s.limit,
+                512 * MIB,
+                "the newer limit is the one in place: {:?}",
+                s.writes
+            );
+            assert_eq!(
+                s.writes,
+                ["limit 128", "limit 512"],
+                "ours, then the runtime's"
+            );
+        }
     }
 }
