@@ -94,6 +94,14 @@ pub struct TrimConfig {
     #[serde(with = "serde_units::memory")]
     #[schemars(schema_with = "serde_units::memory::schema")]
     pub max_step: u64,
+    /// The most time one pass over the trimmed containers may take (`"250ms"`; `0s..=1m`, and
+    /// never more than `interval`): the containers it does not reach keep their turn and go
+    /// first in the next pass (at least one turn per pass). Bounds trimming's share of the
+    /// daemon's CPU, and of its CPU limit, which the NRI handlers share, to about
+    /// `pass_budget / interval`.
+    #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "serde_units::duration_schema")]
+    pub pass_budget: Duration,
 }
 
 impl Default for TrimConfig {
@@ -106,6 +114,7 @@ impl Default for TrimConfig {
             reprobe_after: Duration::from_secs(300),
             min_step: s.min_step,
             max_step: s.max_step,
+            pass_budget: Duration::from_millis(250),
         }
     }
 }
@@ -125,6 +134,12 @@ impl TrimConfig {
             return Err(format!(
                 "trim.reprobe_after must be within 1s..=24h, got {}",
                 d(self.reprobe_after)
+            ));
+        }
+        if self.pass_budget > Duration::from_secs(60) {
+            return Err(format!(
+                "trim.pass_budget must be within 0s..=1m, got {}",
+                d(self.pass_budget)
             ));
         }
         if self.min_step < 4096 || self.min_step > self.max_step || self.max_step > (1 << 30) {
@@ -874,6 +889,7 @@ mod tests {
             ("[trim]\ninterval = \"10ms\"\n", "trim.interval"),
             ("[trim]\nreprobe_after = \"2d\"\n", "trim.reprobe_after"),
             ("[trim]\nmin_step = \"128Mi\"\n", "trim.min_step"),
+            ("[trim]\npass_budget = \"2m\"\n", "trim.pass_budget"),
             ("[trim]\nmax_step = \"2Gi\"\n", "trim.max_step"),
             ("[trim]\nmax_stall = 2.0\n", "max_stall"),
             ("[trim]\nenable = true\n", "enable"),

@@ -161,6 +161,7 @@ pub const CATALOG: &[Entry] = &[
     // Working-set trimming (docs/trimming.md).
     experimental(e("nri_resize_container_trim_working_set_bytes", Kind::Gauge, "bytes", C, "the memory usage at which working-set trimming's last probe found the container's working set (its first sign of harm: stall over the target or refaults); not cAdvisor's `container_memory_working_set_bytes` (usage minus inactive file cache); absent until a probe converged")),
     e("nri_resize_container_trim_trimmed_bytes_total", Kind::Counter, "bytes", C, "page cache working-set trimming reclaimed from the container"),
+    e("nri_resize_trim_turns_postponed_total", Kind::Counter, "turns", &[], "container turns working-set trimming postponed to its next pass because the pass reached its time budget (`[trim] pass_budget`)"),
     // Node capacity.
     e("nri_resize_node_capacity_cpu_cores", Kind::Gauge, "cores", &[], "online CPUs of the node"),
     e("nri_resize_node_capacity_memory_bytes", Kind::Gauge, "bytes", &[], "memory of the node (`MemTotal`)"),

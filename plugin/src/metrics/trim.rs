@@ -2,7 +2,7 @@
 //! that it is never mistaken for cAdvisor's `container_memory_working_set_bytes`, which is
 //! usage minus inactive file cache) and the bytes trimmed.
 
-use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
 
 use super::{register, ContainerLabels, MetricsError};
 
@@ -11,6 +11,7 @@ use super::{register, ContainerLabels, MetricsError};
 pub struct TrimMetrics {
     working_set: IntGaugeVec,
     trimmed: IntCounterVec,
+    postponed: IntCounter,
 }
 
 impl std::fmt::Debug for TrimMetrics {
@@ -50,7 +51,20 @@ impl TrimMetrics {
                 )
                 .map_err(MetricsError::Register)?,
             )?,
+            postponed: register(
+                r,
+                IntCounter::new(
+                    "trim_turns_postponed_total",
+                    "Container turns working-set trimming postponed to its next pass because the pass reached its time budget ([trim] pass_budget).",
+                )
+                .map_err(MetricsError::Register)?,
+            )?,
         })
+    }
+
+    /// `n` container turns postponed to the next pass by the pass's budget.
+    pub fn postponed(&self, n: usize) {
+        self.postponed.inc_by(u64::try_from(n).unwrap_or(u64::MAX));
     }
 
     /// The working set the container's last probe converged to.

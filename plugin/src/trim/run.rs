@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::probe::{self, NotAvailable, Writer};
 use super::status::{ContainerTrim, TrimState};
@@ -55,22 +55,29 @@ pub(super) async fn run(shared: Arc<Shared>) {
     loop {
         let cfg = shared.state.config.read_locked().clone();
         follow_targets(&shared, &mut records);
-        let now = Instant::now();
-        let mut due: Vec<String> = records
-            .iter()
-            .filter(|(_, r)| r.next_at <= now)
-            .map(|(id, _)| id.clone())
-            .collect();
-        due.sort();
-        for id in due {
+        let started = Instant::now();
+        let due = due_in_turn(&records, started);
+        for (n, id) in due.iter().enumerate() {
             if shared.cancel.is_cancelled() {
                 return;
             }
-            let Some(rec) = records.remove(&id) else {
+            // The pass's budget: the containers not reached keep their (older) turn and go
+            // first in the next pass. At least one turn per pass.
+            if n > 0 && started.elapsed() >= cfg.trim.pass_budget.min(cfg.trim.interval) {
+                let postponed = due.len() - n;
+                shared.state.metrics.trim.postponed(postponed);
+                debug!(
+                    postponed,
+                    budget_ms = cfg.trim.pass_budget.as_millis(),
+                    "trimming pass over its budget: the rest go first next pass"
+                );
+                break;
+            }
+            let Some(rec) = records.remove(id) else {
                 continue;
             };
-            if let Some(rec) = pass(&shared, &cfg, &id, rec).await {
-                records.insert(id, rec);
+            if let Some(rec) = pass(&shared, &cfg, id, rec).await {
+                records.insert(id.clone(), rec);
             }
         }
         tokio::select! {
@@ -78,6 +85,18 @@ pub(super) async fn run(shared: Arc<Shared>) {
             () = shared.cancel.cancelled() => return,
         }
     }
+}
+
+/// The containers whose turn it is at `now`, the longest waiting first (then by id): a
+/// container a pass's budget did not reach goes before those that had their turn.
+fn due_in_turn(records: &HashMap<String, Record>, now: Instant) -> Vec<String> {
+    let mut due: Vec<(Instant, &String)> = records
+        .iter()
+        .filter(|(_, r)| r.next_at <= now)
+        .map(|(id, r)| (r.next_at, id))
+        .collect();
+    due.sort();
+    due.into_iter().map(|(_, id)| id.clone()).collect()
 }
 
 /// Drops the records of containers no longer watched (or watched with another cgroup or

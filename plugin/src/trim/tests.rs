@@ -425,3 +425,38 @@ async fn a_paused_container_is_held_while_a_decrease_reclaims_and_probed_afresh_
     );
     t.shutdown().await;
 }
+
+/// Issue 37: a pass over many trimmed containers is bounded by `[trim] pass_budget`; the
+/// containers it does not reach go first in the next pass, so none waits for ever. With a
+/// budget of 0 every pass takes exactly one turn: the three containers are stepped in turn and
+/// the postponed turns are counted.
+#[tokio::test]
+async fn a_pass_over_its_budget_postpones_the_rest_and_every_container_gets_its_turn() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    for name in ["a", "b", "c"] {
+        container(tmp.path(), name, 6);
+    }
+    let state = state(
+        tmp.path(),
+        "[trim]\ninterval = \"100ms\"\nmax_step = \"4Mi\"\npass_budget = \"0s\"\n",
+    );
+    let cancel = CancellationToken::new();
+    let t = Trimmer::start_with(state.clone(), &cancel, || false);
+    t.sync(HashMap::from([
+        ("c1".to_owned(), target("a", &[(TRIM_ANNOTATION, "on")])),
+        ("c2".to_owned(), target("b", &[(TRIM_ANNOTATION, "on")])),
+        ("c3".to_owned(), target("c", &[(TRIM_ANNOTATION, "on")])),
+    ]));
+    for id in ["c1", "c2", "c3"] {
+        until(&t, id, "stepped in its turn", |c| c.steps >= 1).await;
+    }
+    let text = state.metrics.encode().expect("encode");
+    let postponed: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("nri_resize_trim_turns_postponed_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no postponed counter: {text}"));
+    // The first pass reached one of three: two postponed, at least.
+    assert!(postponed >= 2, "{postponed}");
+    t.shutdown().await;
+}
