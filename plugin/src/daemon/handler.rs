@@ -1,7 +1,7 @@
 //! The daemon's NRI handler: keeps the [`Model`](crate::model::Model) and the event
 //! [`Journal`](crate::model::Journal) of the [`NodeState`] in step with the runtime. The model
 //! work is in-memory under short locks (microseconds); whatever touches a file (cgroup reads
-//! and writes, checkpoints, the resize engine's decisions) runs [`off_worker`], so the
+//! and writes, checkpoints, the resize engine's decisions) runs off the async workers ([`crate::resize::off_worker::logged`]), so the
 //! transport's deadline can always fire and answer fail-open.
 
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tracing::{debug, info, warn};
 
-use super::off_worker::off_worker;
+use crate::resize::off_worker::logged as off_worker;
 
 use crate::model::{Container, ContainerState, EventKind, LinuxResources, Pod};
 use crate::nri::{

@@ -9,7 +9,6 @@
 mod bind_retry;
 mod handler;
 mod observe;
-mod off_worker;
 #[cfg(test)]
 mod pod_level_tests;
 mod reserve;

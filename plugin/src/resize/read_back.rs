@@ -14,7 +14,9 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio_util::task::TaskTracker;
-use tracing::{error, warn};
+use tracing::warn;
+
+use super::off_worker::logged as off_worker;
 
 use crate::sync::Locked as _;
 
@@ -82,20 +84,6 @@ impl ReadBacks {
     #[cfg(test)]
     fn running(&self) -> usize {
         self.tasks.len()
-    }
-}
-
-/// Runs `f` on a blocking thread and waits for it. `None`: it panicked (logged).
-async fn off_worker<T: Send + 'static>(
-    what: &'static str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> Option<T> {
-    match tokio::task::spawn_blocking(f).await {
-        Ok(v) => Some(v),
-        Err(e) => {
-            error!(what, error = %e, "read-back failed");
-            None
-        }
     }
 }
 

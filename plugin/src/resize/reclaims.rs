@@ -492,4 +492,59 @@ mod tests {
         r.supersede_pod("p");
         assert!(second.is_cancelled() && r.is_empty());
     }
+
+    /// Issue 36 audit: a newer update superseding a decrease whose v1 limit write is still
+    /// inside the kernel waits for it (within `until`) before it is answered: refused once
+    /// (`InKernel`) when the write is still there at `until`, `Done` once it left. Before, the
+    /// supersede returned at once and the runtime's write of the newer limit could land first.
+    #[test]
+    fn a_supersede_waits_for_a_limit_write_inside_the_kernel() {
+        use std::time::Duration;
+
+        for held_past_until in [true, false] {
+            let r = Reclaims::new(
+                NodeState::new(crate::config::Config::default()),
+                None,
+                None,
+                CancellationToken::new(),
+            );
+            let (_, generation) = r.own("c", |cancel, g| {
+                ReclaimHandle::new(cancel, Arc::new(Notify::new()), "p".into(), (1, 2), g)
+            });
+            let writes = r.limit_writes("c", generation);
+            let (entered_tx, entered_rx) = std::sync::mpsc::channel();
+            let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+            std::thread::scope(|s| {
+                let held = Arc::clone(&writes);
+                s.spawn(move || {
+                    held.write(|| {
+                        entered_tx.send(()).unwrap();
+                        release_rx.recv().unwrap();
+                    });
+                });
+                entered_rx.recv().unwrap();
+                if held_past_until {
+                    assert_eq!(
+                        r.supersede_unless_applying("c", Instant::now()),
+                        Supersede::InKernel
+                    );
+                    release_tx.send(()).unwrap();
+                } else {
+                    s.spawn(move || {
+                        std::thread::sleep(Duration::from_millis(50));
+                        release_tx.send(()).unwrap();
+                    });
+                    assert_eq!(
+                        r.supersede_unless_applying("c", Instant::now() + Duration::from_secs(60)),
+                        Supersede::Done
+                    );
+                    assert!(
+                        writes.wait_idle(Instant::now()),
+                        "answered after the write left"
+                    );
+                }
+            });
+            assert!(r.is_empty(), "superseded either way");
+        }
+    }
 }

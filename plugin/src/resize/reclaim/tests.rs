@@ -950,80 +950,55 @@ impl CgroupIo for HeldInKernel {
 
 /// Issue 36 audit: a v1 limit write of a staged decrease still inside the kernel when a newer
 /// kubelet update superseded the decrease landed after the runtime's write of the newer limit,
-/// leaving the container at the decrease's lower limit. The newer update now waits (within its
-/// share of the deadline) for the write to leave the kernel, so the runtime's write comes last;
-/// past that share it is refused once and nothing is written.
+/// leaving the container at the decrease's lower limit. The loop marks every limit write in
+/// `job.writes`; the supersede (`Reclaims::supersede_unless_applying`, whose own test shows it
+/// waits on the mark) cancels and waits for the mark to clear before the newer update is
+/// answered, so the runtime's write comes last.
 #[test]
-fn a_newer_update_is_answered_only_after_a_limit_write_left_the_kernel() {
-    use crate::resize::reclaims::{ReclaimHandle, Reclaims, Supersede};
+fn a_limit_write_inside_the_kernel_is_marked_until_it_lands() {
     use std::time::Instant;
 
-    for held_past_the_deadline in [false, true] {
-        let reclaims = Reclaims::new(
-            crate::state::NodeState::new(crate::config::Config::default()),
-            None,
-            None,
-            CancellationToken::new(),
+    let cancel = CancellationToken::new();
+    let j = job(128 * MIB, 466 * MIB);
+    let (entered_tx, entered_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel();
+    let io = HeldInKernel {
+        inner: FakeMemcg::new(CgroupVersion::V1, 450 * MIB, 50 * MIB, 466 * MIB),
+        entered: Mutex::new(Some(entered_tx)),
+        release: Mutex::new(Some(release_rx)),
+    };
+    std::thread::scope(|s| {
+        let looping = s.spawn(|| reclaim_with_clock(&io, &j, &io.inner.clock, &cancel, |_| {}));
+        entered_rx.recv().unwrap();
+        // The newer update supersedes the decrease while its write is inside the kernel.
+        cancel.cancel();
+        assert!(
+            !j.writes.wait_idle(Instant::now()),
+            "the write in the kernel is marked"
         );
-        let (cancel, generation) = reclaims.own("c", |cancel, g| {
-            ReclaimHandle::new(
-                cancel,
-                Arc::new(tokio::sync::Notify::new()),
-                "p".into(),
-                (128 * MIB, 466 * MIB),
-                g,
-            )
+        // The kernel lets the write go while the newer update's handler waits (or before).
+        let releaser = s.spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            release_tx.send(()).unwrap();
         });
-        let mut j = job(128 * MIB, 466 * MIB);
-        j.writes = reclaims.limit_writes("c", generation);
-        let (entered_tx, entered_rx) = std::sync::mpsc::channel();
-        let (release_tx, release_rx) = std::sync::mpsc::channel();
-        let io = HeldInKernel {
-            inner: FakeMemcg::new(CgroupVersion::V1, 450 * MIB, 50 * MIB, 466 * MIB),
-            entered: Mutex::new(Some(entered_tx)),
-            release: Mutex::new(Some(release_rx)),
-        };
-        std::thread::scope(|s| {
-            let looping = s.spawn(|| reclaim_with_clock(&io, &j, &io.inner.clock, &cancel, |_| {}));
-            entered_rx.recv().unwrap();
-            if held_past_the_deadline {
-                let answer = reclaims.supersede_unless_applying("c", Instant::now());
-                assert_eq!(
-                    answer,
-                    Supersede::InKernel,
-                    "refused once: the runtime writes nothing"
-                );
-                release_tx.send(()).unwrap();
-            } else {
-                // The kernel lets the write go while the newer update's handler waits (or before).
-                let releaser = s.spawn(move || {
-                    std::thread::sleep(Duration::from_millis(50));
-                    release_tx.send(()).unwrap();
-                });
-                let answer = reclaims
-                    .supersede_unless_applying("c", Instant::now() + Duration::from_secs(60));
-                assert_eq!(answer, Supersede::Done);
-                // Answered: the runtime writes the newer limit.
-                io.inner
-                    .set_memory_limit(std::path::Path::new("/pod/ctr"), Some(512 * MIB))
-                    .unwrap();
-                releaser.join().unwrap();
-            }
-            assert_eq!(looping.join().unwrap(), ReclaimOutcome::Cancelled);
-        });
-        let s = io.inner.state.lock().unwrap();
-        if !held_past_the_deadline {
-            assert_eq!(
-                s.limit,
-                512 * MIB,
-                "the newer limit is the one in place: {:?}",
-                s.writes
-            );
-            assert_eq!(
-                s.writes,
-                ["limit 128", "limit 512"],
-                "ours, then the runtime's"
-            );
-        }
-    }
+        assert!(j.writes.wait_idle(Instant::now() + Duration::from_secs(60)));
+        // Answered only now: the runtime writes the newer limit.
+        io.inner
+            .set_memory_limit(std::path::Path::new("/pod/ctr"), Some(512 * MIB))
+            .unwrap();
+        releaser.join().unwrap();
+        assert_eq!(looping.join().unwrap(), ReclaimOutcome::Cancelled);
+    });
+    let s = io.inner.state.lock().unwrap();
+    assert_eq!(
+        s.limit,
+        512 * MIB,
+        "the newer limit is in place: {:?}",
+        s.writes
+    );
+    assert_eq!(
+        s.writes,
+        ["limit 128", "limit 512"],
+        "ours, then the runtime's"
+    );
 }
