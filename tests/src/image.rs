@@ -372,7 +372,6 @@ fn container_config(
                     ..Default::default()
                 }
             }),
-            ..Default::default()
         }),
         ..Default::default()
     }

@@ -103,6 +103,22 @@ fn reclaim(c: &ContainerStatus, page_size: u64) -> String {
     s
 }
 
+/// `observer: eBPF maps 5.3Mi in 10 maps, 128 possible CPUs (...)`: what the maps cost, which
+/// no RSS figure shows; nothing without eBPF.
+fn map_memory_line(out: &mut String, o: &crate::api::ObserverView) {
+    if o.maps.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "observer: eBPF maps {} in {} maps{} (in the daemon's memory limit, not its RSS)",
+        crate::policy::bytes_text(o.map_memory_bytes()),
+        o.maps.len(),
+        o.possible_cpus
+            .map_or_else(String::new, |n| format!(", {n} possible CPUs")),
+    );
+}
+
 /// `mem 3% cpu 31%`: the memory and cpu `some` stall shares of the observer's last interval;
 /// `-` without PSI (cgroup v1, `psi=0`) or before the second reading.
 fn stall(c: &ContainerStatus) -> String {
@@ -256,16 +272,7 @@ pub fn render_status(s: &Status, resizes: &Resizes, page_size: u64, now_ms: u64)
             "observer: throttle={} reclaim={} oom={} every {}ms",
             o.strategies.throttle, o.strategies.reclaim, o.strategies.oom, o.interval_ms
         );
-        if !o.maps.is_empty() {
-            let _ = writeln!(
-                out,
-                "observer: eBPF maps {} in {} maps{} (in the daemon's memory limit, not its RSS)",
-                crate::policy::bytes_text(o.map_memory_bytes()),
-                o.maps.len(),
-                o.possible_cpus
-                    .map_or_else(String::new, |n| format!(", {n} possible CPUs")),
-            );
-        }
+        map_memory_line(&mut out, o);
         // Why eBPF is off as a whole (no kernel BTF, no object): one line, as /readyz says it.
         for f in o
             .fallbacks

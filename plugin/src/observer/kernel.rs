@@ -372,30 +372,7 @@ impl KernelSide {
         loader
             .btf(Some(&aya_btf))
             .override_global(names::CONFIG_GLOBAL, &r.config, true);
-        let pid_max = read_pid_max(&settings.pid_max);
-        if let Some(pids) = pid_max {
-            // An object without the map (an older build) simply ignores this.
-            loader.map_max_entries(
-                names::THROTTLE_PENDING_MAP,
-                pids.div_ceil(THROTTLE_PENDING_PIDS_PER_SLOT).max(1),
-            );
-        }
-        let possible_cpus = aya::util::nr_cpus().map_err(|(path, source)| ObserverError::Io {
-            path: PathBuf::from(path),
-            source,
-        })?;
-        let sizes = map_sizes(&NodeFacts {
-            max_pods: settings.maps.max_pods,
-            possible_cpus: u32::try_from(possible_cpus).unwrap_or(u32::MAX),
-            pid_max,
-            max_tasks: settings.maps.max_tasks,
-        });
-        for map in [names::THROTTLE_MAP, names::RECLAIM_MAP, names::OOM_MAP] {
-            loader.map_max_entries(map, sizes.cgroups);
-        }
-        for map in [names::THROTTLED_TASKS_MAP, names::RECLAIM_START_MAP] {
-            loader.map_max_entries(map, sizes.tasks);
-        }
+        let (sizes, possible_cpus) = size_maps(&mut loader, settings)?;
         let mut ebpf = loader
             .load(bytes)
             .map_err(|e| ObserverError::Load(format!("{e:#}")))?;
@@ -628,6 +605,39 @@ impl KernelSide {
     pub(super) fn take_hotplug(&mut self) -> Option<RingBuf<MapData>> {
         self.hotplug.take()
     }
+}
+
+/// Sets every map's entries from the node (`map_sizes`) before load; returns them and the
+/// kernel's possible CPUs.
+fn size_maps(
+    loader: &mut EbpfLoader<'_>,
+    settings: &ObserverSettings,
+) -> Result<(MapSizes, usize), ObserverError> {
+    let pid_max = read_pid_max(&settings.pid_max);
+    if let Some(pids) = pid_max {
+        // An object without the map (an older build) simply ignores this.
+        loader.map_max_entries(
+            names::THROTTLE_PENDING_MAP,
+            pids.div_ceil(THROTTLE_PENDING_PIDS_PER_SLOT).max(1),
+        );
+    }
+    let possible_cpus = aya::util::nr_cpus().map_err(|(path, source)| ObserverError::Io {
+        path: PathBuf::from(path),
+        source,
+    })?;
+    let sizes = map_sizes(&NodeFacts {
+        max_pods: settings.maps.max_pods,
+        possible_cpus: u32::try_from(possible_cpus).unwrap_or(u32::MAX),
+        pid_max,
+        max_tasks: settings.maps.max_tasks,
+    });
+    for map in [names::THROTTLE_MAP, names::RECLAIM_MAP, names::OOM_MAP] {
+        loader.map_max_entries(map, sizes.cgroups);
+    }
+    for map in [names::THROTTLED_TASKS_MAP, names::RECLAIM_START_MAP] {
+        loader.map_max_entries(map, sizes.tasks);
+    }
+    Ok((sizes, possible_cpus))
 }
 
 /// The kernel's `pid_max`, or `None` when it cannot be read (`THROTTLE_PENDING` then keeps the

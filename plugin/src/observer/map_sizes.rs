@@ -4,7 +4,7 @@
 //! The counters (`THROTTLE`, `RECLAIM`, `OOM`) are shared LRU hashes keyed by cgroup: their
 //! memory is entries × (value + ~64 bytes of key and bookkeeping), the same on 2 CPUs as on 128.
 //! The cgroups that can hold counters at once are the pods' (pod cgroup, sandbox, containers)
-//! plus the node's own (system slices, QoS levels, runtime). An LRU hash also parks free entries
+//! plus the node's own (system slices, quality-of-service levels, runtime). An LRU hash also parks free entries
 //! on each CPU that inserts (the kernel's `LOCAL_FREE_TARGET`, 128 per CPU) and evicts live
 //! ones once the shared free list runs short, so that much room per possible CPU is added: live
 //! entries are then never evicted early.
@@ -37,7 +37,7 @@ pub struct MapSizes {
 /// Cgroups one pod can hold counters for: its pod cgroup, its sandbox and up to six containers
 /// (init and sidecar containers included).
 pub const CGROUPS_PER_POD: u32 = 8;
-/// The node's cgroups outside pods: system slices, kubelet's QoS levels, the runtime's own.
+/// The node's cgroups outside pods: system slices, kubelet's quality-of-service levels, the runtime's own.
 pub const NODE_CGROUPS: u32 = 256;
 /// Free entries an LRU hash parks per CPU (`LOCAL_FREE_TARGET` in `kernel/bpf/bpf_lru_list.h`).
 pub const LRU_LOCAL_FREE: u32 = 128;
