@@ -893,11 +893,36 @@ async fn daemon_image_on_a_node_with_many_possible_cpus() {
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
 
-    assert_measured_on_ebpf(&metrics);
-
-    // The maps' memory: exported per map, small, and not multiplied by the CPUs.
+    // What the daemon costs, printed before anything is asserted: the maps' memory (exported
+    // per map), its memory cgroup (its pod's: the daemon is its only container), its RSS.
     let maps = map_memory_series(&metrics);
     let map_total: u64 = maps.iter().map(|(_, b)| b).sum();
+    let memcg = ctrd.cgroups().dir_for("memory", &daemon.pod_cgroup);
+    let MemcgUse {
+        current,
+        peak,
+        hits,
+        ooms,
+    } = memcg_use(&memcg);
+    let rss = daemon
+        .process_status()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:").map(|v| v.trim().to_owned()))
+        .unwrap_or_default();
+    // The node's per-CPU memory: where per-CPU map values go, charged to the daemon or not.
+    let percpu = std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Percpu:").map(|v| v.trim().to_owned()))
+        .unwrap_or_default();
+    eprintln!(
+        "possible CPUs {possible}: eBPF maps {map_total} bytes {maps:?}; daemon memcg current \
+         {current:?}, peak {peak:?}, limit hits {hits:?}, OOM kills {ooms:?}; RSS {rss}; limit \
+         {limit}; node Percpu {percpu}"
+    );
+
+    assert_measured_on_ebpf(&metrics);
+    // The maps: each counted, small, and not multiplied by the CPUs.
     for name in [
         "THROTTLE",
         "RECLAIM",
@@ -915,26 +940,11 @@ async fn daemon_image_on_a_node_with_many_possible_cpus() {
         "the eBPF maps take {map_total} bytes of the daemon's {limit}-byte limit: {maps:?}"
     );
     let line = assert_map_memory_said(&daemon, possible);
+    eprintln!("{line}");
 
-    // The daemon's memory cgroup (its pod's: the daemon is its only container) never reached
-    // the limit: no OOM kill, no hit of the limit, and its peak below it.
-    let memcg = ctrd.cgroups().dir_for("memory", &daemon.pod_cgroup);
-    let MemcgUse {
-        current,
-        peak,
-        hits,
-        ooms,
-    } = memcg_use(&memcg);
+    // The daemon's memory cgroup never reached the limit: no OOM kill, no hit of the limit,
+    // and its peak below it.
     let current = current.unwrap_or_else(|| panic!("no memory usage in {}", memcg.display()));
-    let rss = daemon
-        .process_status()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:").map(|v| v.trim().to_owned()))
-        .unwrap_or_default();
-    eprintln!(
-        "possible CPUs {possible}: eBPF maps {map_total} bytes {maps:?}; daemon memcg current \
-         {current}, peak {peak:?}, limit hits {hits:?}, OOM kills {ooms:?}; RSS {rss}; limit {limit}\n{line}"
-    );
     assert!(current < limit, "memory.current {current} ≥ limit {limit}");
     if let Some(peak) = peak {
         assert!(peak < limit, "peak {peak} ≥ limit {limit}");

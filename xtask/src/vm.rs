@@ -387,8 +387,9 @@ pub enum GuestCpus {
     /// [`BOOT_CPUS`] booted, [`MAX_CPUS`] slots for the hotplug protocol; qboot (fast boot).
     Hotplug,
     /// [`BOOT_CPUS`] booted, [`MANY_POSSIBLE_CPUS`] possible: SeaBIOS's ACPI tables list every
-    /// slot, which Debian's 6.1 counts as hotpluggable (qboot's and 6.12 do not). What a large
-    /// node's per-CPU allocations (eBPF maps) cost, on a 2-core host.
+    /// slot, which Debian's 6.1 counts as hotpluggable (qboot's do not; 6.12 counts neither,
+    /// and its x86 topology code has no `possible_cpus=` any more: tried). What a large node's
+    /// per-CPU allocations (eBPF maps) cost, on a 2-core host.
     ManyPossible,
 }
 
