@@ -78,8 +78,8 @@ pub struct ObserverConfig {
     /// it the least recently counted cgroups are evicted (their counters restart).
     pub max_pods: u32,
     /// Tasks tracked at once while CFS-throttled or in memcg direct reclaim
-    /// (`1024..=4194304`); never more than `kernel.pid_max`. A task beyond it is counted
-    /// without its duration.
+    /// (`1024..=4194304`); never more than `kernel.pid_max`. Beyond it a throttled task is
+    /// counted without its duration, and a direct reclaim pass is not timed.
     pub max_tasks: u32,
 }
 

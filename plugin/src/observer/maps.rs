@@ -1,6 +1,6 @@
 //! Allocation-free reads of the observer's shared counter maps.
 //!
-//! aya's `LruHashMap::get` copies through a typed value; the observer reads every watched cgroup
+//! aya's `HashMap::get` copies through a typed value; the observer reads every watched cgroup
 //! each interval, so it issues `BPF_MAP_LOOKUP_ELEM` itself into a buffer it keeps, as whole
 //! u64 words.
 
