@@ -62,6 +62,56 @@ pub struct Config {
     pub kubelet: KubeletConfig,
     /// Working-set trimming (docs/trimming.md).
     pub trim: TrimConfig,
+    /// The observer's eBPF maps (docs/observer.md#map-memory). Read at start-up only: the
+    /// runtime's configuration cannot change it.
+    pub observer: ObserverConfig,
+}
+
+/// `[observer]`: what the observer's eBPF maps are sized for (docs/observer.md#map-memory).
+/// The maps are created once, at start-up, and their memory counts against the daemon's
+/// memory limit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct ObserverConfig {
+    /// kubelet's `maxPods` on this node (`1..=10000`): the per-cgroup counter maps hold 8
+    /// cgroups per pod, 256 of the node's own and 128 per possible CPU of LRU room. Beyond
+    /// it the least recently counted cgroups are evicted (their counters restart).
+    pub max_pods: u32,
+    /// Tasks tracked at once while CFS-throttled or in memcg direct reclaim
+    /// (`1024..=4194304`); never more than `kernel.pid_max`. Beyond it a throttled task is
+    /// counted without its duration, and a direct reclaim pass is not timed.
+    pub max_tasks: u32,
+}
+
+impl Default for ObserverConfig {
+    fn default() -> Self {
+        let limits = crate::observer::MapLimits::default();
+        ObserverConfig {
+            max_pods: limits.max_pods,
+            max_tasks: limits.max_tasks,
+        }
+    }
+}
+
+impl ObserverConfig {
+    /// The observer's map limits this section sets.
+    pub fn map_limits(&self) -> crate::observer::MapLimits {
+        crate::observer::MapLimits {
+            max_pods: self.max_pods,
+            max_tasks: self.max_tasks,
+        }
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if !(1..=10_000).contains(&self.max_pods) || !(1_024..=4_194_304).contains(&self.max_tasks)
+        {
+            return Err(format!(
+                "observer.max_pods must be within 1..=10000 and observer.max_tasks within 1024..=4194304, got {} and {}",
+                self.max_pods, self.max_tasks
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// `[trim]`: working-set trimming (docs/trimming.md). Read at every trimming interval, so the
@@ -285,6 +335,7 @@ impl Default for Config {
             metrics: MetricsConfig::default(),
             kubelet: KubeletConfig::default(),
             trim: TrimConfig::default(),
+            observer: ObserverConfig::default(),
         }
     }
 }
@@ -425,7 +476,8 @@ impl Config {
     }
 
     /// The runtime's configuration (NRI `Configure`) on top of this one, key by key. Keys that
-    /// cannot change once the daemon runs (`[capacity]`: the watcher starts with the daemon) are
+    /// cannot change once the daemon runs (`[capacity]`: the watcher starts with the daemon;
+    /// `[observer]`: the eBPF maps are created at start-up) are
     /// left as they are and returned, to be reported as ignored.
     pub fn runtime_overlay(
         &self,
@@ -437,12 +489,14 @@ impl Config {
             message: e.to_string().trim().to_string(),
         })?;
         let mut ignored = Vec::new();
-        if let Some(v) = overlay.remove("capacity") {
-            match v {
-                toml::Value::Table(t) => {
-                    ignored.extend(t.keys().map(|k| format!("capacity.{k}")));
+        for section in ["capacity", "observer"] {
+            if let Some(v) = overlay.remove(section) {
+                match v {
+                    toml::Value::Table(t) => {
+                        ignored.extend(t.keys().map(|k| format!("{section}.{k}")));
+                    }
+                    _ => ignored.push(section.to_string()),
                 }
-                _ => ignored.push("capacity".to_string()),
             }
         }
         let text = toml::to_string(&overlay).map_err(|e| ConfigError::Parse {
@@ -529,6 +583,12 @@ impl Config {
                 ),
             });
         }
+        self.observer
+            .validate()
+            .map_err(|message| ConfigError::Invalid {
+                origin: origin.to_string(),
+                message,
+            })?;
         self.trim
             .validate()
             .map_err(|message| ConfigError::Invalid {
@@ -582,6 +642,7 @@ mod tests {
             metrics: _,
             kubelet: _,
             trim: _,
+            observer: _,
         } = Config::default();
         let mut fields = [
             "journal_size",
@@ -593,6 +654,7 @@ mod tests {
             "metrics",
             "kubelet",
             "trim",
+            "observer",
         ];
         fields.sort_unstable();
         let mut keys = Config::top_level_keys();
@@ -607,6 +669,31 @@ mod tests {
             assert!(Config::parse(&text, "test").is_ok(), "{text}");
         }
         assert!(Config::parse("[verdicts]", "test").is_err());
+    }
+
+    #[test]
+    fn observer_map_limits_are_bounded_and_start_up_only() {
+        let cfg = Config::parse("[observer]\nmax_pods = 250\nmax_tasks = 65536\n", "t").unwrap();
+        assert_eq!(
+            cfg.observer.map_limits(),
+            crate::observer::MapLimits {
+                max_pods: 250,
+                max_tasks: 65_536,
+            }
+        );
+        for bad in ["max_pods = 0", "max_pods = 10001", "max_tasks = 1000"] {
+            let e = Config::parse(&format!("[observer]\n{bad}\n"), "t").unwrap_err();
+            assert!(
+                e.to_string().contains("observer.max_pods must be"),
+                "{bad}: {e}"
+            );
+        }
+        // The runtime cannot resize maps that exist: its `[observer]` is reported as ignored.
+        let (cfg, ignored) = Config::default()
+            .runtime_overlay("[observer]\nmax_pods = 500\n", "runtime")
+            .unwrap();
+        assert_eq!(cfg.observer, ObserverConfig::default());
+        assert_eq!(ignored, ["observer.max_pods"]);
     }
 
     #[test]

@@ -4,7 +4,10 @@
 //! `/proc/<pid>/smaps` (heap, thread stacks, the binary's code and data, the embedded eBPF object,
 //! BPF maps mapped into user space, shared libraries) and the growth per container. The process
 //! measured is the daemon alone (its RSS from `/proc/<pid>/status`, no children), cross-checked
-//! against `ps` run as an outside tool. Containers are Burstable with a minimal CPU request so
+//! against `ps` run as an outside tool. Beside RSS: the memory of the daemon's eBPF maps (the sum
+//! of each map fd's `memlock` in `/proc/<pid>/fdinfo`), charged to its memory cgroup but not in
+//! its RSS, and the daemon's own figure for it (`status` → `observer.maps`) as a cross-check.
+//! Containers are Burstable with a minimal CPU request so
 //! that 500 fit a small node.
 //!
 //! The figure is only meaningful for the release build: `cargo xtask bench` sets
@@ -47,6 +50,29 @@ fn footprint(pid: u32) -> (u64, f64, usize) {
     let cpu = (ticks(11) + ticks(12)) as f64 / hz as f64;
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count);
     (rss, cpu, fds)
+}
+
+/// KiB of BPF maps `pid` holds open: the sum of `memlock` over its fds that are BPF maps
+/// (`anon_inode:bpf-map`), read from outside the daemon as an operator would.
+fn bpf_map_kib(pid: u32) -> u64 {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return 0;
+    };
+    let mut bytes = 0;
+    for fd in fds.flatten() {
+        let is_map = std::fs::read_link(fd.path())
+            .is_ok_and(|target| target.as_os_str() == "anon_inode:bpf-map");
+        if !is_map {
+            continue;
+        }
+        let info = std::fs::read_to_string(format!(
+            "/proc/{pid}/fdinfo/{}",
+            fd.file_name().to_string_lossy()
+        ))
+        .unwrap_or_default();
+        bytes += nri_resize::observer::map_memory::parse_fdinfo(&info).map_or(0, |m| m.memlock);
+    }
+    bytes / 1024
 }
 
 #[expect(clippy::cast_precision_loss, reason = "MiB for a report")]
@@ -248,6 +274,9 @@ async fn metrics_size(plugin: &PluginProcess) -> (usize, usize) {
 struct Sample {
     containers: usize,
     rss: u64,
+    /// KiB of eBPF maps (fdinfo `memlock`), and the daemon's own figure (`status`).
+    maps: u64,
+    maps_said: u64,
     outside: Option<u64>,
     fds: usize,
     cpu_percent: f64,
@@ -266,9 +295,18 @@ async fn sample(
     let (_, cpu0, _) = footprint(pid);
     tokio::time::sleep(Duration::from_secs(10)).await;
     let (rss, cpu1, fds) = footprint(pid);
+    let maps_said = plugin
+        .api()
+        .status()
+        .await
+        .ok()
+        .and_then(|s| s.observer)
+        .map_or(0, |o| o.map_memory_bytes() / 1024);
     Sample {
         containers,
         rss,
+        maps: bpf_map_kib(pid),
+        maps_said,
         outside: outside_rss(pid),
         fds,
         cpu_percent: (cpu1 - cpu0) / 10.0 * 100.0,
@@ -299,6 +337,19 @@ fn print_samples(samples: &[Sample]) {
     };
     row(&mut out, "RSS, KiB (/proc/<pid>/status VmRSS)", &|s| {
         s.rss.to_string()
+    });
+    row(
+        &mut out,
+        "eBPF maps, KiB (fdinfo memlock; not in RSS)",
+        &|s| s.maps.to_string(),
+    );
+    row(
+        &mut out,
+        "eBPF maps, KiB, as the daemon says (status)",
+        &|s| s.maps_said.to_string(),
+    );
+    row(&mut out, "RSS + eBPF maps, KiB", &|s| {
+        (s.rss + s.maps).to_string()
     });
     row(&mut out, "RSS, KiB, outside (`ps -o rss`)", &|s| {
         s.outside.map_or_else(|| "n/a".into(), |v| v.to_string())
@@ -444,15 +495,17 @@ async fn main() {
             if agree { "yes" } else { "no" }
         ),
         &format!(
-            "no containers: {:.1} MiB ({:.1} MiB heap), {} fds",
+            "no containers: {:.1} MiB ({:.1} MiB heap) + {:.1} MiB eBPF maps, {} fds",
             mib(first.rss),
             mib(heap(first)),
+            mib(first.maps),
             first.fds
         ),
         &format!(
-            "{:.1} MiB ({:.1} MiB heap), {} fds; growth per container {}",
+            "{:.1} MiB ({:.1} MiB heap) + {:.1} MiB eBPF maps (not in RSS), {} fds; growth per container {}",
             mib(last.rss),
             mib(heap(last)),
+            mib(last.maps),
             last.fds,
             growth.join(", ")
         ),

@@ -75,6 +75,8 @@ pub struct DaemonContainer {
     pub metrics_addr: String,
     /// The container's stdout/stderr.
     pub log_path: PathBuf,
+    /// The daemon's pod cgroup (absolute cgroup path): the daemon is its only container.
+    pub pod_cgroup: String,
 }
 
 /// A TCP port free on 127.0.0.1 now.
@@ -167,6 +169,8 @@ pub struct AsDeployed {
     pub api_dir: PathBuf,
     /// Where `/metrics` answers (the rendered `--metrics-addr` replaced by the test's).
     pub metrics_addr: String,
+    /// `resources.limits.memory` in bytes, applied to the container as kubelet does.
+    pub memory_limit: Option<i64>,
 }
 
 impl DaemonContainer {
@@ -195,6 +199,7 @@ impl DaemonContainer {
             api_dir: spec.api_dir.clone(),
             metrics_addr: spec.metrics_addr.clone(),
             log_path: log_dir.join("nri-resize.log"),
+            pod_cgroup: String::new(),
         };
         d.run_ctr(
             "import the daemon image",
@@ -213,6 +218,7 @@ impl DaemonContainer {
         let uid = format!("{:08x}-0000-4000-8000-{n:012x}", std::process::id());
         let (cgroup_parent, cgroup_path) = ctrd.cgroups().pod_cgroup(&uid);
         ctrd.cgroups().create_cgroup(&cgroup_path);
+        d.pod_cgroup.clone_from(&cgroup_path);
         let sandbox = PodSandboxConfig {
             labels: crate::pod::kubelet_labels(
                 &std::collections::HashMap::new(),
@@ -360,7 +366,12 @@ fn container_config(
         log_path: "nri-resize.log".into(),
         linux: Some(LinuxContainerConfig {
             security_context: Some(security),
-            ..Default::default()
+            resources: spec.memory_limit.map(|memory_limit_in_bytes| {
+                k8s_cri::v1::LinuxContainerResources {
+                    memory_limit_in_bytes,
+                    ..Default::default()
+                }
+            }),
         }),
         ..Default::default()
     }

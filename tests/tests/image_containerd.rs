@@ -244,7 +244,13 @@ fn as_deployed(
         mounts.push((host, inside, readonly));
     }
     assert!(!api_dir.as_os_str().is_empty(), "no api volume");
+    let memory_limit = c["resources"]["limits"]["memory"].as_str().map(|q| {
+        let bytes = nri_resize::policy::parse_memory(q)
+            .unwrap_or_else(|e| panic!("the DaemonSet's memory limit: {e}"));
+        i64::try_from(bytes).expect("memory limit fits i64")
+    });
     AsDeployed {
+        memory_limit,
         args,
         env,
         host_pid: pod["hostPID"].as_bool().unwrap_or(false),
@@ -727,4 +733,229 @@ async fn loads_ebpf_with_btf_path(
     }
     let log = daemon.log_tail(200);
     assert!(!log.contains("no kernel BTF"), "{log}");
+}
+
+/// `name` of the daemon's memory cgroup files: (bytes, or `None` when the file is missing).
+fn memcg_value(dir: &Path, file: &str, key: Option<&str>) -> Option<u64> {
+    let text = std::fs::read_to_string(dir.join(file)).ok()?;
+    match key {
+        None => text.trim().parse().ok(),
+        Some(key) => text.lines().find_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            (k == key).then(|| v.trim().parse().ok())?
+        }),
+    }
+}
+
+/// Every measurement of the observer on eBPF: no fallback to polling (reclaim: what the VM tier
+/// names in `NRI_RESIZE_EXPECT_RECLAIM`, else what this kernel has).
+fn assert_measured_on_ebpf(metrics: &str) {
+    let expected_reclaim = std::env::var("NRI_RESIZE_EXPECT_RECLAIM").unwrap_or_else(|_| {
+        if Path::new("/sys/kernel/tracing/events/memcg/count_memcg_events").exists() {
+            "memcg_tracepoints".into()
+        } else {
+            "memory_stat_polling".into()
+        }
+    });
+    let mut want = vec![
+        strategy("throttle", "cpu_stat_polling", false),
+        strategy("oom", "mark_victim", true),
+        strategy("reclaim", &expected_reclaim, true),
+    ];
+    if let Ok(throttle) = std::env::var("NRI_RESIZE_EXPECT_THROTTLE") {
+        want.push(strategy("throttle", &throttle, true));
+    }
+    for series in &want {
+        assert!(
+            metrics.contains(series.as_str()),
+            "missing {series} in\n{metrics}"
+        );
+    }
+}
+
+/// `nri_resize_bpf_map_memory_bytes` of each map: (map, bytes).
+fn map_memory_series(metrics: &str) -> Vec<(String, u64)> {
+    metrics
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("nri_resize_bpf_map_memory_bytes{map=\"")?;
+            let (name, value) = rest.split_once("\"} ")?;
+            Some((name.to_owned(), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// A memory cgroup's usage, its peak and how often it hit its limit or OOM-killed.
+struct MemcgUse {
+    current: Option<u64>,
+    peak: Option<u64>,
+    hits: Option<u64>,
+    ooms: Option<u64>,
+}
+
+/// [`MemcgUse`] of the memory cgroup at `dir` (v2 or v1 files).
+fn memcg_use(dir: &Path) -> MemcgUse {
+    if dir.join("memory.current").exists() {
+        MemcgUse {
+            current: memcg_value(dir, "memory.current", None),
+            peak: memcg_value(dir, "memory.peak", None),
+            hits: memcg_value(dir, "memory.events", Some("max")),
+            ooms: memcg_value(dir, "memory.events", Some("oom_kill")),
+        }
+    } else {
+        MemcgUse {
+            current: memcg_value(dir, "memory.usage_in_bytes", None),
+            peak: memcg_value(dir, "memory.max_usage_in_bytes", None),
+            hits: memcg_value(dir, "memory.failcnt", None),
+            ooms: memcg_value(dir, "memory.oom_control", Some("oom_kill")),
+        }
+    }
+}
+
+/// `/readyz` and `nri-resize status` (in the container) say the maps' memory, the latter with
+/// the node's possible CPUs (`possible`: `/sys/devices/system/cpu/possible`); returns the
+/// status line.
+fn assert_map_memory_said(daemon: &DaemonContainer, possible: &str) -> String {
+    let (code, _, ready) = http_get(&daemon.metrics_addr, "/readyz", None).expect("/readyz");
+    assert_eq!(code, 200, "{ready}");
+    // Only the classic tracepoints (reclaim timing, CPU hotplug) may fall back: Debian's
+    // `perf_event_paranoid` 3 refuses `perf_event_open` without `CAP_SYS_ADMIN`
+    // (docs/deploying.md); throttling, reclaim and OOM kills stay on eBPF
+    // (`assert_measured_on_ebpf`).
+    assert!(ready.starts_with("ready (eBPF maps "), "/readyz: {ready}");
+    let (code, status, err) = daemon.exec(&["/usr/bin/nri-resize", "status"]);
+    assert_eq!(code, 0, "nri-resize status in the container: {status}{err}");
+    let cpus = possible
+        .rsplit(['-', ','])
+        .next()
+        .and_then(|n| n.parse::<u64>().ok())
+        .map_or(0, |n| n + 1);
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("observer: eBPF maps "))
+        .unwrap_or_else(|| panic!("status shows no map memory:\n{status}"));
+    assert!(line.contains(&format!(", {cpus} possible CPUs")), "{line}");
+    line.to_owned()
+}
+
+/// The `DaemonSet` as deployed (its memory limit included) on a node whose kernel counts many
+/// possible CPUs (the VM tier's `image_many_cpus@2.1`: 128, which
+/// `NRI_RESIZE_EXPECT_POSSIBLE_CPUS` makes the test check; anywhere else, whatever the machine
+/// has): every measurement runs on its eBPF programs, the maps' memory is exported and said by
+/// `/readyz` and `status`, and the daemon's memory cgroup never reaches its limit. Per-CPU maps
+/// took 276 MiB there (issue 37), above the 256 Mi limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_image_on_a_node_with_many_possible_cpus() {
+    let possible = std::fs::read_to_string("/sys/devices/system/cpu/possible")
+        .expect("read /sys/devices/system/cpu/possible");
+    let possible = possible.trim();
+    if let Ok(want) = std::env::var("NRI_RESIZE_EXPECT_POSSIBLE_CPUS") {
+        assert_eq!(possible, want, "the guest's possible CPUs");
+    }
+    let archive = daemon_image_archive();
+    let ctrd = Containerd::start(ContainerdVersion::V2, ContainerdOptions::default()).await;
+    let ds = rendered_daemonset("deploy");
+    let spec = as_deployed(&ctrd, &ds, "cpus", &|p| PathBuf::from(p));
+    let limit = spec
+        .memory_limit
+        .and_then(|l| u64::try_from(l).ok())
+        .expect("the DaemonSet sets a memory limit");
+    let daemon = DaemonContainer::start_as_deployed(&ctrd, &archive, spec).await;
+    daemon.wait_ready(Duration::from_secs(120));
+
+    // A pod of four containers for the observer to watch.
+    let mut pod_spec = PodSpec::new("cpus");
+    pod_spec.resources = Resources::limits(200_000, 256 << 20);
+    let pod = ctrd.run_pod(pod_spec).await.expect("run pod");
+    for name in ["a", "b", "c", "d"] {
+        let mut c = ContainerSpec::new(name, &["sleep", "3600"]);
+        c.resources = Resources::limits(50_000, 32 << 20);
+        let id = ctrd
+            .create_container(&pod, c)
+            .await
+            .expect("create container");
+        ctrd.start_container(&id).await.expect("start container");
+    }
+    let counters = r#"nri_resize_container_cpu_cfs_throttled_periods_total{container="d",namespace="default",pod="cpus"}"#;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let metrics = loop {
+        let (code, _, body) =
+            http_get(&daemon.metrics_addr, "/metrics", None).expect("scrape /metrics");
+        assert_eq!(code, 200, "{body}");
+        if body.contains(counters) {
+            break body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the observer read no container after 60 s\n/metrics:\n{body}\nlog:\n{}",
+            daemon.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+
+    // What the daemon costs, printed before anything is asserted: the maps' memory (exported
+    // per map), its memory cgroup (its pod's: the daemon is its only container), its RSS.
+    let maps = map_memory_series(&metrics);
+    let map_total: u64 = maps.iter().map(|(_, b)| b).sum();
+    let memcg = ctrd.cgroups().dir_for("memory", &daemon.pod_cgroup);
+    let MemcgUse {
+        current,
+        peak,
+        hits,
+        ooms,
+    } = memcg_use(&memcg);
+    let rss = daemon
+        .process_status()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:").map(|v| v.trim().to_owned()))
+        .unwrap_or_default();
+    // The node's per-CPU memory: where per-CPU map values go, charged to the daemon or not.
+    let percpu = std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Percpu:").map(|v| v.trim().to_owned()))
+        .unwrap_or_default();
+    eprintln!(
+        "possible CPUs {possible}: eBPF maps {map_total} bytes {maps:?}; daemon memcg current \
+         {current:?}, peak {peak:?}, limit hits {hits:?}, OOM kills {ooms:?}; RSS {rss}; limit \
+         {limit}; node Percpu {percpu}"
+    );
+
+    assert_measured_on_ebpf(&metrics);
+    // The maps: each counted, small, and not multiplied by the CPUs.
+    for name in [
+        "THROTTLE",
+        "RECLAIM",
+        "OOM",
+        "THROTTLED_TASKS",
+        "RECLAIM_START",
+    ] {
+        assert!(
+            maps.iter().any(|(n, b)| n == name && *b > 0),
+            "no nri_resize_bpf_map_memory_bytes for {name} in {maps:?}"
+        );
+    }
+    assert!(
+        map_total <= limit / 8,
+        "the eBPF maps take {map_total} bytes of the daemon's {limit}-byte limit: {maps:?}"
+    );
+    let line = assert_map_memory_said(&daemon, possible);
+    eprintln!("{line}");
+
+    // The daemon's memory cgroup never reached the limit: no OOM kill, no hit of the limit,
+    // and its peak below it.
+    let current = current.unwrap_or_else(|| panic!("no memory usage in {}", memcg.display()));
+    assert!(current < limit, "memory.current {current} ≥ limit {limit}");
+    if let Some(peak) = peak {
+        assert!(peak < limit, "peak {peak} ≥ limit {limit}");
+    }
+    assert_eq!(ooms.unwrap_or(0), 0, "the daemon was OOM-killed");
+    assert_eq!(
+        hits.unwrap_or(0),
+        0,
+        "the daemon's memory reached its limit"
+    );
+    // Still ready: nothing restarted it.
+    let (code, _, ready) = http_get(&daemon.metrics_addr, "/readyz", None).expect("/readyz");
+    assert_eq!(code, 200, "{ready}\nlog:\n{}", daemon.log_tail(40));
 }

@@ -2,7 +2,8 @@
 //!
 //! The programs build for `bpfel-unknown-none` with Debian's `rustc-web` (its precompiled `core`
 //! for that target replaces `-Z build-std`, which needs `rust-src`) and link with `bpf-linker`.
-//! `RUSTC_BOOTSTRAP=aya_ebpf` unlocks the nightly feature gate of the `aya_ebpf` crate only.
+//! `RUSTC_BOOTSTRAP=aya_ebpf,nri_resize_ebpf` unlocks the nightly feature gates of those two
+//! crates only (`asm!` on the BPF target: aya-ebpf's helpers and the programs' atomic add).
 //! See `ebpf/README.md`.
 
 use std::path::{Path, PathBuf};
@@ -16,6 +17,8 @@ pub const DEBIAN_RUSTC: &str = "/usr/bin/rustc";
 /// The object's name in the target directory (the programs crate's binary).
 const OBJECT: &str = "nri-resize-ebpf";
 const TARGET: &str = "bpfel-unknown-none";
+/// The crates whose feature gates are unlocked (a list of crate names, not `1`).
+const RUSTC_BOOTSTRAP: &str = "aya_ebpf,nri_resize_ebpf";
 const RUSTFLAGS: [&str; 3] = [
     "--cfg=bpf_target_arch=\"x86_64\"",
     "-Cdebuginfo=2",
@@ -48,7 +51,7 @@ pub fn build_ebpf(workspace_root: &Path, release: bool) -> anyhow::Result<PathBu
         .args(["build", "--locked", "--target", TARGET, "--target-dir"])
         .arg(workspace_root.join("ebpf/target"))
         .env("RUSTC", DEBIAN_RUSTC)
-        .env("RUSTC_BOOTSTRAP", "aya_ebpf")
+        .env("RUSTC_BOOTSTRAP", RUSTC_BOOTSTRAP)
         .env("CARGO_ENCODED_RUSTFLAGS", rustflags)
         // Settings of the outer (user-space) build must not leak into the BPF build.
         .env_remove("RUSTFLAGS")

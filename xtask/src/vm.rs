@@ -112,6 +112,8 @@ const NEWEST_TWO: &[&str] = &["6.12", "7.2"];
 const NEWEST: &[&str] = &["6.12"];
 /// bookworm's kernel.
 const OLDEST: &[&str] = &["6.1"];
+/// bookworm's kernel with 128 possible CPUs ([`GuestCpus::ManyPossible`]).
+const MANY_CPUS_KERNEL: &[&str] = &["6.1-128cpus"];
 /// Every harness containerd of the run is 2.1.9 (`NRI_RESIZE_CONTAINERD`), and the plugin is
 /// the binary built on the host.
 const ON_2: &[(&str, &str)] = &[
@@ -120,6 +122,18 @@ const ON_2: &[(&str, &str)] = &[
     // memcg tracepoint): `observer_containerd` and `image_containerd` assert it.
     ("NRI_RESIZE_EXPECT_THROTTLE", "fentry"),
     ("NRI_RESIZE_EXPECT_RECLAIM", "fexit"),
+    ("NRI_RESIZE_BIN", "{root}/target/vm/nri-resize"),
+    (
+        "NRI_RESIZE_IMAGE_ARCHIVE",
+        "{root}/target/vm/nri-resize.oci.tar",
+    ),
+];
+/// [`ON_2`] in the guest with 128 possible CPUs, which the test checks it has.
+const ON_2_MANY_CPUS: &[(&str, &str)] = &[
+    ("NRI_RESIZE_CONTAINERD", "2"),
+    ("NRI_RESIZE_EXPECT_THROTTLE", "fentry"),
+    ("NRI_RESIZE_EXPECT_RECLAIM", "fexit"),
+    ("NRI_RESIZE_EXPECT_POSSIBLE_CPUS", "0-127"),
     ("NRI_RESIZE_BIN", "{root}/target/vm/nri-resize"),
     (
         "NRI_RESIZE_IMAGE_ARCHIVE",
@@ -243,6 +257,10 @@ const SPLIT_SUITES: &[&str] = &["resize_runtime", "faults"];
 /// The kernel-without-BTF test of `image_containerd`, run against 2.1.9 on 6.12 in its own run.
 const NO_BTF: &[&str] = &["daemon_image_on_a_node_without_kernel_btf"];
 
+/// The many-possible-CPUs test of `image_containerd`, run in its own guest
+/// ([`GuestCpus::ManyPossible`]).
+const MANY_CPUS: &[&str] = &["daemon_image_on_a_node_with_many_possible_cpus"];
+
 /// Test binaries whose VM-only tests are `#[ignore]`d (they change the machine's CPUs and
 /// memory, or need cgroup v2): the guest runs them with `--include-ignored`.
 const WITH_IGNORED: &[&str] = &["vm_hotplug", "capacity_kernel", "cgroup_kernel"];
@@ -310,7 +328,10 @@ pub const SUITES: &[Suite] = &[
     Suite { name: "memory_decrease@1.7",    package: "nri-resize-tests", test: "memory_decrease",    filter: "", skip: &[TWINS_2],   env: ON_1_7, kernels: OLDEST, timeout_s: 900 },
     Suite { name: "faults@1.7",             package: "nri-resize-tests", test: "faults",             filter: "", skip: &[TWINS_2, SPLIT_TO_2],   env: ON_1_7, kernels: OLDEST, timeout_s: 900 },
     Suite { name: "observer_containerd@1.7", package: "nri-resize-tests", test: "observer_containerd", filter: "", skip: &[TWINS_2], env: ON_1_7, kernels: OLDEST, timeout_s: 900 },
-    Suite { name: "image_containerd@1.7",   package: "nri-resize-tests", test: "image_containerd",   filter: "", skip: &[TWINS_2, NO_BTF],   env: ON_1_7, kernels: OLDEST, timeout_s: 600 },
+    Suite { name: "image_containerd@1.7",   package: "nri-resize-tests", test: "image_containerd",   filter: "", skip: &[TWINS_2, NO_BTF, MANY_CPUS],   env: ON_1_7, kernels: OLDEST, timeout_s: 600 },
+    // The DaemonSet as deployed on a node with 128 possible CPUs: its eBPF maps load, and it
+    // stays within its memory limit with every measurement on eBPF.
+    Suite { name: "image_many_cpus@2.1",    package: "nri-resize-tests", test: "image_containerd",   filter: "many_possible_cpus", skip: &[], env: ON_2_MANY_CPUS, kernels: MANY_CPUS_KERNEL, timeout_s: 600 },
     Suite { name: "harness_smoke@1.7",      package: "nri-resize-tests", test: "harness_smoke",      filter: "", skip: &[TWINS_2],   env: ON_1_7, kernels: OLDEST, timeout_s: 300 },
     Suite { name: "pod_level_runtime@1.7", package: "nri-resize-tests", test: "pod_level_runtime", filter: "", skip: &[TWINS_2], env: ON_1_7, kernels: OLDEST, timeout_s: 300 },
     Suite { name: "coexist_containerd@1.7", package: "nri-resize-tests", test: "coexist_containerd", filter: "", skip: &[TWINS_2],   env: ON_1_7, kernels: OLDEST, timeout_s: 600 },
@@ -356,6 +377,20 @@ pub struct Kernel {
     pub cache: &'static str,
     /// The guest's machine.
     pub arch: Arch,
+    /// The guest's CPUs and firmware.
+    pub cpus: GuestCpus,
+}
+
+/// How many CPUs a guest boots and how many the kernel counts as possible.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GuestCpus {
+    /// [`BOOT_CPUS`] booted, [`MAX_CPUS`] slots for the hotplug protocol; qboot (fast boot).
+    Hotplug,
+    /// [`BOOT_CPUS`] booted, [`MANY_POSSIBLE_CPUS`] possible: SeaBIOS's ACPI tables list every
+    /// slot, which Debian's 6.1 counts as hotpluggable (qboot's do not; 6.12 counts neither,
+    /// and its x86 topology code has no `possible_cpus=` any more: tried). What a large node's
+    /// per-CPU allocations (eBPF maps) cost, on a 2-core host.
+    ManyPossible,
 }
 
 /// Kernels of the tier: bookworm's (via bookworm-security), trixie's, bullseye's 5.10 (the
@@ -370,6 +405,21 @@ pub const KERNELS: &[Kernel] = &[
         init: Init::Busybox,
         cache: "6.1",
         arch: Arch::Amd64,
+        cpus: GuestCpus::Hotplug,
+        lane: 0,
+    },
+    // bookworm's kernel again, on a guest with 128 possible CPUs (2 booted): the observer's
+    // eBPF maps as a large node allocates them (`image_many_cpus@2.1`).
+    Kernel {
+        name: "6.1-128cpus",
+        package: "linux-image-6.1.0-56-amd64",
+        successor: r"^linux-image-6\.1\.0-[0-9]+-amd64$",
+        modules: None,
+        apt_source: None,
+        init: Init::Busybox,
+        cache: "6.1",
+        arch: Arch::Amd64,
+        cpus: GuestCpus::ManyPossible,
         lane: 0,
     },
     Kernel {
@@ -381,6 +431,7 @@ pub const KERNELS: &[Kernel] = &[
         init: Init::Busybox,
         cache: "6.12",
         arch: Arch::Amd64,
+        cpus: GuestCpus::Hotplug,
         lane: 1,
     },
     Kernel {
@@ -392,6 +443,7 @@ pub const KERNELS: &[Kernel] = &[
         init: Init::Busybox,
         cache: "5.10",
         arch: Arch::Amd64,
+        cpus: GuestCpus::Hotplug,
         lane: 1,
     },
     Kernel {
@@ -403,6 +455,7 @@ pub const KERNELS: &[Kernel] = &[
         init: Init::Busybox,
         cache: "7.2",
         arch: Arch::Amd64,
+        cpus: GuestCpus::Hotplug,
         lane: 1,
     },
     // trixie's kernel again, with systemd as PID 1 (its own guest: the other guests' init is
@@ -416,6 +469,7 @@ pub const KERNELS: &[Kernel] = &[
         init: Init::Systemd,
         cache: "6.12",
         arch: Arch::Amd64,
+        cpus: GuestCpus::Hotplug,
         lane: 1,
     },
     // trixie's arm64 kernel under `qemu-system-aarch64` (software emulation of `-cpu max`), with
@@ -429,6 +483,7 @@ pub const KERNELS: &[Kernel] = &[
         init: Init::Busybox,
         cache: "6.12-arm64",
         arch: Arch::Arm64,
+        cpus: GuestCpus::Hotplug,
         lane: 0,
     },
 ];
@@ -1654,6 +1709,8 @@ impl std::fmt::Write for HexSink<'_> {
 /// one spare slot, the first took it and the second could not plug a CPU).
 const BOOT_CPUS: u8 = 2;
 const MAX_CPUS: u8 = 4;
+/// Possible CPUs of a [`GuestCpus::ManyPossible`] guest.
+const MANY_POSSIBLE_CPUS: u8 = 128;
 
 fn build_initramfs(tree: &Path, busybox: &Path) -> anyhow::Result<Vec<u8>> {
     let busybox = std::fs::read(busybox).with_context(|| {
@@ -2156,9 +2213,9 @@ fn run_vm(
         "-display",
         "none",
     ]);
-    match kernel.arch {
+    match (kernel.arch, kernel.cpus) {
         // One spare CPU slot and two DIMM slots for the hotplug protocol.
-        Arch::Amd64 => cmd.args([
+        (Arch::Amd64, GuestCpus::Hotplug) => cmd.args([
             "-M",
             "pc",
             "-smp",
@@ -2168,9 +2225,18 @@ fn run_vm(
             "-bios",
             "/usr/share/qemu/qboot.rom",
         ]),
+        // QEMU's default firmware (SeaBIOS): its ACPI tables make every slot a possible CPU.
+        (Arch::Amd64, GuestCpus::ManyPossible) => cmd.args([
+            "-M",
+            "pc",
+            "-smp",
+            &format!("{BOOT_CPUS},maxcpus={MANY_POSSIBLE_CPUS}"),
+            "-m",
+            "1536M",
+        ]),
         // `virt` booted from a device tree has no hotplug (it needs ACPI, i.e. UEFI firmware):
         // the QEMU hotplug tests are left out there (`NO_QEMU_HOTPLUG`).
-        Arch::Arm64 => cmd.args(["-M", "virt", "-smp", &BOOT_CPUS.to_string(), "-m", "1536M"]),
+        (Arch::Arm64, _) => cmd.args(["-M", "virt", "-smp", &BOOT_CPUS.to_string(), "-m", "1536M"]),
     };
     if let Some(userland) = &boot.userland {
         cmd.arg("-virtfs").arg(format!(
@@ -2657,8 +2723,12 @@ mod tests {
         }
         // Every kernel runs the kernel-facing suites (each package once: the systemd guest
         // boots 6.12's).
+        // The guest with many possible CPUs runs what it exists for only.
         for test in ["cgroup_kernel", "observer_kernel", "capacity_kernel"] {
-            for kernel in KERNELS.iter().filter(|k| k.init == Init::Busybox) {
+            for kernel in KERNELS
+                .iter()
+                .filter(|k| k.init == Init::Busybox && k.cpus == GuestCpus::Hotplug)
+            {
                 assert!(
                     SUITES
                         .iter()

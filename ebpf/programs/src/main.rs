@@ -1,8 +1,11 @@
 //! Kernel side of the nri-resize resource observer.
 //!
-//! Every counter is keyed by `CgroupKey` (hierarchy id + cgroup id) and kept in per-CPU maps:
-//! `bpfel-unknown-none` has no atomic read-modify-write, and per-CPU values need none. User
-//! space sums the CPUs when it reads.
+//! Every counter is keyed by `CgroupKey` (hierarchy id + cgroup id) and kept in one shared
+//! LRU hash per measurement, added to with the BPF atomic add (`lock *(u64 *)(p) += v`, the
+//! XADD every supported kernel has, 5.10 included). Per-CPU maps would need no atomics, but the
+//! kernel preallocates each of their entries once per *possible* CPU: 276 MiB of maps on a
+//! node with 128 possible CPUs (issue 37), above the daemon's memory limit. User space sizes
+//! every map from the node (`plugin/src/observer/map_sizes.rs`) before load.
 //!
 //! Rust eBPF has no CO-RE: no struct offset is compiled in. User space resolves every offset from
 //! the running kernel's BTF (`/sys/kernel/btf/vmlinux`) and tracefs `format` files and writes
@@ -16,15 +19,20 @@
 //! `unsafe` is unavoidable in this crate: BPF helpers (`bpf_probe_read_kernel`,
 //! `bpf_ktime_get_ns`), raw map value pointers and tracepoint record reads are `unsafe fn`s.
 //! Every kernel pointer is only passed to `bpf_probe_read_kernel` (which checks it); map value
-//! pointers come from successful lookups and are written in place by this CPU only (per-CPU maps).
+//! pointers come from successful lookups; shared counters are only changed through
+//! [`atomic_add`], and the per-CPU slot `UNTHROTTLE_SINCE` by its own CPU only.
 #![no_std]
 #![no_main]
+// `asm!` on the BPF target (the atomic add): unlocked for this crate by
+// `RUSTC_BOOTSTRAP=aya_ebpf,nri_resize_ebpf` (xtask/src/ebpf.rs), as aya-ebpf's own.
+#![expect(unstable_features, reason = "asm! on the BPF target is unstable")]
+#![feature(asm_experimental_arch)]
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::{btf_tracepoint, fentry, fexit, map, tracepoint},
-    maps::{Array, HashMap, LruPerCpuHashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
     programs::{BtfTracePointContext, FEntryContext, FExitContext, TracePointContext},
     EbpfContext, Global,
 };
@@ -32,21 +40,22 @@ use aya_log_ebpf::warn;
 use nri_resize_ebpf_common::{
     CgroupKey, CpuHotplugEvent, CpuhpLayout, ObserverConfig, OomCounters, ReclaimCounters,
     ReclaimStart, ThrottleCounters, ThrottlePending, ThrottleStart, CPUHP_ENTER, CPUHP_EXIT,
-    NO_FIELD, NO_ITEM, THROTTLE_PENDING_PIDS_PER_SLOT,
+    NO_FIELD, NO_ITEM, RECLAIM_SLOTS, THROTTLE_PENDING_PIDS_PER_SLOT,
 };
 
 /// Offsets and enum values of the running kernel, written by user space before load.
 #[unsafe(no_mangle)]
 static CONFIG: Global<ObserverConfig> = Global::new(ObserverConfig::UNCONFIGURED);
 
-/// Maximum number of cgroups tracked per map; least recently updated entries go first.
+/// Cgroups tracked per map as built; least recently updated entries go first. User space
+/// replaces it at load with a size derived from the node (`map_sizes.rs`).
 const MAX_CGROUPS: u32 = 16_384;
-/// Maximum number of tasks concurrently throttled or in direct reclaim.
+/// Tasks concurrently throttled or in direct reclaim, as built; replaced at load likewise.
 const MAX_TASKS: u32 = 65_536;
 
 #[map(name = "THROTTLE")]
-static THROTTLE: LruPerCpuHashMap<CgroupKey, ThrottleCounters> =
-    LruPerCpuHashMap::with_max_entries(MAX_CGROUPS, 0);
+static THROTTLE: LruHashMap<CgroupKey, ThrottleCounters> =
+    LruHashMap::with_max_entries(MAX_CGROUPS, 0);
 
 #[map(name = "THROTTLED_TASKS")]
 static THROTTLED_TASKS: HashMap<u32, ThrottleStart> = HashMap::with_max_entries(MAX_TASKS, 0);
@@ -66,15 +75,14 @@ static THROTTLE_PENDING: Array<ThrottlePending> =
 static UNTHROTTLE_SINCE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 #[map(name = "RECLAIM")]
-static RECLAIM: LruPerCpuHashMap<CgroupKey, ReclaimCounters> =
-    LruPerCpuHashMap::with_max_entries(MAX_CGROUPS, 0);
+static RECLAIM: LruHashMap<CgroupKey, ReclaimCounters> =
+    LruHashMap::with_max_entries(MAX_CGROUPS, 0);
 
 #[map(name = "RECLAIM_START")]
 static RECLAIM_START: HashMap<u32, ReclaimStart> = HashMap::with_max_entries(MAX_TASKS, 0);
 
 #[map(name = "OOM")]
-static OOM: LruPerCpuHashMap<CgroupKey, OomCounters> =
-    LruPerCpuHashMap::with_max_entries(MAX_CGROUPS, 0);
+static OOM: LruHashMap<CgroupKey, OomCounters> = LruHashMap::with_max_entries(MAX_CGROUPS, 0);
 
 #[map(name = "CPUHP_EVENTS")]
 static CPUHP_EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
@@ -155,32 +163,71 @@ fn css_cgroup(cfg: &ObserverConfig, css: u64, hierarchy: u32) -> Result<CgroupKe
     Ok(CgroupKey::new(hierarchy, id))
 }
 
-/// Applies `update` to this CPU's value of `key`, creating a zeroed value first if needed.
+/// Adds `v` to the `u64` at `p` atomically: `BPF_STX | BPF_ATOMIC | BPF_DW` with `BPF_ADD` and
+/// no fetch, the XADD instruction that every supported kernel (5.10 and newer) verifies on a map
+/// value. Written out, not left to LLVM: the target has no atomics in `core`, and a fetching
+/// add (what a used result compiles to) needs 5.12.
+///
+/// # Safety
+/// `p` must point into a map value (or this program's stack) and be 8-byte aligned.
+#[inline(always)]
+unsafe fn atomic_add(p: *mut u64, v: u64) {
+    // SAFETY: per the contract; the verifier checks the access against the value's bounds.
+    unsafe {
+        core::arch::asm!(
+            "lock *(u64 *)({p} + 0) += {v}",
+            p = in(reg) p,
+            v = in(reg) v,
+            options(nostack),
+        );
+    }
+}
+
+/// Applies `update` to the shared value of `key`, creating a zeroed value first if needed.
+/// `update` gets a raw pointer to the value and must change counters only with
+/// [`atomic_add`]: programs on other CPUs update the same value concurrently.
 #[inline(always)]
 fn update_counters<V: Default>(
-    map: &LruPerCpuHashMap<CgroupKey, V>,
+    map: &LruHashMap<CgroupKey, V>,
     key: &CgroupKey,
-    update: impl Fn(&mut V),
+    update: impl Fn(*mut V),
 ) -> Result<(), Error> {
     if let Some(value) = map.get_ptr_mut(key) {
-        // SAFETY: a per-CPU value from a successful lookup, written by this CPU only.
-        update(unsafe { &mut *value });
+        update(value);
         return Ok(());
     }
     let mut value = V::default();
-    update(&mut value);
+    update(&raw mut value);
     match map.insert(key, &value, u64::from(BPF_NOEXIST)) {
         Ok(()) => Ok(()),
-        // Another program on this CPU cannot have raced us (no preemption within a program),
-        // but an entry created for another CPU can: update it in place.
+        // Another CPU created the entry since the lookup: add to it in place.
         Err(_) => match map.get_ptr_mut(key) {
             Some(existing) => {
-                // SAFETY: as above.
-                update(unsafe { &mut *existing });
+                update(existing);
                 Ok(())
             }
             None => Err(Error::Map(-1)),
         },
+    }
+}
+
+/// `add!(value, field, v)`: adds `v` to the `u64` counter `field` of the value at `value` (a map
+/// value or its stack copy, from [`update_counters`]) with [`atomic_add`].
+macro_rules! add {
+    ($value:expr, $field:ident, $v:expr) => {
+        // SAFETY: `$value` comes from `update_counters` (a map value from a successful lookup
+        // or a stack copy) and `$field` is a `u64` field, 8-byte aligned in these
+        // `#[repr(C)]` structs.
+        unsafe { atomic_add(&raw mut (*$value).$field, $v) }
+    };
+}
+
+/// Adds `val` pages to `slot` of a `ReclaimCounters`.
+#[inline(always)]
+fn add_event(c: *mut ReclaimCounters, slot: usize, val: u64) {
+    if slot < RECLAIM_SLOTS {
+        // SAFETY: `c` as in `add!`; `slot` is checked against the array's length just above.
+        unsafe { atomic_add((&raw mut (*c).events).cast::<u64>().add(slot), val) };
     }
 }
 
@@ -276,7 +323,7 @@ fn switched_out_throttled(prev: u64) -> Result<(), Error> {
     let cfg = config()?;
     let key = task_cgroup(&cfg, prev, cfg.cpu_subsys, cfg.cpu_hierarchy)?;
     let pid: u32 = read(prev, cfg.task_pid)?;
-    update_counters(&THROTTLE, &key, |c| c.throttled_count += 1)?;
+    update_counters(&THROTTLE, &key, |c| add!(c, throttled_count, 1))?;
     THROTTLED_TASKS
         .insert(
             pid,
@@ -301,8 +348,9 @@ fn switched_in_after_throttle(pid: u32) -> Result<(), Error> {
     let _ = THROTTLED_TASKS.remove(pid);
     set_pending(pid, false);
     let now = now();
+    let throttled_ns = now.saturating_sub(start.since_ns);
     update_counters(&THROTTLE, &start.key, |c| {
-        c.throttled_ns += now.saturating_sub(start.since_ns);
+        add!(c, throttled_ns, throttled_ns);
     })
 }
 
@@ -335,7 +383,7 @@ fn try_unthrottle_cfs_rq(ctx: &FEntryContext) -> Result<(), Error> {
     }
     let tg: u64 = read(cfs_rq, cfg.cfs_rq_tg)?;
     let key = css_cgroup(&cfg, tg + u64::from(cfg.task_group_css), cfg.cpu_hierarchy)?;
-    update_counters(&THROTTLE, &key, |c| c.throttled_count += 1)
+    update_counters(&THROTTLE, &key, |c| add!(c, throttled_count, 1))
 }
 
 /// `fexit/unthrottle_cfs_rq`: the throttle's duration, `rq_clock(rq) - throttled_clock` as the
@@ -372,7 +420,9 @@ fn try_unthrottle_cfs_rq_exit(ctx: &FExitContext) -> Result<(), Error> {
     let throttled_ns = end.saturating_sub(since);
     let tg: u64 = read(cfs_rq, cfg.cfs_rq_tg)?;
     let key = css_cgroup(&cfg, tg + u64::from(cfg.task_group_css), cfg.cpu_hierarchy)?;
-    update_counters(&THROTTLE, &key, |c| c.throttled_ns += throttled_ns)
+    update_counters(&THROTTLE, &key, |c| {
+        add!(c, throttled_ns, throttled_ns);
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -405,11 +455,7 @@ fn try_count_memcg_events(ctx: &TracePointContext) -> Result<(), Error> {
     // SAFETY: as above.
     let val: u64 = unsafe { ctx.read_at(layout.val as usize) }.map_err(Error::Read)?;
     let key = CgroupKey::new(conf!(memory_hierarchy), id);
-    update_counters(&RECLAIM, &key, |c| {
-        if let Some(count) = c.events.get_mut(slot) {
-            *count += val;
-        }
-    })
+    update_counters(&RECLAIM, &key, |c| add_event(c, slot, val))
 }
 
 /// The `ReclaimSlot` a memcg event `item` counts in, or `None` for the events that do not count
@@ -439,13 +485,8 @@ pub fn count_memcg_events_btf(ctx: BtfTracePointContext) -> u32 {
     };
     let memcg: u64 = ctx.arg(0);
     let val: u64 = ctx.arg(2);
-    let counted = css_cgroup_of(memcg + u64::from(conf!(memcg_css))).and_then(|key| {
-        update_counters(&RECLAIM, &key, |c| {
-            if let Some(count) = c.events.get_mut(slot) {
-                *count += val;
-            }
-        })
-    });
+    let counted = css_cgroup_of(memcg + u64::from(conf!(memcg_css)))
+        .and_then(|key| update_counters(&RECLAIM, &key, |c| add_event(c, slot, val)));
     if let Err(e) = counted {
         warn!(&ctx, "count_memcg_events_btf: error {}", e.code());
     }
@@ -492,8 +533,8 @@ memcg_reclaim_fexit!(memcg_reclaim_fexit6, 6);
 fn memcg_reclaimed(memcg: u64, reclaimed: u64) -> Result<(), Error> {
     let key = css_cgroup_of(memcg + u64::from(conf!(memcg_css)))?;
     update_counters(&RECLAIM, &key, |c| {
-        c.memcg_reclaim_calls += 1;
-        c.memcg_reclaimed_pages += reclaimed;
+        add!(c, memcg_reclaim_calls, 1);
+        add!(c, memcg_reclaimed_pages, reclaimed);
     })
 }
 
@@ -550,9 +591,9 @@ fn try_memcg_reclaim_end(ctx: &TracePointContext) -> Result<(), Error> {
         unsafe { ctx.read_at(cfg.reclaim_end_nr_reclaimed as usize) }.map_err(Error::Read)?;
     let elapsed = now().saturating_sub(start.since_ns);
     update_counters(&RECLAIM, &start.key, |c| {
-        c.direct_reclaim_count += 1;
-        c.direct_reclaim_ns += elapsed;
-        c.direct_reclaimed_pages += reclaimed;
+        add!(c, direct_reclaim_count, 1);
+        add!(c, direct_reclaim_ns, elapsed);
+        add!(c, direct_reclaimed_pages, reclaimed);
     })
 }
 
@@ -576,8 +617,10 @@ fn try_mark_victim(ctx: &BtfTracePointContext) -> Result<(), Error> {
     let key = task_cgroup(&cfg, task, cfg.memory_subsys, cfg.memory_hierarchy)?;
     let tgid: u32 = read(task, cfg.task_tgid)?;
     update_counters(&OOM, &key, |c| {
-        c.kills += 1;
-        c.last_victim_tgid = tgid;
+        add!(c, kills, 1);
+        // SAFETY: a field of a map value from `update_counters`; a whole u32 store, so a
+        // concurrent kill's store leaves one victim's tgid or the other's, never a mix.
+        unsafe { core::ptr::write_volatile(&raw mut (*c).last_victim_tgid, tgid) };
     })
 }
 

@@ -223,6 +223,29 @@ pub struct ObserverView {
     pub strategies: StrategiesView,
     pub fallbacks: Vec<FallbackView>,
     pub interval_ms: u64,
+    /// The eBPF maps' memory: charged to the daemon's memory cgroup, not in its RSS (empty
+    /// without eBPF; absent from an older daemon's answer).
+    #[serde(default)]
+    pub maps: Vec<MapMemoryView>,
+    /// The kernel's possible CPUs (`/sys/devices/system/cpu/possible`), read at load.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub possible_cpus: Option<u64>,
+}
+
+/// One eBPF map's memory.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MapMemoryView {
+    pub name: String,
+    /// `memlock` from `/proc/self/fdinfo`.
+    pub bytes: u64,
+    pub max_entries: u32,
+}
+
+impl ObserverView {
+    /// The maps' total memory.
+    pub fn map_memory_bytes(&self) -> u64 {
+        self.maps.iter().map(|m| m.bytes).sum()
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -244,6 +267,16 @@ impl From<&ObserverInfo> for ObserverView {
                 })
                 .collect(),
             interval_ms: u64::try_from(i.interval.as_millis()).unwrap_or(u64::MAX),
+            maps: i
+                .map_memory
+                .iter()
+                .map(|m| MapMemoryView {
+                    name: m.name.clone(),
+                    bytes: m.bytes,
+                    max_entries: m.max_entries,
+                })
+                .collect(),
+            possible_cpus: i.possible_cpus.and_then(|n| u64::try_from(n).ok()),
         }
     }
 }
@@ -552,6 +585,7 @@ async fn readyz(State(ctx): State<Ctx>) -> (StatusCode, String) {
         link: ctx.link.clone(),
         observer_loaded: ctx.state.observer_loaded.clone(),
         observer_fallbacks: ctx.state.observer_fallbacks.clone(),
+        observer_map_bytes: ctx.state.observer_map_bytes.clone(),
     }
     .answer()
 }

@@ -103,6 +103,22 @@ fn reclaim(c: &ContainerStatus, page_size: u64) -> String {
     s
 }
 
+/// `observer: eBPF maps 5.3Mi in 10 maps, 128 possible CPUs (...)`: what the maps cost, which
+/// no RSS figure shows; nothing without eBPF.
+fn map_memory_line(out: &mut String, o: &crate::api::ObserverView) {
+    if o.maps.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "observer: eBPF maps {} in {} maps{} (in the daemon's memory limit, not its RSS)",
+        crate::policy::bytes_text(o.map_memory_bytes()),
+        o.maps.len(),
+        o.possible_cpus
+            .map_or_else(String::new, |n| format!(", {n} possible CPUs")),
+    );
+}
+
 /// `mem 3% cpu 31%`: the memory and cpu `some` stall shares of the observer's last interval;
 /// `-` without PSI (cgroup v1, `psi=0`) or before the second reading.
 fn stall(c: &ContainerStatus) -> String {
@@ -256,6 +272,7 @@ pub fn render_status(s: &Status, resizes: &Resizes, page_size: u64, now_ms: u64)
             "observer: throttle={} reclaim={} oom={} every {}ms",
             o.strategies.throttle, o.strategies.reclaim, o.strategies.oom, o.interval_ms
         );
+        map_memory_line(&mut out, o);
         // Why eBPF is off as a whole (no kernel BTF, no object): one line, as /readyz says it.
         for f in o
             .fallbacks
@@ -629,6 +646,8 @@ mod tests {
                 fallback("pressure", "cgroup v1 has no pressure stall information"),
             ],
             interval_ms: 1000,
+            maps: Vec::new(),
+            possible_cpus: None,
         });
         let text = render_status(&s, &Resizes::default(), 4096, 0);
         let lines: Vec<&str> = text
@@ -641,6 +660,31 @@ mod tests {
                 "observer: throttle=cpu_stat_polling reclaim=memory_stat_polling oom=memory_events_polling every 1000ms",
                 "observer: polling cgroup files: no kernel BTF at /sys/kernel/btf/vmlinux",
             ],
+            "{text}"
+        );
+    }
+
+    /// The eBPF maps' memory is said beside the strategies: it counts against the daemon's
+    /// memory limit and no RSS figure shows it.
+    #[test]
+    fn the_ebpf_maps_memory_is_shown_with_the_possible_cpus() {
+        let mut s = status();
+        let map = |name: &str, bytes: u64| crate::api::MapMemoryView {
+            name: name.into(),
+            bytes,
+            max_entries: 1,
+        };
+        s.observer = Some(crate::api::ObserverView {
+            strategies: crate::observer::Strategies::POLLING.into(),
+            fallbacks: Vec::new(),
+            interval_ms: 1000,
+            maps: vec![map("RECLAIM", 3 << 20), map("OOM", 1 << 19)],
+            possible_cpus: Some(128),
+        });
+        let text = render_status(&s, &Resizes::default(), 4096, 0);
+        assert!(
+            text.lines().any(|l| l
+                == "observer: eBPF maps 3.5Mi in 2 maps, 128 possible CPUs (in the daemon's memory limit, not its RSS)"),
             "{text}"
         );
     }

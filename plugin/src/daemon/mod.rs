@@ -122,6 +122,9 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
         "nri-resize starting"
     );
     let cgroups = node_cgroups(&opts);
+    // `[observer]` sizes the eBPF maps: read here, at start-up only.
+    let mut observer_opts = opts.observer.clone();
+    observer_opts.settings.maps = file_config.observer.map_limits();
     let state = NodeState::with_cgroups(file_config, Some(cgroups));
     let link = RuntimeLink::default();
     let metrics_server = match opts.metrics_addr {
@@ -179,12 +182,7 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
     // It hands its cpuhp ring buffer to the capacity watcher, which starts with it.
     let (stop_observer, stop_rx) = std::sync::mpsc::channel::<()>();
     let (hotplug_tx, hotplug_rx) = tokio::sync::oneshot::channel();
-    let observer_thread = observe::spawn(
-        state.clone(),
-        opts.observer.clone(),
-        stop_rx,
-        Some(hotplug_tx),
-    )?;
+    let observer_thread = observe::spawn(state.clone(), observer_opts, stop_rx, Some(hotplug_tx))?;
     // Before the first NRI session and the capacity watcher's first gauges.
     let reserve_task = reserve::start(&state, NodeReader::new("/"), &cancel).await;
     let capacity_task = spawn_capacity(&state, &engine, hotplug_rx, &cancel);
@@ -237,6 +235,7 @@ async fn bind_metrics(
         link: link.clone(),
         observer_loaded: state.observer_loaded.clone(),
         observer_fallbacks: state.observer_fallbacks.clone(),
+        observer_map_bytes: state.observer_map_bytes.clone(),
     };
     let server = retry_while_in_use(
         "metrics",

@@ -239,10 +239,18 @@ pub fn spawn(
                 warn!(program = f.program, reason = %f.reason, "observer fallback");
             }
             state.metrics.set_strategies(strategies);
+            let map_memory = observer.map_memory().to_vec();
+            state.metrics.set_bpf_map_memory(&map_memory);
+            state.observer_map_bytes.store(
+                crate::observer::map_memory::total(&map_memory),
+                Ordering::Release,
+            );
             *state.observer_info.write_locked() = Some(ObserverInfo {
                 strategies,
                 fallbacks: observer.fallbacks().to_vec(),
                 interval: opts.interval,
+                map_memory,
+                possible_cpus: observer.possible_cpus(),
             });
             if let Some(tx) = hotplug {
                 // The receiver may be gone (capacity watcher disabled): the ring is dropped.

@@ -174,6 +174,7 @@ pub const CATALOG: &[Entry] = &[
     e("nri_resize_node_offline_pinned_containers", Kind::Gauge, "containers", &[], "containers whose cpuset names an offline CPU"),
     e("nri_resize_capacity_reevaluations_total", Kind::Counter, "resizes", &["outcome"], "Deferred and Infeasible resizes re-evaluated after a capacity change (`applied`, `would_apply`, `deferred`, `infeasible`, `failed`)"),
     // Observer.
+    e("nri_resize_bpf_map_memory_bytes", Kind::Gauge, "bytes", &["map"], "memory of each of the observer's eBPF maps (`THROTTLE`, `RECLAIM`, `OOM`, ...: its `memlock` in `/proc/self/fdinfo`), set once after load; charged to the daemon's memory cgroup (it counts against the container's memory limit) and not in its RSS; `sum()` is the total (docs/observer.md#map-memory)"),
     e("nri_resize_observer_strategy", Kind::Gauge, "1", &["program", "strategy"], "1 for the strategy in effect per observer measurement (`throttle`, `reclaim`, `oom`, `hotplug`, `pressure`), 0 for the others; `*_polling` and `unavailable*` are the fallbacks from eBPF; `pressure` is `pressure_files`, or says why not: `unavailable_cgroup_v1`, `unavailable_no_psi`"),
 ];
 

@@ -46,6 +46,7 @@ use crate::cgroup::ActualResources;
 use crate::config::Mode;
 use crate::model::LinuxResources;
 use crate::nri::HandlerObserver;
+use crate::observer::map_memory::MapMemory;
 use crate::observer::{
     HotplugStrategy, OomStrategy, PressureStrategy, ReclaimStrategy, Strategies, ThrottleStrategy,
 };
@@ -94,6 +95,7 @@ pub struct Metrics {
     resize_requests: IntCounterVec,
     resize_duration: HistogramVec,
     observer_strategy: IntGaugeVec,
+    bpf_map_memory: IntGaugeVec,
     nri_connected: IntGauge,
     mode: IntGaugeVec,
     nri_events: IntCounterVec,
@@ -296,6 +298,11 @@ impl Metrics {
                 "1 for the strategy in effect per observer measurement, 0 for the others.",
                 &["program", "strategy"],
             )?,
+            bpf_map_memory: gauge(
+                "bpf_map_memory_bytes",
+                "Memory of each of the observer's eBPF maps (memlock): charged to the daemon's memory cgroup, not in its RSS.",
+                &["map"],
+            )?,
             nri_connected: nri_connected(r)?,
             mode: mode(r)?,
             nri_events: int_counter(
@@ -481,6 +488,11 @@ impl Metrics {
             },
         );
         self.set_strategies(Strategies::POLLING);
+        self.set_bpf_map_memory(&[MapMemory {
+            name: "RECLAIM".into(),
+            bytes: 1,
+            max_entries: 1,
+        }]);
         self.observe("CreateContainer", 0.001, "deadline");
         self.resize_outcome("in_place");
         self.annotation_error();
@@ -525,6 +537,15 @@ impl Metrics {
         }
         for p in PressureStrategy::ALL {
             set("pressure", p.as_str(), p == s.pressure);
+        }
+    }
+
+    /// The memory of each eBPF map the observer loaded (set once, after load).
+    pub fn set_bpf_map_memory(&self, maps: &[MapMemory]) {
+        for m in maps {
+            self.bpf_map_memory
+                .with_label_values(&[m.name.as_str()])
+                .set(i64::try_from(m.bytes).unwrap_or(i64::MAX));
         }
     }
 

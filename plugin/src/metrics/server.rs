@@ -1,7 +1,7 @@
 //! `/metrics`, `/healthz`, `/readyz` over TCP (`--metrics-addr`).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,6 +30,9 @@ pub struct Readiness {
     pub observer_loaded: Arc<AtomicBool>,
     /// The observer's fallbacks (`program: reason`), said in the body of a ready answer.
     pub observer_fallbacks: Arc<std::sync::RwLock<Vec<String>>>,
+    /// The observer's eBPF map memory in bytes (0: no maps), said in the body of a ready answer:
+    /// it counts against the daemon's memory limit and is not in its RSS.
+    pub observer_map_bytes: Arc<AtomicU64>,
 }
 
 impl Readiness {
@@ -47,20 +50,28 @@ impl Readiness {
         }
     }
 
-    /// The `/readyz` answer (both listeners give this one): 200 `ready`, naming the observer's
-    /// fallbacks if any, or 503 with why not.
+    /// The `/readyz` answer (both listeners give this one): 200 `ready`, naming the eBPF maps'
+    /// memory and the observer's fallbacks if any, or 503 with why not.
     pub fn answer(&self) -> (StatusCode, String) {
         match self.check() {
             Ok(()) => {
+                let mut notes = Vec::new();
+                let map_bytes = self.observer_map_bytes.load(Ordering::Acquire);
+                if map_bytes > 0 {
+                    notes.push(format!(
+                        "eBPF maps {}",
+                        crate::policy::bytes_text(map_bytes)
+                    ));
+                }
                 let fallbacks = self.observer_fallbacks.read_locked().join("; ");
-                if fallbacks.is_empty() {
+                if !fallbacks.is_empty() {
+                    // Ready: the fallbacks measure the same things, with less detail or later.
+                    notes.push(format!("observer fallbacks: {fallbacks}"));
+                }
+                if notes.is_empty() {
                     (StatusCode::OK, "ready".into())
                 } else {
-                    // Ready: the fallbacks measure the same things, with less detail or later.
-                    (
-                        StatusCode::OK,
-                        format!("ready (observer fallbacks: {fallbacks})"),
-                    )
+                    (StatusCode::OK, format!("ready ({})", notes.join("; ")))
                 }
             }
             Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why.into()),
@@ -284,6 +295,7 @@ mod tests {
             link: RuntimeLink::default(),
             observer_loaded: Arc::new(AtomicBool::new(false)),
             observer_fallbacks: Arc::default(),
+            observer_map_bytes: Arc::default(),
         }
     }
 

@@ -5,7 +5,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use aya::maps::{Map, MapData, PerCpuHashMap, RingBuf};
+use aya::maps::{HashMap, Map, MapData, RingBuf};
 use aya::programs::{BtfTracePoint, FEntry, FExit, Program, TracePoint};
 use aya::{Ebpf, EbpfLoader};
 use aya_log::EbpfLogger;
@@ -16,6 +16,8 @@ use nri_resize_ebpf_common::{
 };
 
 use super::btf::KernelBtf;
+use super::map_memory::{self, MapMemory};
+use super::map_sizes::{map_sizes, MapSizes, NodeFacts};
 use super::probe::ProbeError;
 use super::{
     maps, parse, Fallback, HotplugStrategy, ObjectSource, ObserverError, ObserverSettings,
@@ -284,7 +286,12 @@ pub(super) struct KernelSide {
     ebpf: Ebpf,
     logger: Option<EbpfLogger<TracingLog>>,
     hotplug: Option<RingBuf<MapData>>,
-    cpus: usize,
+    /// Each map's memory, read once after load (every map is preallocated).
+    map_memory: Vec<MapMemory>,
+    /// The entries the maps were created with.
+    map_sizes: MapSizes,
+    /// `/sys/devices/system/cpu/possible`, which per-CPU maps are allocated for.
+    possible_cpus: usize,
 }
 
 fn fallback(
@@ -365,20 +372,26 @@ impl KernelSide {
         loader
             .btf(Some(&aya_btf))
             .override_global(names::CONFIG_GLOBAL, &r.config, true);
-        if let Some(slots) = throttle_pending_slots(&settings.pid_max) {
-            // An object without the map (an older build) simply ignores this.
-            loader.map_max_entries(names::THROTTLE_PENDING_MAP, slots);
-        }
+        let (sizes, possible_cpus) = size_maps(&mut loader, settings)?;
         let mut ebpf = loader
             .load(bytes)
             .map_err(|e| ObserverError::Load(format!("{e:#}")))?;
+        let map_memory = map_memory::read(
+            Path::new("/proc/self/fdinfo"),
+            ebpf.maps()
+                .map(|(name, map)| (name, map_data(map).fd().as_fd())),
+        );
+        tracing::info!(
+            possible_cpus,
+            cgroup_entries = sizes.cgroups,
+            task_entries = sizes.tasks,
+            map_memory_bytes = map_memory::total(&map_memory),
+            maps = map_memory.len(),
+            "observer: eBPF maps created"
+        );
         let logger = EbpfLogger::init_with_logger(&mut ebpf, TracingLog)
             .map_err(|e| tracing::warn!(error = %e, "observer: no kernel-side logs"))
             .ok();
-        let cpus = aya::util::nr_cpus().map_err(|(path, source)| ObserverError::Io {
-            path: PathBuf::from(path),
-            source,
-        })?;
 
         let load_ms = phase.elapsed().as_millis();
         let phase = Instant::now();
@@ -408,7 +421,9 @@ impl KernelSide {
                 ebpf,
                 logger,
                 hotplug: ring,
-                cpus,
+                map_memory,
+                map_sizes: sizes,
+                possible_cpus,
             },
             strategies,
         ))
@@ -416,7 +431,7 @@ impl KernelSide {
 
     fn map_fd(&self, name: &'static str) -> Result<BorrowedFd<'_>, ObserverError> {
         match self.ebpf.map(name) {
-            Some(Map::PerCpuHashMap(data) | Map::PerCpuLruHashMap(data)) => Ok(data.fd().as_fd()),
+            Some(Map::LruHashMap(data)) => Ok(data.fd().as_fd()),
             _ => Err(ObserverError::Map {
                 map: name,
                 source: std::io::ErrorKind::NotFound.into(),
@@ -424,6 +439,23 @@ impl KernelSide {
         }
     }
 
+    /// Each map's memory, as read after load.
+    pub(super) fn map_memory(&self) -> &[MapMemory] {
+        &self.map_memory
+    }
+
+    /// The entries the maps were created with.
+    pub(super) fn map_sizes(&self) -> MapSizes {
+        self.map_sizes
+    }
+
+    /// The kernel's possible CPUs.
+    pub(super) fn possible_cpus(&self) -> usize {
+        self.possible_cpus
+    }
+
+    /// The value of `key` in the shared counter map `map`, as `sum.len()` u64 words; zeros
+    /// when the key is absent.
     fn lookup_sum(
         &self,
         map: &'static str,
@@ -431,7 +463,7 @@ impl KernelSide {
         buf: &mut Vec<u64>,
         sum: &mut [u64],
     ) -> Result<(), ObserverError> {
-        let found = maps::lookup_percpu_sum(self.map_fd(map)?, key, self.cpus, buf, sum)
+        let found = maps::lookup(self.map_fd(map)?, key, buf, sum)
             .map_err(|source| ObserverError::Map { map, source })?;
         if !found {
             sum.fill(0);
@@ -493,30 +525,18 @@ impl KernelSide {
         })
     }
 
-    /// Kills in a memcg and one victim's tgid.
+    /// Kills in a memcg and the last victim's tgid.
     pub(super) fn oom(
         &self,
         key: &CgroupKey,
         buf: &mut Vec<u64>,
     ) -> Result<(u64, Option<u32>), ObserverError> {
         const WORDS: usize = size_of::<OomCounters>() / 8;
-        let map = names::OOM_MAP;
-        let found = maps::lookup_percpu(self.map_fd(map)?, key, self.cpus, WORDS, buf)
-            .map_err(|source| ObserverError::Map { map, source })?;
-        if !found {
-            return Ok((0, None));
-        }
-        let mut kills = 0u64;
-        let mut tgid = None;
-        for value in buf.chunks_exact(WORDS) {
-            kills += value[0];
-            // Low half of the second word: `last_victim_tgid` (little-endian `u32, u32`).
-            let victim = (value[1] & 0xffff_ffff) as u32;
-            if victim != 0 {
-                tgid = Some(victim);
-            }
-        }
-        Ok((kills, tgid))
+        let mut value = [0u64; WORDS];
+        self.lookup_sum(names::OOM_MAP, key, buf, &mut value)?;
+        // Low half of the second word: `last_victim_tgid` (little-endian `u32, u32`).
+        let victim = (value[1] & 0xffff_ffff) as u32;
+        Ok((value[0], (victim != 0).then_some(victim)))
     }
 
     pub(super) fn forget(&mut self, cpu_key: CgroupKey, memory_key: CgroupKey) {
@@ -530,12 +550,11 @@ impl KernelSide {
             };
             // The value type only sizes the map check; removal does not read values.
             let removed = match map {
-                names::THROTTLE_MAP => PerCpuHashMap::<_, CgroupKey, ThrottleCounters>::try_from(m)
+                names::THROTTLE_MAP => HashMap::<_, CgroupKey, ThrottleCounters>::try_from(m)
                     .map(|mut h| h.remove(&key)),
-                names::RECLAIM_MAP => PerCpuHashMap::<_, CgroupKey, ReclaimCounters>::try_from(m)
+                names::RECLAIM_MAP => HashMap::<_, CgroupKey, ReclaimCounters>::try_from(m)
                     .map(|mut h| h.remove(&key)),
-                _ => PerCpuHashMap::<_, CgroupKey, OomCounters>::try_from(m)
-                    .map(|mut h| h.remove(&key)),
+                _ => HashMap::<_, CgroupKey, OomCounters>::try_from(m).map(|mut h| h.remove(&key)),
             };
             if let Ok(Err(e)) | Err(e) = removed {
                 tracing::debug!(map, error = %e, "observer: forget");
@@ -588,17 +607,84 @@ impl KernelSide {
     }
 }
 
-/// Elements of `THROTTLE_PENDING` for the kernel's `pid_max` (64 pids each), or `None` to keep
-/// the object's size (room for `PID_MAX_LIMIT`) when `pid_max` cannot be read.
-fn throttle_pending_slots(pid_max: &Path) -> Option<u32> {
+/// Sets every map's entries from the node (`map_sizes`) before load; returns them and the
+/// kernel's possible CPUs.
+fn size_maps(
+    loader: &mut EbpfLoader<'_>,
+    settings: &ObserverSettings,
+) -> Result<(MapSizes, usize), ObserverError> {
+    let pid_max = read_pid_max(&settings.pid_max);
+    if let Some(pids) = pid_max {
+        // An object without the map (an older build) simply ignores this.
+        loader.map_max_entries(
+            names::THROTTLE_PENDING_MAP,
+            pids.div_ceil(THROTTLE_PENDING_PIDS_PER_SLOT).max(1),
+        );
+    }
+    let possible_cpus = aya::util::nr_cpus().map_err(|(path, source)| ObserverError::Io {
+        path: PathBuf::from(path),
+        source,
+    })?;
+    let sizes = map_sizes(&NodeFacts {
+        max_pods: settings.maps.max_pods,
+        possible_cpus: u32::try_from(possible_cpus).unwrap_or(u32::MAX),
+        pid_max,
+        max_tasks: settings.maps.max_tasks,
+    });
+    for map in [names::THROTTLE_MAP, names::RECLAIM_MAP, names::OOM_MAP] {
+        loader.map_max_entries(map, sizes.cgroups);
+    }
+    for map in [names::THROTTLED_TASKS_MAP, names::RECLAIM_START_MAP] {
+        loader.map_max_entries(map, sizes.tasks);
+    }
+    Ok((sizes, possible_cpus))
+}
+
+/// The kernel's `pid_max`, or `None` when it cannot be read (`THROTTLE_PENDING` then keeps the
+/// object's size, room for `PID_MAX_LIMIT`, and the task maps their configured size).
+fn read_pid_max(pid_max: &Path) -> Option<u32> {
     let text = std::fs::read_to_string(pid_max)
         .map_err(|e| tracing::debug!(path = %pid_max.display(), error = %e, "observer: pid_max"))
         .ok()?;
-    let pids: u32 = text.trim().parse().ok()?;
-    Some(pids.div_ceil(THROTTLE_PENDING_PIDS_PER_SLOT).max(1))
+    text.trim().parse().ok()
 }
 
-/// Throttling: `fentry`, then `tp_btf/sched_switch`, then `cpu.stat`.
+/// The data of any kind of map (aya's `Map` has no accessor of its own).
+fn map_data(map: &Map) -> &MapData {
+    match map {
+        Map::Array(d)
+        | Map::ArrayOfMaps(d)
+        | Map::BloomFilter(d)
+        | Map::CgroupArray(d)
+        | Map::CgroupStorage(d)
+        | Map::CgrpStorage(d)
+        | Map::CpuMap(d)
+        | Map::DevMap(d)
+        | Map::DevMapHash(d)
+        | Map::HashMap(d)
+        | Map::HashOfMaps(d)
+        | Map::InodeStorage(d)
+        | Map::LpmTrie(d)
+        | Map::LruHashMap(d)
+        | Map::PerCpuArray(d)
+        | Map::PerCpuCgroupStorage(d)
+        | Map::PerCpuHashMap(d)
+        | Map::PerCpuLruHashMap(d)
+        | Map::PerfEventArray(d)
+        | Map::ProgramArray(d)
+        | Map::Queue(d)
+        | Map::ReusePortSockArray(d)
+        | Map::RingBuf(d)
+        | Map::SockHash(d)
+        | Map::SockMap(d)
+        | Map::SkStorage(d)
+        | Map::Stack(d)
+        | Map::StackTraceMap(d)
+        | Map::Unsupported(d)
+        | Map::XskMap(d) => d,
+    }
+}
+
 fn attach_throttle(
     ebpf: &mut Ebpf,
     r: &Resolved,

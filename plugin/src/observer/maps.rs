@@ -1,8 +1,8 @@
-//! Allocation-free reads of per-CPU hash map values.
+//! Allocation-free reads of the observer's shared counter maps.
 //!
-//! aya's `PerCpuHashMap::get` returns a freshly allocated `PerCpuValues` on every call; the
-//! observer reads on every resize confirmation, so it issues `BPF_MAP_LOOKUP_ELEM` itself into a
-//! buffer it keeps.
+//! aya's `HashMap::get` copies through a typed value; the observer reads every watched cgroup
+//! each interval, so it issues `BPF_MAP_LOOKUP_ELEM` itself into a buffer it keeps, as whole
+//! u64 words.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -22,41 +22,16 @@ struct MapElemAttr {
     flags: u64,
 }
 
-/// Looks `key` up in the per-CPU map `fd`, whose values are `sum.len()` u64 words wide, and
-/// writes the word-wise sum over all possible CPUs into `sum`. `buf` is reused between calls.
-/// Returns `false` if the key is absent.
-pub fn lookup_percpu_sum(
+/// Looks `key` up in the (not per-CPU) map `fd`, whose values are `value.len()` u64 words wide,
+/// and writes the value into `value`. `buf` is reused between calls. Returns `false` if the key
+/// is absent (`value` is then left as it was).
+pub fn lookup(
     fd: BorrowedFd<'_>,
     key: &CgroupKey,
-    cpus: usize,
     buf: &mut Vec<u64>,
-    sum: &mut [u64],
+    value: &mut [u64],
 ) -> io::Result<bool> {
-    let words = sum.len();
-    if !lookup_percpu(fd, key, cpus, words, buf)? {
-        return Ok(false);
-    }
-    sum.fill(0);
-    for cpu_value in buf.chunks_exact(words) {
-        for (total, word) in sum.iter_mut().zip(cpu_value) {
-            *total = total.wrapping_add(*word);
-        }
-    }
-    Ok(true)
-}
-
-/// Looks `key` up in the per-CPU map `fd` whose values are `words` u64 words wide; on success
-/// `buf` holds one value per possible CPU (`buf.chunks_exact(words)`). `buf` is resized once and
-/// reused. Returns `false` if the key is absent.
-pub fn lookup_percpu(
-    fd: BorrowedFd<'_>,
-    key: &CgroupKey,
-    cpus: usize,
-    words: usize,
-    buf: &mut Vec<u64>,
-) -> io::Result<bool> {
-    // Per-CPU values are laid out with an 8-byte-aligned stride; ours are whole u64 words.
-    buf.resize(words * cpus, 0);
+    buf.resize(value.len(), 0);
     let attr = MapElemAttr {
         map_fd: u32::try_from(fd.as_raw_fd())
             .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
@@ -70,7 +45,7 @@ pub fn lookup_percpu(
         reason = "bpf(2) has no safe wrapper that reads into a caller buffer"
     )]
     // SAFETY: `attr` points at a live key of the map's key size (`CgroupKey`, 16 bytes) and a
-    // buffer of `cpus` × value size bytes, which is what the kernel writes for a per-CPU map.
+    // buffer of the map's value size (`value.len()` words), which is what the kernel writes.
     let rc = unsafe {
         libc::syscall(
             libc::SYS_bpf,
@@ -87,5 +62,6 @@ pub fn lookup_percpu(
             Err(err)
         };
     }
+    value.copy_from_slice(buf);
     Ok(true)
 }

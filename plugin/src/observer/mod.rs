@@ -19,6 +19,8 @@
 mod btf;
 mod files;
 mod kernel;
+pub mod map_memory;
+pub mod map_sizes;
 mod maps;
 pub mod parse;
 pub mod pressure;
@@ -248,6 +250,27 @@ pub struct ObserverSettings {
     /// Most cgroup files kept open between reads (re-read with `pread`); beyond it files are
     /// opened per read. `None`: a quarter of the soft `RLIMIT_NOFILE`; `Some(0)`: never kept.
     pub max_open_files: Option<usize>,
+    /// What the eBPF maps are sized from (`[observer]` in the configuration).
+    pub maps: MapLimits,
+}
+
+/// The configured inputs of the eBPF maps' sizes ([`map_sizes::map_sizes`]); the rest comes
+/// from the running kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapLimits {
+    /// kubelet's `maxPods` for the node.
+    pub max_pods: u32,
+    /// The most tasks tracked at once while throttled or in direct reclaim.
+    pub max_tasks: u32,
+}
+
+impl Default for MapLimits {
+    fn default() -> Self {
+        Self {
+            max_pods: map_sizes::DEFAULT_MAX_PODS,
+            max_tasks: map_sizes::DEFAULT_MAX_TASKS,
+        }
+    }
 }
 
 /// Default of [`ObserverSettings::oom_cross_check_every`]: every 30 reads (30 s at the default
@@ -271,6 +294,7 @@ impl ObserverSettings {
             hotplug: true,
             oom_cross_check_every: DEFAULT_OOM_CROSS_CHECK_EVERY,
             max_open_files: None,
+            maps: MapLimits::default(),
         }
     }
 
@@ -696,6 +720,22 @@ impl Observer {
             oom,
             pressure,
         })
+    }
+
+    /// Each eBPF map's memory (`memlock`), read after load; empty without eBPF.
+    pub fn map_memory(&self) -> &[map_memory::MapMemory] {
+        self.kernel.as_ref().map_or(&[][..], KernelSide::map_memory)
+    }
+
+    /// The kernel's possible CPUs (`/sys/devices/system/cpu/possible`), read at load; `None`
+    /// without eBPF.
+    pub fn possible_cpus(&self) -> Option<usize> {
+        self.kernel.as_ref().map(KernelSide::possible_cpus)
+    }
+
+    /// The entries the eBPF maps were created with; `None` without eBPF.
+    pub fn map_sizes(&self) -> Option<map_sizes::MapSizes> {
+        self.kernel.as_ref().map(KernelSide::map_sizes)
     }
 
     /// Size and run statistics of the loaded eBPF programs (empty without eBPF).

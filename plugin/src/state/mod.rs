@@ -22,7 +22,7 @@ mod verdict_history;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, RwLock};
 
 pub use capacity::{
@@ -60,6 +60,8 @@ pub struct NodeState {
     pub observer_loaded: Arc<AtomicBool>,
     /// The observer's fallbacks as `/readyz` says them (`program: reason`).
     pub observer_fallbacks: Arc<RwLock<Vec<String>>>,
+    /// The observer's eBPF map memory in bytes as `/readyz` says it (0: no maps).
+    pub observer_map_bytes: Arc<AtomicU64>,
     pub observer_info: RwLock<Option<ObserverInfo>>,
     pub metrics: Arc<Metrics>,
     /// Where `/metrics` is served (port 0 resolved).
@@ -95,6 +97,7 @@ impl NodeState {
             observed: Mutex::new(Observed::default()),
             observer_loaded: Arc::new(AtomicBool::new(false)),
             observer_fallbacks: Arc::new(RwLock::new(Vec::new())),
+            observer_map_bytes: Arc::default(),
             observer_info: RwLock::new(None),
             metrics: Arc::new(metrics),
             metrics_addr: RwLock::new(None),

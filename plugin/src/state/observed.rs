@@ -9,6 +9,7 @@ use super::NodeState;
 use crate::cgroup::{ActualResources, Caps};
 use crate::metrics::ContainerLabels;
 use crate::model::{Container, LinuxResources, Pod};
+use crate::observer::map_memory::MapMemory;
 use crate::observer::{Fallback, Observation, StallShare, Strategies};
 use crate::sync::Locked as _;
 
@@ -81,6 +82,10 @@ pub struct ObserverInfo {
     pub strategies: Strategies,
     pub fallbacks: Vec<Fallback>,
     pub interval: Duration,
+    /// Each eBPF map's memory (empty without eBPF).
+    pub map_memory: Vec<MapMemory>,
+    /// The kernel's possible CPUs, as read at load (`None` without eBPF).
+    pub possible_cpus: Option<usize>,
 }
 
 /// Watched containers and what is known about them; one lock, short holds.
