@@ -21,6 +21,7 @@ use tracing::{debug, info, warn};
 
 use super::{openmetrics, Metrics, MetricsError};
 use crate::nri::RuntimeLink;
+use crate::observer::ReclaimWatch;
 use crate::sync::ReadWriteLocked as _;
 
 /// What `/readyz` checks: registered and synchronized with the runtime, and the observer loaded.
@@ -30,6 +31,8 @@ pub struct Readiness {
     pub observer_loaded: Arc<AtomicBool>,
     /// The observer's fallbacks (`program: reason`), said in the body of a ready answer.
     pub observer_fallbacks: Arc<std::sync::RwLock<Vec<String>>>,
+    /// The reclaim counter attached on demand, said with whether it is attached now.
+    pub reclaim_watch: ReclaimWatch,
 }
 
 impl Readiness {
@@ -53,14 +56,18 @@ impl Readiness {
         match self.check() {
             Ok(()) => {
                 let fallbacks = self.observer_fallbacks.read_locked().join("; ");
-                if fallbacks.is_empty() {
+                let mut notes = Vec::new();
+                if !fallbacks.is_empty() {
+                    // Ready: the fallbacks measure the same things, with less detail or later.
+                    notes.push(format!("observer fallbacks: {fallbacks}"));
+                }
+                if let Some(on_demand) = self.reclaim_watch.status() {
+                    notes.push(on_demand.to_string());
+                }
+                if notes.is_empty() {
                     (StatusCode::OK, "ready".into())
                 } else {
-                    // Ready: the fallbacks measure the same things, with less detail or later.
-                    (
-                        StatusCode::OK,
-                        format!("ready (observer fallbacks: {fallbacks})"),
-                    )
+                    (StatusCode::OK, format!("ready ({})", notes.join("; ")))
                 }
             }
             Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why.into()),
@@ -284,6 +291,7 @@ mod tests {
             link: RuntimeLink::default(),
             observer_loaded: Arc::new(AtomicBool::new(false)),
             observer_fallbacks: Arc::default(),
+            reclaim_watch: ReclaimWatch::default(),
         }
     }
 

@@ -41,6 +41,7 @@ use crate::cgroup::Cgroups;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::model::{Container, EventKind, EventRecord, Journal, LinuxResources, Model, Pod};
+use crate::observer::ReclaimWatch;
 use crate::sync::{Locked as _, ReadWriteLocked as _};
 
 /// State shared by the handler, the API and the daemon.
@@ -61,6 +62,9 @@ pub struct NodeState {
     /// The observer's fallbacks as `/readyz` says them (`program: reason`).
     pub observer_fallbacks: Arc<RwLock<Vec<String>>>,
     pub observer_info: RwLock<Option<ObserverInfo>>,
+    /// Holds the observer's memcg event counter attached while nri-resize reclaims: every
+    /// reclaim in flight takes a guard (the trimmer's pauses and turns); the observer binds it.
+    pub reclaim_watch: ReclaimWatch,
     pub metrics: Arc<Metrics>,
     /// Where `/metrics` is served (port 0 resolved).
     pub metrics_addr: RwLock<Option<SocketAddr>>,
@@ -96,6 +100,7 @@ impl NodeState {
             observer_loaded: Arc::new(AtomicBool::new(false)),
             observer_fallbacks: Arc::new(RwLock::new(Vec::new())),
             observer_info: RwLock::new(None),
+            reclaim_watch: ReclaimWatch::default(),
             metrics: Arc::new(metrics),
             metrics_addr: RwLock::new(None),
             state_dir: Mutex::new(StateDirStatus::default()),

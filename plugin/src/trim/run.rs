@@ -151,8 +151,11 @@ async fn pass(shared: &Arc<Shared>, cfg: &Config, id: &str, mut rec: Record) -> 
         max_step: cfg.trim.max_step,
     };
     let node_has_swap = shared.node_has_swap;
+    // A turn may reclaim: the observer's reclaim counter stays attached until it ends.
+    let reclaiming = shared.state.reclaim_watch.watch();
     let work = tokio::task::spawn_blocking(move || {
         let outcome = turn(&cgroups, &mut rec, &settings, node_has_swap);
+        drop(reclaiming);
         (rec, outcome)
     });
     let (mut rec, outcome) = tokio::select! {
