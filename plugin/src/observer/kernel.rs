@@ -629,6 +629,7 @@ impl KernelSide {
                 let info = program.info().ok()?;
                 Some(ProgramStats {
                     name: name.to_owned(),
+                    id: info.id(),
                     run_count: info.run_count(),
                     run_time_ns: u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX),
                     translated_instructions: info.size_translated().map_or(0, |b| b / 8),

@@ -399,6 +399,8 @@ pub struct Observation {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProgramStats {
     pub name: String,
+    /// The kernel's id of the program (its links name it: `BPF_LINK_GET_NEXT_ID`).
+    pub id: u32,
     pub run_count: u64,
     pub run_time_ns: u64,
     /// Instructions after the verifier's rewrites (`xlated_prog_len / 8`).
