@@ -226,7 +226,8 @@ async fn drive(inner: Arc<Inner>, cancel: CancellationToken) {
         let attached = *inner.attached.borrow();
         match switch {
             Some(switch) if wanted && !attached => {
-                if switched(&inner, switch, Direction::Attach).await {
+                let now_attached = switched(&inner, switch, Direction::Attach).await;
+                if now_attached {
                     continue;
                 }
                 // Failed: tried again at the next change, not in a loop.

@@ -86,7 +86,7 @@ async fn the_first_guard_attaches_and_the_last_detaches_after_the_linger() {
 
     let last_dropped = tokio::time::Instant::now();
     drop(second);
-    tokio::time::sleep(LINGER - Duration::from_millis(10)).await;
+    tokio::time::sleep(LINGER.saturating_sub(Duration::from_millis(10))).await;
     assert_eq!(switch.counts(), (1, 0), "still within the linger");
     watch.until_attached(false).await;
     assert_eq!(switch.counts(), (1, 1));
