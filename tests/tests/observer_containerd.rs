@@ -150,6 +150,18 @@ impl Instance {
         if observer.fallbacks.is_empty() {
             assert!(body.ends_with("ready"), "{name}: {body}");
         }
+        // The reclaim counter attached on demand (cgroup v1 without trampolines) is said with
+        // its state: no reclaim of nri-resize's is in flight yet.
+        if let Some(on_demand) = &observer.reclaim_on_demand {
+            assert!(
+                !on_demand.attached
+                    && body.contains(&format!(
+                        "reclaim counter {} attached on demand: detached",
+                        on_demand.program
+                    )),
+                "{name}: {on_demand:?}; /readyz: {body}"
+            );
+        }
         inst
     }
 
@@ -863,11 +875,17 @@ async fn reclaim(ctrd: &Containerd, plugins: &Plugins) {
         .observer
         .and_then(|o| o.reclaim_on_demand);
     if let Some(on_demand) = &on_demand {
+        // Direct reclaim only: what kswapd took meanwhile (node-wide pressure from whatever
+        // else runs on the machine) is in the kernel's figure, not in this one.
         let own = d(ea.direct_reclaimed_pages, eb.direct_reclaimed_pages);
         assert!(
-            !on_demand.attached && pages == 0 && within(own, kernel_reclaimed, 5),
+            !on_demand.attached
+                && pages == 0
+                && own <= kernel_reclaimed + kernel_reclaimed / 20
+                && own >= kernel_reclaimed - kernel_reclaimed / 4,
             "{on_demand:?}: {pages} pages counted with no reclaim of ours in flight; \
-             the container's own direct reclaim {own} pages vs kernel {kernel_reclaimed}"
+             the container's own direct reclaim {own} pages vs kernel {kernel_reclaimed} \
+             (75 to 105 %)"
         );
     } else {
         assert!(
