@@ -9,13 +9,16 @@
 //! - no observer;
 //! - the observer with reclaim polled from `memory.stat` (`--observer-force-reclaim`): no program
 //!   on the fault path, the strongest alternative;
-//! - the observer as deployed (the raw `tp_btf` program, the classic tracepoint where BTF
-//!   cannot type it).
+//! - the observer as deployed with no reclaim of nri-resize's in flight: the memcg event program
+//!   loaded but not attached (it is attached only while a decrease or trimming reclaims);
+//! - the observer with a reclaim in flight: the program attached (the raw `tp_btf` program, the
+//!   classic tracepoint where BTF cannot type it).
 //!
 //! Reported per fault, all as medians over the rounds:
 //! - wall clock above no observer, with the spread (min–max) of the no-observer runs beside it:
 //!   a difference inside that spread is not a measured cost;
-//! - one more run of the deployed observer with the kernel's BPF statistics on: its wall clock
+//! - one more run of the observer with the program attached and the kernel's BPF statistics
+//!   on: its wall clock
 //!   above no observer, the program's run count per fault (every memcg event on the node during
 //!   the run is counted, so this is at least the events of our faults) and its run time per
 //!   fault (run count × time per run). The statistics add two clock reads around every run, so
@@ -74,7 +77,10 @@ fn fault_run() -> Duration {
 enum Side {
     None,
     Polled,
-    Deployed,
+    /// As deployed with no reclaim in flight: the memcg event program loaded, not attached.
+    Idle,
+    /// A reclaim in flight: the program attached.
+    Reclaiming,
 }
 
 impl Side {
@@ -82,7 +88,8 @@ impl Side {
         match self {
             Side::None => "no observer",
             Side::Polled => "reclaim polled from memory.stat",
-            Side::Deployed => "observer as deployed",
+            Side::Idle => "observer, no reclaim in flight",
+            Side::Reclaiming => "observer, a reclaim in flight",
         }
     }
 
@@ -92,9 +99,15 @@ impl Side {
         match self {
             Side::None => return None,
             Side::Polled => settings.force_reclaim = Some(ReclaimStrategy::MemoryStatPolling),
-            Side::Deployed => {}
+            Side::Idle | Side::Reclaiming => {}
         }
-        Some(Observer::start(&settings).expect("start the observer"))
+        let mut observer = Observer::start(&settings).expect("start the observer");
+        if self == Side::Reclaiming && observer.reclaim_on_demand().is_some() {
+            observer
+                .attach_reclaim_events()
+                .expect("attach the memcg event program");
+        }
+        Some(observer)
     }
 }
 
@@ -125,7 +138,7 @@ fn main() {
         nix::unistd::geteuid().is_root(),
         "the page-fault benchmark needs root (eBPF)"
     );
-    let sides = [Side::None, Side::Polled, Side::Deployed];
+    let sides = [Side::None, Side::Polled, Side::Idle, Side::Reclaiming];
     fault_run(); // warm-up
     let mut wall: Vec<Vec<f64>> = vec![Vec::new(); sides.len()];
     // Per round, with the statistics on: (wall ns per fault, runs per fault, run ns per fault).
@@ -142,7 +155,7 @@ fn main() {
             }
             wall[i].push(per_fault(fault_run()));
             // The program's own time, with the kernel's statistics on for one more run.
-            if let Some(o) = observer.as_ref().filter(|_| *side == Side::Deployed) {
+            if let Some(o) = observer.as_ref().filter(|_| *side == Side::Reclaiming) {
                 let enabled =
                     aya::sys::enable_stats(aya::sys::Stats::RunTime).expect("enable BPF stats");
                 let before = memcg_program(o);
@@ -168,7 +181,8 @@ fn main() {
         .fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
     let base = median(&mut wall[0]);
     let polled = median(&mut wall[1]);
-    let deployed = median(&mut wall[2]);
+    let idle = median(&mut wall[2]);
+    let deployed = median(&mut wall[3]);
     let stats = (!stats_runs.is_empty()).then(|| {
         let col = |f: fn(&(f64, f64, f64)) -> f64| {
             median(&mut stats_runs.iter().map(f).collect::<Vec<_>>())
@@ -178,7 +192,7 @@ fn main() {
     eprintln!(
         "\npage faults: {FAULTS_PER_RUN} per run, medians of {ROUNDS} interleaved runs (observer reclaim strategy {strategy}, program {program})"
     );
-    for (side, v) in sides.iter().zip([base, polled, deployed]) {
+    for (side, v) in sides.iter().zip([base, polled, idle, deployed]) {
         eprintln!(
             "  {:<34} {v:>8.0} ns per fault ({:+.0} ns)",
             side.label(),
@@ -208,7 +222,8 @@ fn main() {
             polled - base
         ),
         &format!(
-            "observer as deployed: {:+.0} ns per fault ({:+.1} %); {stats_text}",
+            "observer as deployed, no reclaim in flight (program detached): {:+.0} ns per fault; with a reclaim in flight (program attached): {:+.0} ns per fault ({:+.1} %); {stats_text}",
+            idle - base,
             deployed - base,
             (deployed - base) / base * 100.0
         ),

@@ -700,6 +700,14 @@ fn page_cache_reclaim_agrees_with_memory_stat() {
     // there).
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
     let file = dir.path().join("page-cache");
+    // The memcg event program is attached only while a reclaim holds the daemon's watch
+    // (`the_fault_path_program_runs_only_while_a_reclaim_is_in_flight`): attached by hand here.
+    let on_demand = observer.reclaim_on_demand();
+    if on_demand.is_some() {
+        observer
+            .attach_reclaim_events()
+            .expect("attach the memcg event program");
+    }
     let before = observer.read(&observed).expect("read").reclaim;
     let stat_before = parse::memory_stat(&TestCgroup::read(&cgroup.memory(), "memory.stat"));
 
@@ -723,6 +731,11 @@ fn page_cache_reclaim_agrees_with_memory_stat() {
     let after = observer.read(&observed).expect("read").reclaim;
     let stats_after = reclaim_program_stats(&observer, strategy);
     drop(bpf_stats);
+    if on_demand.is_some() {
+        observer
+            .detach_reclaim_events()
+            .expect("detach the memcg event program");
+    }
     let stat_text = TestCgroup::read(&cgroup.memory(), "memory.stat");
     let stat = parse::memory_stat(&stat_text);
     // Page cache still charged: v1 `cache`, v2 `file`.
@@ -732,10 +745,6 @@ fn page_cache_reclaim_agrees_with_memory_stat() {
     let written = std::fs::metadata(&file).expect("stat file").len();
     let d = |a: Option<u64>, b: Option<u64>| a.unwrap_or(0) - b.unwrap_or(0);
     let pgsteal = d(after.pgsteal(), before.pgsteal());
-    let (pgpgin, pgpgout) = (
-        d(after.pgpgin, before.pgpgin),
-        d(after.pgpgout, before.pgpgout),
-    );
     let (kernel_pgpgin, kernel_pgpgout) = (
         d(stat.pgpgin, stat_before.pgpgin),
         d(stat.pgpgout, stat_before.pgpgout),
@@ -743,7 +752,7 @@ fn page_cache_reclaim_agrees_with_memory_stat() {
     // What the kernel says left the cgroup: the file's pages minus those still charged.
     let kernel_reclaimed = (written - cache.min(written)) / PAGE;
     eprintln!(
-        "strategy {}: pgsteal {pgsteal} (direct {:?}, kswapd {:?}), pgscan direct {:?}, pgpgin {pgpgin}, pgpgout {pgpgout}, \
+        "strategy {}: pgsteal {pgsteal} (direct {:?}, kswapd {:?}), pgscan direct {:?}, \
          direct reclaim {:?} passes / {:?} ns / {:?} pages; memory.stat: pgpgin {kernel_pgpgin}, pgpgout \
          {kernel_pgpgout}, {cache_key} {cache} B; file {written} B → {kernel_reclaimed} pages reclaimed",
         strategy.as_str(),
@@ -769,20 +778,236 @@ fn page_cache_reclaim_agrees_with_memory_stat() {
             within(pgsteal, kernel_pgsteal, 5),
             "observer pgsteal {pgsteal} vs memory.stat pgsteal {kernel_pgsteal}"
         );
-    } else {
-        assert!(
-            within(pgpgin, kernel_pgpgin, 5),
-            "observer pgpgin {pgpgin} vs memory.stat {kernel_pgpgin}"
-        );
-        assert!(
-            within(pgpgout, kernel_pgpgout, 5),
-            "observer pgpgout {pgpgout} vs memory.stat {kernel_pgpgout}"
-        );
     }
-    if strategy != ReclaimStrategy::MemoryStatPolling {
+    // The counting program ran: fexit, or the memcg event program where it was attached (on
+    // cgroup v2 the memcg tracepoint strategy reads memory.stat and loads no such program).
+    if strategy == ReclaimStrategy::Fexit || on_demand.is_some() {
         let calls = d(after.direct_reclaim_count, before.direct_reclaim_count);
         let call_ns = d(after.direct_reclaim_ns, before.direct_reclaim_ns);
         check_reclaim_program_runs(strategy, calls, call_ns, stats_before, stats_after);
     }
+    drop(cgroup);
+}
+
+/// The observer under a mutex, as the daemon's observer thread shares it with the reclaim
+/// watch's switch.
+struct TestSwitch {
+    observer: std::sync::Arc<std::sync::Mutex<Observer>>,
+    program: &'static str,
+}
+
+impl nri_resize::observer::ReclaimSwitch for TestSwitch {
+    fn program(&self) -> &'static str {
+        self.program
+    }
+
+    fn attach(&self) -> Result<(), nri_resize::observer::ObserverError> {
+        self.observer
+            .lock()
+            .expect("observer lock")
+            .attach_reclaim_events()
+    }
+
+    fn detach(&self) -> Result<(), nri_resize::observer::ObserverError> {
+        self.observer
+            .lock()
+            .expect("observer lock")
+            .detach_reclaim_events()
+    }
+}
+
+/// The ids of the loaded programs of ours that sit on `memcg/count_memcg_events`.
+fn memcg_event_program_ids(observer: &Observer) -> Vec<u32> {
+    use nri_resize_ebpf_common::names;
+    observer
+        .program_stats()
+        .into_iter()
+        .filter(|s| s.name == names::PROG_MEMCG_EVENTS_BTF || s.name == names::PROG_MEMCG_EVENTS)
+        .map(|s| s.id)
+        .collect()
+}
+
+/// The kernel's links (`BPF_LINK_GET_NEXT_ID`) to any of the programs `ids`.
+fn links_to(ids: &[u32]) -> usize {
+    aya::programs::loaded_links()
+        .map(|l| l.expect("read a link's info"))
+        .filter(|l| ids.contains(&l.program_id()))
+        .count()
+}
+
+/// `(run_count)` of each named program, by name, while BPF statistics are on.
+fn runs(observer: &Observer, name: &str) -> u64 {
+    observer
+        .program_stats()
+        .into_iter()
+        .filter(|s| s.name == name)
+        .map(|s| s.run_count)
+        .sum()
+}
+
+/// Page faults in `cgroup` (no limit): `dd` allocates its 64 MiB buffer three times, ~50k
+/// anonymous faults and charges.
+fn fault(cgroup: &mut TestCgroup) {
+    cgroup.spawn(
+        "for i in 1 2 3; do dd if=/dev/zero of=/dev/null bs=64M count=1 status=none || exit 1; done",
+    );
+    let child = cgroup.children.last_mut().expect("child");
+    let status = common::wait_within(child, Duration::from_secs(60), "dd (page faults)");
+    assert!(status.success(), "dd (page faults) failed: {status}");
+}
+
+/// Issue 37: no program of nri-resize runs on the page-fault path when no decrease or trimming
+/// is in flight. Where the reclaim counter is the `memcg/count_memcg_events` program (cgroup
+/// v1, no trampolines: this project's hosts), the kernel has no link to it until a reclaim
+/// holds the watch, and it does not run on page faults; while one does, it is linked, runs and
+/// counts the reclaim; a linger after the last guard it is unlinked again. Elsewhere (fexit, or
+/// cgroup v2 where memory.stat has the counts) no such program is loaded at all.
+#[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one walk: detached, attached, detached"
+)]
+fn the_fault_path_program_runs_only_while_a_reclaim_is_in_flight() {
+    use nri_resize::observer::ReclaimWatch;
+    use nri_resize_ebpf_common::names;
+    let observer = start_observer(&host_settings());
+    let ids = memcg_event_program_ids(&observer);
+    assert_eq!(
+        links_to(&ids),
+        0,
+        "a memcg event program is linked at start"
+    );
+    let Some(program) = observer.reclaim_on_demand() else {
+        assert!(
+            ids.is_empty(),
+            "strategy {}: memcg event programs loaded ({ids:?}) without being on demand",
+            observer.strategies().reclaim.as_str()
+        );
+        eprintln!(
+            "NOTE: reclaim strategy {} ({}): no memcg event program is loaded here",
+            observer.strategies().reclaim.as_str(),
+            if is_v2() { "cgroup v2" } else { "cgroup v1" }
+        );
+        return;
+    };
+    assert_eq!(
+        ids.len(),
+        1,
+        "one memcg event program loaded ({program}): {ids:?}"
+    );
+    let observer = std::sync::Arc::new(std::sync::Mutex::new(observer));
+    let linger = Duration::from_millis(300);
+    let watch = ReclaimWatch::new(linger);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let cancel = tokio_util::sync::CancellationToken::new();
+    rt.block_on(async { watch.start(&cancel) });
+    watch.bind(std::sync::Arc::new(TestSwitch {
+        observer: std::sync::Arc::clone(&observer),
+        program,
+    }));
+    let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).expect("enable BPF stats");
+    let mut cgroup = TestCgroup::create("fault-path");
+    let observed = cgroup.observed(&observer.lock().expect("lock"));
+    let runs_now = |name: &str| runs(&observer.lock().expect("lock"), name);
+
+    // 1. No reclaim in flight: not linked, never runs on the faults. The vmscan timing
+    //    programs (attached throughout) run inside memcg reclaim only: their runs here are
+    //    other cgroups' reclaim on this machine, printed beside the faults.
+    let (events_before, begin_before) = (runs_now(program), runs_now(names::PROG_RECLAIM_BEGIN));
+    fault(&mut cgroup);
+    let (events, begin) = (
+        runs_now(program) - events_before,
+        runs_now(names::PROG_RECLAIM_BEGIN) - begin_before,
+    );
+    eprintln!(
+        "no reclaim in flight: {program} ran {events} times, {} {begin} times, over ~50k faults",
+        names::PROG_RECLAIM_BEGIN
+    );
+    assert_eq!(links_to(&ids), 0, "linked with no reclaim in flight");
+    assert_eq!(
+        events, 0,
+        "{program} ran on page faults with no reclaim in flight"
+    );
+    assert!(!watch.attached());
+
+    // 2. A reclaim in flight: linked, runs on every memcg event (the faults too), counts the
+    //    reclaim of the cgroup.
+    let guard = watch.watch();
+    rt.block_on(watch.until_attached(true));
+    assert_eq!(links_to(&ids), 1, "not linked while a reclaim is in flight");
+    let events_before = runs_now(program);
+    fault(&mut cgroup);
+    let events = runs_now(program) - events_before;
+    assert!(
+        events >= 10_000,
+        "{program} ran {events} times over ~50k faults while attached"
+    );
+    let before = observer
+        .lock()
+        .expect("lock")
+        .read(&observed)
+        .expect("read")
+        .reclaim;
+    cgroup.set_memory_max(64 * MIB);
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
+    let file = dir.path().join("page-cache");
+    write_uncached(&file, 160);
+    cgroup.spawn(&format!(
+        "exec dd if={} of=/dev/null bs=1M status=none",
+        file.display()
+    ));
+    let child = cgroup.children.last_mut().expect("child");
+    let status = common::wait_within(child, Duration::from_secs(120), "dd (read into the cgroup)");
+    assert!(
+        status.success(),
+        "dd (read into the cgroup) failed: {status}"
+    );
+    let after = observer
+        .lock()
+        .expect("lock")
+        .read(&observed)
+        .expect("read")
+        .reclaim;
+    let pgsteal = after.pgsteal().unwrap_or(0) - before.pgsteal().unwrap_or(0);
+    eprintln!("reclaim in flight: {program} ran {events} times over ~50k faults; the 160 MiB read into 64 MiB: pgsteal {pgsteal} pages");
+    assert!(pgsteal > 0, "no reclaim counted while attached");
+
+    // 3. The last guard gone: unlinked after the linger; no runs on faults again; the counts
+    //    stay readable.
+    let dropped = Instant::now();
+    drop(guard);
+    rt.block_on(watch.until_attached(false));
+    assert!(
+        dropped.elapsed() >= linger,
+        "detached after {:?}, within the linger",
+        dropped.elapsed()
+    );
+    assert_eq!(links_to(&ids), 0, "still linked after the last reclaim");
+    cgroup.set_memory_max(u64::from(u32::MAX) * PAGE);
+    let events_before = runs_now(program);
+    fault(&mut cgroup);
+    let events = runs_now(program) - events_before;
+    assert_eq!(
+        events, 0,
+        "{program} ran on page faults after the last reclaim"
+    );
+    let kept = observer
+        .lock()
+        .expect("lock")
+        .read(&observed)
+        .expect("read")
+        .reclaim;
+    assert!(
+        kept.pgsteal() >= after.pgsteal(),
+        "counts lost on detach: {:?} then {:?}",
+        after.pgsteal(),
+        kept.pgsteal()
+    );
+    drop(stats);
+    rt.block_on(watch.shutdown());
     drop(cgroup);
 }

@@ -243,7 +243,47 @@ async fn cache_applied_at_a_retry(ctrd: &Containerd, api: &ApiClient, t: &mut Ta
     );
     assert!(usage(ctrd, &a) <= 128 * MIB);
     assert!(running(ctrd, &a).await, "(a) never restarted");
+    reclaim_counted_on_demand(api, &a).await;
     t.oom_kills += oom_kills(ctrd, &a) + pod_oom_kills(ctrd, &pod_a).unwrap_or(0);
+}
+
+/// Where the observer's reclaim counter is attached only while nri-resize reclaims (cgroup v1
+/// without BPF trampolines: this project's hosts), the decrease's own reclaim was counted
+/// (~300 MiB of page cache: at least 10,000 pages), and a linger after it the counter is
+/// detached again with no reclaim in flight.
+async fn reclaim_counted_on_demand(api: &ApiClient, id: &str) {
+    let on_demand = |s: &nri_resize::api::Status| {
+        s.observer
+            .as_ref()
+            .and_then(|o| o.reclaim_on_demand.clone())
+    };
+    let status = api.status().await.expect("status API");
+    if on_demand(&status).is_none() {
+        eprintln!("NOTE: no reclaim counter attached on demand here (fexit, cgroup v2 or no eBPF)");
+        return;
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = api.status().await.expect("status API");
+        let pages = s
+            .pods
+            .iter()
+            .flat_map(|p| &p.containers)
+            .find(|c| c.id == id)
+            .and_then(|c| c.observed.as_ref())
+            .and_then(|o| o.reclaim)
+            .and_then(|r| r.pages);
+        let d = on_demand(&s).expect("reclaim_on_demand");
+        if pages.unwrap_or(0) >= 10_000 && !d.attached && d.reclaims_in_flight == 0 {
+            eprintln!("(a) the decrease's reclaim counted on demand: {pages:?} pages; now {d:?}");
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "(a) reclaim counted on demand: {pages:?} pages, {d:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// (b) of [`with_plugin`].

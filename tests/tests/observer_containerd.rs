@@ -156,6 +156,18 @@ impl Instance {
         } else {
             assert!(body.starts_with("ready (eBPF maps "), "{name}: {body}");
         }
+        // The reclaim counter attached on demand (cgroup v1 without trampolines) is said with
+        // its state: no reclaim of nri-resize's is in flight yet.
+        if let Some(on_demand) = &observer.reclaim_on_demand {
+            assert!(
+                !on_demand.attached
+                    && body.contains(&format!(
+                        "reclaim counter {} attached on demand: detached",
+                        on_demand.program
+                    )),
+                "{name}: {on_demand:?}; /readyz: {body}"
+            );
+        }
         inst
     }
 
@@ -841,15 +853,14 @@ async fn reclaim(ctrd: &Containerd, plugins: &Plugins) {
             .expect("memory.stat cache");
         (written - cache.min(written)) / PAGE
     };
-    let kernel_pgpgout = d(stat.pgpgout, stat_before.pgpgout);
     for ((p, b), a) in plugins.all.iter().zip(&before).zip(&after) {
         eprintln!(
-            "{}: pages {:?}, pgpgout {:?}, direct reclaim {:?} events / {:?} s; kernel: {kernel_reclaimed} pages reclaimed, pgpgout {kernel_pgpgout}",
+            "{}: pages {:?}, direct reclaim {:?} events / {:?} s / {:?} pages; kernel: {kernel_reclaimed} pages reclaimed",
             p.name,
             d(a.pages, b.pages),
-            d(a.pgpgout, b.pgpgout),
             a.direct_reclaim_events,
             a.direct_reclaim_seconds,
+            d(a.direct_reclaimed_pages, b.direct_reclaimed_pages),
         );
     }
     assert!(
@@ -857,12 +868,37 @@ async fn reclaim(ctrd: &Containerd, plugins: &Plugins) {
         "only {kernel_reclaimed} pages reclaimed by the kernel"
     );
     // eBPF: pages reclaimed agree with the kernel's within 5 %, in status and in /metrics.
+    // Except where the memcg event program is attached only while nri-resize reclaims (cgroup
+    // v1 without trampolines: this reclaim is the container's own, none of ours is in flight):
+    // there the container's own direct reclaim is in `direct_reclaimed_pages` (the vmscan
+    // tracepoints, always attached), and `pages` counts none of it.
     let (eb, ea) = (&before[0], &after[0]);
     let pages = d(ea.pages, eb.pages);
-    assert!(
-        within(pages, kernel_reclaimed, 5),
-        "eBPF {pages} pages reclaimed vs kernel {kernel_reclaimed}"
-    );
+    let on_demand = plugins
+        .ebpf()
+        .status()
+        .await
+        .observer
+        .and_then(|o| o.reclaim_on_demand);
+    if let Some(on_demand) = &on_demand {
+        // Direct reclaim only: what kswapd took meanwhile (node-wide pressure from whatever
+        // else runs on the machine) is in the kernel's figure, not in this one.
+        let own = d(ea.direct_reclaimed_pages, eb.direct_reclaimed_pages);
+        assert!(
+            !on_demand.attached
+                && pages == 0
+                && own <= kernel_reclaimed + kernel_reclaimed / 20
+                && own >= kernel_reclaimed - kernel_reclaimed / 4,
+            "{on_demand:?}: {pages} pages counted with no reclaim of ours in flight; \
+             the container's own direct reclaim {own} pages vs kernel {kernel_reclaimed} \
+             (75 to 105 %)"
+        );
+    } else {
+        assert!(
+            within(pages, kernel_reclaimed, 5),
+            "eBPF {pages} pages reclaimed vs kernel {kernel_reclaimed}"
+        );
+    }
     if expected_reclaim() == "memory_stat_polling" {
         // Polling: `memory.stat` has the pages (asserted above), not the passes.
         eprintln!(
@@ -899,10 +935,11 @@ async fn reclaim(ctrd: &Containerd, plugins: &Plugins) {
         ea.pages
     );
     // The fallbacks: on v2 memory.stat has pgsteal (same answer as eBPF); v1 memory.stat has no
-    // pgsteal, so a v1 fallback reports no reclaimed pages (`None`, shown as 0 above) and the
-    // comparable answer is pgpgout, which must agree with eBPF's and the kernel's.
+    // reclaim counts, so a v1 fallback reports none (`None`).
     for ((p, b), a) in plugins.all.iter().zip(&before).zip(&after).skip(1) {
-        if a.pages.is_some() {
+        if ctrd.cgroups().mode() == CgroupMode::V1 {
+            assert_eq!(a.pages, None, "{}: v1 memory.stat has no pgsteal", p.name);
+        } else {
             let pages = d(a.pages, b.pages);
             assert!(
                 within(pages, kernel_reclaimed, 5),
@@ -910,13 +947,6 @@ async fn reclaim(ctrd: &Containerd, plugins: &Plugins) {
                 p.name
             );
         }
-        let out = d(a.pgpgout, b.pgpgout);
-        let ebpf_out = d(ea.pgpgout, eb.pgpgout);
-        assert!(
-            within(out, ebpf_out, 5) && within(out, kernel_pgpgout, 5),
-            "{}: pgpgout {out} vs eBPF {ebpf_out} vs kernel {kernel_pgpgout}",
-            p.name
-        );
     }
     ctrd.stop_container(&id, 0).await.expect("StopContainer");
     ctrd.remove_container(&id).await.expect("RemoveContainer");

@@ -133,9 +133,11 @@ impl Default for ThrottlePending {
 /// Number of memcg event slots counted per cgroup. The event numbers
 /// (`enum vm_event_item`) of the slots are resolved from BTF at load time and passed in
 /// `ObserverConfig::reclaim_items`.
-pub const RECLAIM_SLOTS: usize = 8;
+pub const RECLAIM_SLOTS: usize = 6;
 
-/// The memcg events counted, in slot order.
+/// The memcg events counted, in slot order: reclaim's scans and steals only. (`PGPGIN` and
+/// `PGPGOUT`, counted here before, are events of every page charge and uncharge: nothing read
+/// them but the status API.)
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReclaimSlot {
@@ -145,8 +147,6 @@ pub enum ReclaimSlot {
     PgstealKswapd = 3,
     PgstealDirect = 4,
     PgstealKhugepaged = 5,
-    Pgpgin = 6,
-    Pgpgout = 7,
 }
 
 impl ReclaimSlot {
@@ -158,8 +158,6 @@ impl ReclaimSlot {
         Self::PgstealKswapd,
         Self::PgstealDirect,
         Self::PgstealKhugepaged,
-        Self::Pgpgin,
-        Self::Pgpgout,
     ];
 
     /// The enumerator's name in the kernel's `enum vm_event_item`.
@@ -172,8 +170,6 @@ impl ReclaimSlot {
             Self::PgstealKswapd => "PGSTEAL_KSWAPD",
             Self::PgstealDirect => "PGSTEAL_DIRECT",
             Self::PgstealKhugepaged => "PGSTEAL_KHUGEPAGED",
-            Self::Pgpgin => "PGPGIN",
-            Self::Pgpgout => "PGPGOUT",
         }
     }
 }

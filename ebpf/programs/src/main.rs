@@ -429,6 +429,9 @@ fn try_unthrottle_cfs_rq_exit(ctx: &FExitContext) -> Result<(), Error> {
 // 2. Memory reclaim
 
 /// `memcg/count_memcg_events(memcg, item, val)`: the record carries the memcg's cgroup id.
+/// This tracepoint fires on every page fault and charge of the node: user space loads this
+/// program (or the `tp_btf` one below) at start and attaches it only while nri-resize itself
+/// reclaims (a memory decrease, trimming), on cgroup v1 only.
 #[tracepoint(category = "memcg", name = "count_memcg_events")]
 pub fn count_memcg_events(ctx: TracePointContext) -> u32 {
     if let Err(e) = try_count_memcg_events(&ctx) {

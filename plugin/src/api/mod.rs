@@ -44,7 +44,7 @@ pub use table::render_status;
 use crate::cgroup::{ActualResources, Caps};
 use crate::model::{Container, EventRecord, LinuxResources, Pod, PodView};
 use crate::nri::{ContainerUpdate, LinkError, LinkStatus, RuntimeInfo, RuntimeLink};
-use crate::observer::Strategies;
+use crate::observer::{ReclaimWatchStatus, Strategies};
 use crate::resize::off_worker::off_worker;
 use crate::resize::{
     ContainerResize, Engine, PodResize, PodResizeRequest, RecordsView, ResizeError,
@@ -158,8 +158,6 @@ pub struct ThrottlingView {
 pub struct ReclaimView {
     pub pages: Option<u64>,
     pub pgscan: Option<u64>,
-    pub pgpgin: Option<u64>,
-    pub pgpgout: Option<u64>,
     pub direct_reclaim_events: Option<u64>,
     pub direct_reclaim_seconds: Option<f64>,
     pub direct_reclaimed_pages: Option<u64>,
@@ -230,6 +228,10 @@ pub struct ObserverView {
     /// The kernel's possible CPUs (`/sys/devices/system/cpu/possible`), read at load.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub possible_cpus: Option<u64>,
+    /// The reclaim program attached only while nri-resize reclaims (`memcg/count_memcg_events`
+    /// on cgroup v1 where the kernel refuses trampolines); absent where there is none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reclaim_on_demand: Option<ReclaimOnDemandView>,
 }
 
 /// One eBPF map's memory.
@@ -245,6 +247,28 @@ impl ObserverView {
     /// The maps' total memory.
     pub fn map_memory_bytes(&self) -> u64 {
         self.maps.iter().map(|m| m.bytes).sum()
+    }
+}
+
+/// The on-demand reclaim program now.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReclaimOnDemandView {
+    pub program: String,
+    pub attached: bool,
+    /// Reclaims of nri-resize in flight (decreases, trimming turns) holding it attached.
+    pub reclaims_in_flight: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+impl From<ReclaimWatchStatus> for ReclaimOnDemandView {
+    fn from(s: ReclaimWatchStatus) -> Self {
+        ReclaimOnDemandView {
+            program: s.program.into(),
+            attached: s.attached,
+            reclaims_in_flight: s.watchers,
+            last_error: s.last_error,
+        }
     }
 }
 
@@ -277,6 +301,7 @@ impl From<&ObserverInfo> for ObserverView {
                 })
                 .collect(),
             possible_cpus: i.possible_cpus.and_then(|n| u64::try_from(n).ok()),
+            reclaim_on_demand: None,
         }
     }
 }
@@ -321,8 +346,6 @@ fn observed_view(
         v.reclaim = Some(ReclaimView {
             pages: r.pgsteal(),
             pgscan: r.pgscan(),
-            pgpgin: r.pgpgin,
-            pgpgout: r.pgpgout,
             direct_reclaim_events: r.direct_reclaim_count,
             direct_reclaim_seconds: r.direct_reclaim_ns.map(secs),
             direct_reclaimed_pages: r.direct_reclaimed_pages,
@@ -383,7 +406,10 @@ fn status_of(
     Status {
         runtime: link.status().into(),
         pods,
-        observer: info.as_ref().map(Into::into),
+        observer: info.as_ref().map(|i| ObserverView {
+            reclaim_on_demand: state.reclaim_watch.status().map(Into::into),
+            ..i.into()
+        }),
         metrics_addr: state.metrics_addr.read_locked().map(|a| a.to_string()),
         state_dir: state.state_dir.locked().clone(),
         node: state.capacity.read_locked().clone(),
@@ -586,6 +612,7 @@ async fn readyz(State(ctx): State<Ctx>) -> (StatusCode, String) {
         observer_loaded: ctx.state.observer_loaded.clone(),
         observer_fallbacks: ctx.state.observer_fallbacks.clone(),
         observer_map_bytes: ctx.state.observer_map_bytes.clone(),
+        reclaim_watch: ctx.state.reclaim_watch.clone(),
     }
     .answer()
 }

@@ -239,6 +239,23 @@ fn rows(s: &Status, resizes: &Resizes, page_size: u64) -> Vec<Row> {
         .collect()
 }
 
+/// `reclaim counter count_memcg_events_btf attached on demand: detached` (the `/readyz` words).
+pub fn reclaim_on_demand_line(d: &crate::api::ReclaimOnDemandView) -> String {
+    let now = if d.attached {
+        format!("attached ({} reclaims in flight)", d.reclaims_in_flight)
+    } else {
+        "detached".to_string()
+    };
+    let error = d
+        .last_error
+        .as_deref()
+        .map_or_else(String::new, |e| format!(", last error: {e}"));
+    format!(
+        "reclaim counter {} attached on demand: {now}{error}",
+        d.program
+    )
+}
+
 /// Renders the status table. `page_size` converts reclaimed pages to bytes and compares a pod
 /// cgroup's memory limit in whole pages (the node's page size: the API is node-local).
 pub fn render_status(s: &Status, resizes: &Resizes, page_size: u64, now_ms: u64) -> String {
@@ -273,6 +290,9 @@ pub fn render_status(s: &Status, resizes: &Resizes, page_size: u64, now_ms: u64)
             o.strategies.throttle, o.strategies.reclaim, o.strategies.oom, o.interval_ms
         );
         map_memory_line(&mut out, o);
+        if let Some(d) = &o.reclaim_on_demand {
+            let _ = writeln!(out, "observer: {}", reclaim_on_demand_line(d));
+        }
         // Why eBPF is off as a whole (no kernel BTF, no object): one line, as /readyz says it.
         for f in o
             .fallbacks
@@ -648,6 +668,7 @@ mod tests {
             interval_ms: 1000,
             maps: Vec::new(),
             possible_cpus: None,
+            reclaim_on_demand: None,
         });
         let text = render_status(&s, &Resizes::default(), 4096, 0);
         let lines: Vec<&str> = text
@@ -680,6 +701,7 @@ mod tests {
             interval_ms: 1000,
             maps: vec![map("RECLAIM", 3 << 20), map("OOM", 1 << 19)],
             possible_cpus: Some(128),
+            reclaim_on_demand: None,
         });
         let text = render_status(&s, &Resizes::default(), 4096, 0);
         assert!(

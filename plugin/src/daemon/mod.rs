@@ -138,6 +138,9 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
     let checkpoints = open_checkpoints(&opts.state_dir, &state);
     // Working-set trimming: its own task, fed the containers the handler tracks; the engine's
     // decreases and the pod-level admission ask it what it found.
+    // The observer's reclaim counter, attached while a reclaim of ours is in flight (the
+    // trimmer's pauses and turns hold it); the observer binds its program once loaded.
+    state.reclaim_watch.start(&cancel);
     let trimmer = Trimmer::start(state.clone(), &cancel);
     let trim_feed = trim::feed(state.clone(), trimmer.clone(), cancel.clone());
     let engine = Arc::new(
@@ -173,6 +176,7 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
         Err(Gave::Up(err)) => return Err(err.into()),
         Err(Gave::Cancelled) => {
             trimmer.shutdown().await;
+            state.reclaim_watch.shutdown().await;
             stop_metrics(metrics_server).await;
             return Ok(Exit::Stopped);
         }
@@ -205,6 +209,7 @@ pub async fn run(opts: RunOptions, cancel: CancellationToken) -> anyhow::Result<
     handler.settle(Duration::from_secs(1)).await;
     engine.shutdown().await;
     trimmer.shutdown().await;
+    state.reclaim_watch.shutdown().await;
     if let Err(err) = trim_feed.await {
         warn!(%err, "trimming feed task ended abnormally");
     }
@@ -236,6 +241,7 @@ async fn bind_metrics(
         observer_loaded: state.observer_loaded.clone(),
         observer_fallbacks: state.observer_fallbacks.clone(),
         observer_map_bytes: state.observer_map_bytes.clone(),
+        reclaim_watch: state.reclaim_watch.clone(),
     };
     let server = retry_while_in_use(
         "metrics",

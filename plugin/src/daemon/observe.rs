@@ -8,12 +8,17 @@
 //! through cached series handles and publishes one [`ContainerObservation`] per container.
 //! Every few ticks it also re-reads each confirmed container's cgroup path up to its pod's
 //! ([`NodeState::recheck_caps`]): a pod cgroup below the container caps it.
+//!
+//! Where the observer has a reclaim program to attach on demand, it binds it to the node's
+//! [`ReclaimWatch`](crate::observer::ReclaimWatch): the watch's driver attaches and detaches it
+//! on its blocking threads, under the lock the observer thread reads under (a switch waits for
+//! a tick's reads to end, a tick for a switch).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use tracing::{debug, error, info, warn};
@@ -22,13 +27,13 @@ use crate::cgroup;
 use crate::clock::now_ms;
 use crate::metrics::{ContainerLabels, ContainerSeries};
 use crate::observer::{
-    CpuHotplugEvent, HotplugRing, Observation, ObservedCgroup, Observer, ObserverSettings,
-    StallShare, CPUHP_ENTER,
+    CpuHotplugEvent, HotplugRing, Observation, ObservedCgroup, Observer, ObserverError,
+    ObserverSettings, ReclaimSwitch, StallShare, CPUHP_ENTER,
 };
 use crate::state::{
     ContainerObservation, NodeState, ObserverInfo, RECHECK_EVERY_TICKS as RECHECK_CAPS_EVERY_TICKS,
 };
-use crate::sync::ReadWriteLocked as _;
+use crate::sync::{Locked as _, ReadWriteLocked as _};
 
 /// How the observer runs.
 #[derive(Clone, Debug)]
@@ -50,10 +55,45 @@ struct Watched {
     unresolved_logged: bool,
 }
 
+/// The observer's on-demand reclaim program as the node's reclaim watch switches it.
+struct ObserverSwitch {
+    observer: Weak<Mutex<Observer>>,
+    program: &'static str,
+}
+
+impl ObserverSwitch {
+    fn with(
+        &self,
+        f: impl FnOnce(&mut Observer) -> Result<(), ObserverError>,
+    ) -> Result<(), ObserverError> {
+        let observer = self.observer.upgrade().ok_or(ObserverError::Program {
+            program: self.program,
+            reason: "the observer stopped".into(),
+        })?;
+        let mut observer = observer.locked();
+        f(&mut observer)
+    }
+}
+
+impl ReclaimSwitch for ObserverSwitch {
+    fn program(&self) -> &'static str {
+        self.program
+    }
+
+    fn attach(&self) -> Result<(), ObserverError> {
+        self.with(Observer::attach_reclaim_events)
+    }
+
+    fn detach(&self) -> Result<(), ObserverError> {
+        self.with(Observer::detach_reclaim_events)
+    }
+}
+
 /// The observer thread's state.
 struct Loop {
     state: Arc<NodeState>,
-    observer: Observer,
+    /// Shared with the reclaim watch's switch (a `Weak`): the thread holds the only `Arc`.
+    observer: Arc<Mutex<Observer>>,
     generation: u64,
     watched: HashMap<String, Watched>,
     hotplug: Vec<CpuHotplugEvent>,
@@ -61,14 +101,13 @@ struct Loop {
 }
 
 impl Loop {
-    fn sync_membership(&mut self) {
+    fn sync_membership(&mut self, observer: &mut Observer) {
         let state = Arc::clone(&self.state);
         state.observed(|o| {
             if o.generation() == self.generation {
                 return;
             }
             self.generation = o.generation();
-            let observer = &mut self.observer;
             self.watched.retain(|id, w| {
                 let keep = o
                     .targets
@@ -102,13 +141,13 @@ impl Loop {
         });
     }
 
-    fn read_all(&mut self) {
+    fn read_all(&mut self, observer: &mut Observer) {
         for (id, w) in &mut self.watched {
             if w.cgroup.is_none() {
                 // NRI CreateContainer comes before runc creates the cgroup: retry each tick.
                 match cgroup::container_path(&w.cgroups_path)
                     .map_err(|e| e.to_string())
-                    .and_then(|p: PathBuf| self.observer.cgroup(&p).map_err(|e| e.to_string()))
+                    .and_then(|p: PathBuf| observer.cgroup(&p).map_err(|e| e.to_string()))
                 {
                     Ok(c) => {
                         w.cgroup = Some(c);
@@ -124,7 +163,7 @@ impl Loop {
                 }
             }
             let Some(c) = &w.cgroup else { continue };
-            match self.observer.read(c) {
+            match observer.read(c) {
                 Ok(o) => {
                     w.series.update(&o);
                     let at = Instant::now();
@@ -183,8 +222,8 @@ impl Loop {
         }
     }
 
-    fn drain_hotplug(&mut self) {
-        self.observer.drain_hotplug_events(&mut self.hotplug);
+    fn drain_hotplug(&mut self, observer: &mut Observer) {
+        observer.drain_hotplug_events(&mut self.hotplug);
         for e in self.hotplug.drain(..) {
             debug!(
                 cpu = e.cpu,
@@ -202,10 +241,13 @@ impl Loop {
     }
 
     fn tick(&mut self) {
-        self.sync_membership();
-        self.read_all();
+        let shared = Arc::clone(&self.observer);
+        let mut observer = shared.locked();
+        self.sync_membership(&mut observer);
+        self.read_all(&mut observer);
+        drop(observer);
         self.publish();
-        self.drain_hotplug();
+        self.drain_hotplug(&mut shared.locked());
     }
 }
 
@@ -262,6 +304,15 @@ pub fn spawn(
                 .map(|f| format!("{}: {}", f.program, f.reason))
                 .collect();
             state.observer_loaded.store(true, Ordering::Release);
+            let on_demand = observer.reclaim_on_demand();
+            let observer = Arc::new(Mutex::new(observer));
+            if let Some(program) = on_demand {
+                info!(program, "observer: reclaim counter attached only while nri-resize reclaims");
+                state.reclaim_watch.bind(Arc::new(ObserverSwitch {
+                    observer: Arc::downgrade(&observer),
+                    program,
+                }));
+            }
             let mut l = Loop {
                 state,
                 observer,
@@ -289,9 +340,13 @@ pub fn spawn(
                     Ok(()) | Err(RecvTimeoutError::Disconnected) => break,
                 }
             }
-            for w in l.watched.values() {
-                if let Some(c) = &w.cgroup {
-                    l.observer.forget(c);
+            l.state.reclaim_watch.unbind();
+            {
+                let mut observer = l.observer.locked();
+                for w in l.watched.values() {
+                    if let Some(c) = &w.cgroup {
+                        observer.forget(c);
+                    }
                 }
             }
             // Detaching the programs (dropping their links and maps) waits for the kernel's RCU

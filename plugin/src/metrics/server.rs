@@ -21,6 +21,7 @@ use tracing::{debug, info, warn};
 
 use super::{openmetrics, Metrics, MetricsError};
 use crate::nri::RuntimeLink;
+use crate::observer::ReclaimWatch;
 use crate::sync::ReadWriteLocked as _;
 
 /// What `/readyz` checks: registered and synchronized with the runtime, and the observer loaded.
@@ -33,6 +34,8 @@ pub struct Readiness {
     /// The observer's eBPF map memory in bytes (0: no maps), said in the body of a ready answer:
     /// it counts against the daemon's memory limit and is not in its RSS.
     pub observer_map_bytes: Arc<AtomicU64>,
+    /// The reclaim counter attached on demand, said with whether it is attached now.
+    pub reclaim_watch: ReclaimWatch,
 }
 
 impl Readiness {
@@ -67,6 +70,9 @@ impl Readiness {
                 if !fallbacks.is_empty() {
                     // Ready: the fallbacks measure the same things, with less detail or later.
                     notes.push(format!("observer fallbacks: {fallbacks}"));
+                }
+                if let Some(on_demand) = self.reclaim_watch.status() {
+                    notes.push(on_demand.to_string());
                 }
                 if notes.is_empty() {
                     (StatusCode::OK, "ready".into())
@@ -296,6 +302,7 @@ mod tests {
             observer_loaded: Arc::new(AtomicBool::new(false)),
             observer_fallbacks: Arc::default(),
             observer_map_bytes: Arc::default(),
+            reclaim_watch: ReclaimWatch::default(),
         }
     }
 

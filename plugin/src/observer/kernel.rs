@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use aya::maps::{HashMap, Map, MapData, RingBuf};
+use aya::programs::tp_btf::BtfTracePointLinkId;
+use aya::programs::trace_point::TracePointLinkId;
 use aya::programs::{BtfTracePoint, FEntry, FExit, Program, TracePoint};
 use aya::{Ebpf, EbpfLoader};
 use aya_log::EbpfLogger;
@@ -292,6 +294,19 @@ pub(super) struct KernelSide {
     map_sizes: MapSizes,
     /// `/sys/devices/system/cpu/possible`, which per-CPU maps are allocated for.
     possible_cpus: usize,
+    /// The reclaim program loaded at start and attached only on demand.
+    on_demand: Option<OnDemand>,
+}
+
+/// The memcg event program: loaded, attached while `link` is set.
+struct OnDemand {
+    program: &'static str,
+    link: Option<OnDemandLink>,
+}
+
+enum OnDemandLink {
+    Btf(BtfTracePointLinkId),
+    Classic(TracePointLinkId),
 }
 
 fn fallback(
@@ -396,7 +411,13 @@ impl KernelSide {
         let load_ms = phase.elapsed().as_millis();
         let phase = Instant::now();
         let throttle = attach_throttle(&mut ebpf, &r, &aya_btf, settings.force_throttle, fallbacks);
-        let reclaim = attach_reclaim(&mut ebpf, &r, &aya_btf, settings.force_reclaim, fallbacks);
+        let (reclaim, on_demand) = attach_reclaim(
+            &mut ebpf,
+            &r,
+            &aya_btf,
+            (settings.force_reclaim, settings.cgroups.is_v1()),
+            fallbacks,
+        );
         let oom = attach_oom(&mut ebpf, &r, &aya_btf, settings.force_oom, fallbacks);
         let (hotplug, ring) = attach_hotplug(&mut ebpf, &r, settings.hotplug, fallbacks);
 
@@ -424,6 +445,10 @@ impl KernelSide {
                 map_memory,
                 map_sizes: sizes,
                 possible_cpus,
+                on_demand: on_demand.map(|program| OnDemand {
+                    program,
+                    link: None,
+                }),
             },
             strategies,
         ))
@@ -515,13 +540,66 @@ impl KernelSide {
             pgscan_direct: slot(ReclaimSlot::PgscanDirect),
             pgsteal_kswapd: slot(ReclaimSlot::PgstealKswapd),
             pgsteal_direct: slot(ReclaimSlot::PgstealDirect),
-            pgpgin: slot(ReclaimSlot::Pgpgin),
-            pgpgout: slot(ReclaimSlot::Pgpgout),
             pgscan_total: None,
             pgsteal_total: None,
             direct_reclaim_count: timing.0,
             direct_reclaim_ns: timing.1,
             direct_reclaimed_pages: timing.2,
+        })
+    }
+
+    pub(super) fn on_demand_program(&self) -> Option<&'static str> {
+        self.on_demand.as_ref().map(|o| o.program)
+    }
+
+    /// Attaches the on-demand program (see [`super::ReclaimWatch`]).
+    pub(super) fn attach_on_demand(&mut self) -> Result<(), ObserverError> {
+        let Some(od) = &mut self.on_demand else {
+            return Err(ObserverError::Program {
+                program: names::PROG_MEMCG_EVENTS,
+                reason: "not loaded for attaching on demand".into(),
+            });
+        };
+        if od.link.is_some() {
+            return Ok(());
+        }
+        let program = od.program;
+        let failed = |e: aya::programs::ProgramError| ObserverError::Program {
+            program,
+            reason: format!("attach: {e}"),
+        };
+        od.link = Some(match self.ebpf.program_mut(program) {
+            Some(Program::BtfTracePoint(p)) => OnDemandLink::Btf(p.attach().map_err(failed)?),
+            Some(Program::TracePoint(p)) => {
+                OnDemandLink::Classic(p.attach("memcg", "count_memcg_events").map_err(failed)?)
+            }
+            _ => {
+                return Err(ObserverError::Program {
+                    program,
+                    reason: "not in the object".into(),
+                })
+            }
+        });
+        Ok(())
+    }
+
+    /// Detaches the on-demand program; its counts stay in the map.
+    pub(super) fn detach_on_demand(&mut self) -> Result<(), ObserverError> {
+        let Some(od) = &mut self.on_demand else {
+            return Ok(());
+        };
+        let Some(link) = od.link.take() else {
+            return Ok(());
+        };
+        let program = od.program;
+        let detached = match (self.ebpf.program_mut(program), link) {
+            (Some(Program::BtfTracePoint(p)), OnDemandLink::Btf(id)) => p.detach(id),
+            (Some(Program::TracePoint(p)), OnDemandLink::Classic(id)) => p.detach(id),
+            _ => Ok(()),
+        };
+        detached.map_err(|e| ObserverError::Program {
+            program,
+            reason: format!("detach: {e}"),
         })
     }
 
@@ -570,6 +648,7 @@ impl KernelSide {
                 let info = program.info().ok()?;
                 Some(ProgramStats {
                     name: name.to_owned(),
+                    id: info.id(),
                     run_count: info.run_count(),
                     run_time_ns: u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX),
                     translated_instructions: info.size_translated().map_or(0, |b| b / 8),
@@ -725,18 +804,24 @@ fn attach_throttle(
 }
 
 /// Reclaim: `fexit` on the memcg reclaim entry, then the memcg tracepoints, then memory.stat.
+/// Returns the strategy and the program loaded to be attached on demand, if any.
 ///
 /// `fexit` first: it runs once per reclaim call and nowhere else (the tracepoint's program runs
 /// on every memcg event of the node, page faults included), and the tracepoint stopped carrying
 /// the reclaim events on newer kernels (sid's 7.2 passes page-fault items only: counted nothing,
-/// found by the VM tier). The tracepoints serve kernels that refuse trampolines.
+/// found by the VM tier). The tracepoints serve kernels that refuse trampolines; their event
+/// program is only loaded here, attached while nri-resize reclaims ([`super::ReclaimWatch`]),
+/// and not even loaded on cgroup v2, whose `memory.stat` has the same counts. The `vmscan`
+/// timing tracepoints stay attached: they fire inside memcg reclaim only (once per
+/// `try_to_free_mem_cgroup_pages` call), never on a plain fault or charge.
 fn attach_reclaim(
     ebpf: &mut Ebpf,
     r: &Resolved,
     aya_btf: &aya::Btf,
-    forced: Option<ReclaimStrategy>,
+    (forced, v1): (Option<ReclaimStrategy>, bool),
     fallbacks: &mut Vec<Fallback>,
-) -> ReclaimStrategy {
+) -> (ReclaimStrategy, Option<&'static str>) {
+    let mut on_demand = None;
     let mut reclaim = forced.unwrap_or(ReclaimStrategy::Fexit);
     if reclaim == ReclaimStrategy::Fexit {
         // The program for the function's parameter count (`resolve` refused a count none
@@ -752,29 +837,27 @@ fn attach_reclaim(
             fallback(fallbacks, program, &reason, &reclaim);
         }
     }
-    if reclaim == ReclaimStrategy::MemcgTracepoints {
-        // The raw tracepoint first (it costs next to nothing on the page faults it sees), the
-        // classic one where the kernel's BTF cannot type it.
-        let attached = r
+    if reclaim == ReclaimStrategy::MemcgTracepoints && v1 {
+        // The raw tracepoint first (it costs next to nothing on the page faults it sees while
+        // attached), the classic one where the kernel's BTF cannot type it. Loaded only.
+        let loaded = r
             .memcg_events_btf
             .clone()
             .and_then(|()| {
-                attach_tp_btf(
+                load_tp_btf(
                     ebpf,
                     names::PROG_MEMCG_EVENTS_BTF,
                     "count_memcg_events",
                     aya_btf,
                 )
+                .map(|()| names::PROG_MEMCG_EVENTS_BTF)
             })
             .or_else(|reason| {
-                let classic = r.memcg_events.clone().and_then(|()| {
-                    attach_tracepoint(
-                        ebpf,
-                        names::PROG_MEMCG_EVENTS,
-                        "memcg",
-                        "count_memcg_events",
-                    )
-                });
+                let classic = r
+                    .memcg_events
+                    .clone()
+                    .and_then(|()| load_tracepoint(ebpf, names::PROG_MEMCG_EVENTS))
+                    .map(|()| names::PROG_MEMCG_EVENTS);
                 if classic.is_ok() {
                     fallback(
                         fallbacks,
@@ -785,7 +868,17 @@ fn attach_reclaim(
                 }
                 classic
             });
-        if let Err(reason) = attached {
+        match loaded {
+            Ok(program) => on_demand = Some(program),
+            Err(reason) => {
+                reclaim = ReclaimStrategy::MemoryStatPolling;
+                fallback(fallbacks, names::PROG_MEMCG_EVENTS, &reason, &reclaim);
+            }
+        }
+    } else if reclaim == ReclaimStrategy::MemcgTracepoints {
+        // cgroup v2: the counts come from memory.stat; only the tracepoint's presence is
+        // checked (the timing tracepoints below need the same kernel).
+        if let Err(reason) = r.memcg_events.clone() {
             reclaim = ReclaimStrategy::MemoryStatPolling;
             fallback(fallbacks, names::PROG_MEMCG_EVENTS, &reason, &reclaim);
         }
@@ -819,7 +912,7 @@ fn attach_reclaim(
             );
         }
     }
-    reclaim
+    (reclaim, on_demand)
 }
 
 /// OOM kills: `tp_btf/mark_victim`, then `memory.events`.
@@ -913,6 +1006,31 @@ macro_rules! attach_btf_program {
 attach_btf_program!(attach_fentry, FEntry);
 attach_btf_program!(attach_fexit, FExit);
 attach_btf_program!(attach_tp_btf, BtfTracePoint);
+
+/// Loads a `tp_btf` program without attaching it.
+fn load_tp_btf(
+    ebpf: &mut Ebpf,
+    program: &'static str,
+    target: &str,
+    btf: &aya::Btf,
+) -> Result<(), ProbeError> {
+    let p: &mut BtfTracePoint = ebpf
+        .program_mut(program)
+        .ok_or(ProbeError::NoProgram { program })?
+        .try_into()
+        .map_err(ProbeError::program_type)?;
+    p.load(target, btf).map_err(ProbeError::load)
+}
+
+/// Loads a classic tracepoint program without attaching it.
+fn load_tracepoint(ebpf: &mut Ebpf, program: &'static str) -> Result<(), ProbeError> {
+    let p: &mut TracePoint = ebpf
+        .program_mut(program)
+        .ok_or(ProbeError::NoProgram { program })?
+        .try_into()
+        .map_err(ProbeError::program_type)?;
+    p.load().map_err(ProbeError::load)
+}
 
 fn attach_tracepoint(
     ebpf: &mut Ebpf,

@@ -8,7 +8,7 @@
 //! | measurement | strategies, best first |
 //! |---|---|
 //! | throttling | `fentry/unthrottle_cfs_rq` → `tp_btf/sched_switch` (6.18+) → `cpu.stat` polling |
-//! | reclaim | `memcg/count_memcg_events` + `vmscan/mm_vmscan_memcg_reclaim_{begin,end}` → `memory.stat` polling |
+//! | reclaim | `fexit/try_to_free_mem_cgroup_pages` → `memcg/count_memcg_events`, attached on demand ([`ReclaimWatch`]) → `memory.stat` polling; `vmscan/mm_vmscan_memcg_reclaim_{begin,end}` for direct-reclaim time |
 //! | OOM kills | `tp_btf/mark_victim` → `memory.events` / `memory.oom_control` polling |
 //! | CPU hotplug | `cpuhp/cpuhp_{enter,exit}` through a ring buffer → unavailable |
 //! | pressure (PSI) | `cpu.pressure`, `memory.pressure`, `io.pressure` (cgroup v2) → unavailable (v1, `psi=0`) |
@@ -25,6 +25,7 @@ mod maps;
 pub mod parse;
 pub mod pressure;
 mod probe;
+mod watch;
 
 use std::fmt;
 use std::os::unix::fs::MetadataExt as _;
@@ -38,6 +39,7 @@ pub use crate::cgroup::CgroupLayout;
 use files::{CgroupFile, CgroupFiles};
 use kernel::KernelSide;
 pub use pressure::{Pressure, PressureResource, PressureStrategy, StallShare, StallTotals};
+pub use watch::{ReclaimGuard, ReclaimSwitch, ReclaimWatch, ReclaimWatchStatus, DEFAULT_LINGER};
 
 /// Errors of the observer.
 #[derive(Debug, thiserror::Error)]
@@ -101,9 +103,13 @@ pub enum ReclaimStrategy {
     Fexit,
     /// `memcg/count_memcg_events` (+ `vmscan/mm_vmscan_memcg_reclaim_{begin,end}` when
     /// available), for kernels that refuse trampolines (6.14+ has the tracepoint; it carries
-    /// the reclaim events up to 6.18 at least, no longer on 7.2).
+    /// the reclaim events up to 6.18 at least, no longer on 7.2). The tracepoint fires on every
+    /// page fault of the node, so its program is attached only while nri-resize reclaims
+    /// ([`ReclaimWatch`]), and only on cgroup v1: v2's `memory.stat` has the same counts (read
+    /// from there at every interval); v1's has none, so there reclaim is counted while the
+    /// program is attached (the reclaim nri-resize runs) and not otherwise.
     MemcgTracepoints,
-    /// `memory.stat` (v2: pgscan/pgsteal; v1: pgpgin/pgpgout only).
+    /// `memory.stat` (v2: pgscan/pgsteal; v1: no reclaim counts).
     MemoryStatPolling,
 }
 
@@ -350,8 +356,6 @@ pub struct Reclaim {
     pub pgscan_direct: Option<u64>,
     pub pgsteal_kswapd: Option<u64>,
     pub pgsteal_direct: Option<u64>,
-    pub pgpgin: Option<u64>,
-    pub pgpgout: Option<u64>,
     /// `pgscan` and `pgsteal` of kernels whose v2 `memory.stat` has the totals only (5.10:
     /// the kswapd / direct split came in 5.13); `None` where the split is known.
     pub pgscan_total: Option<u64>,
@@ -378,6 +382,16 @@ impl Reclaim {
             (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
         }
     }
+}
+
+/// Takes the reclaim counts `memory.stat` has (v2; v1 has none) into `r`.
+fn memory_stat_counts(s: &parse::MemoryStat, r: &mut Reclaim) {
+    r.pgscan_kswapd = s.pgscan_kswapd;
+    r.pgscan_direct = s.pgscan_direct;
+    r.pgsteal_kswapd = s.pgsteal_kswapd;
+    r.pgsteal_direct = s.pgsteal_direct;
+    r.pgscan_total = s.pgscan;
+    r.pgsteal_total = s.pgsteal;
 }
 
 /// OOM kills in a memcg.
@@ -409,6 +423,8 @@ pub struct Observation {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProgramStats {
     pub name: String,
+    /// The kernel's id of the program (its links name it: `BPF_LINK_GET_NEXT_ID`).
+    pub id: u32,
     pub run_count: u64,
     pub run_time_ns: u64,
     /// Instructions after the verifier's rewrites (`xlated_prog_len / 8`).
@@ -611,30 +627,49 @@ impl Observer {
         Ok(match self.strategies.reclaim {
             ReclaimStrategy::MemoryStatPolling => {
                 let s = parse::memory_stat(self.files.read(cgroup, CgroupFile::MemoryStat)?);
-                Reclaim {
-                    pgscan_kswapd: s.pgscan_kswapd,
-                    pgscan_direct: s.pgscan_direct,
-                    pgsteal_kswapd: s.pgsteal_kswapd,
-                    pgsteal_direct: s.pgsteal_direct,
-                    pgpgin: s.pgpgin,
-                    pgpgout: s.pgpgout,
-                    pgscan_total: s.pgscan,
-                    pgsteal_total: s.pgsteal,
-                    ..Reclaim::default()
-                }
+                let mut r = Reclaim::default();
+                memory_stat_counts(&s, &mut r);
+                r
             }
-            ReclaimStrategy::MemcgTracepoints | ReclaimStrategy::Fexit => {
+            strategy @ (ReclaimStrategy::MemcgTracepoints | ReclaimStrategy::Fexit) => {
                 let kernel = self
                     .kernel
                     .as_ref()
                     .expect("eBPF strategy without kernel side");
-                kernel.reclaim(
-                    &cgroup.memory_key,
-                    self.strategies.reclaim,
-                    &mut self.value_buf,
-                )?
+                let mut r = kernel.reclaim(&cgroup.memory_key, strategy, &mut self.value_buf)?;
+                if strategy == ReclaimStrategy::MemcgTracepoints && !self.cgroups.is_v1() {
+                    // The event program is never attached on v2 (see `ReclaimStrategy`): the
+                    // same counts, from the cgroup's own file.
+                    let s = parse::memory_stat(self.files.read(cgroup, CgroupFile::MemoryStat)?);
+                    memory_stat_counts(&s, &mut r);
+                }
+                r
             }
         })
+    }
+
+    /// The program counting reclaim that is attached only on demand ([`ReclaimWatch`]), if this
+    /// kernel and cgroup version have one: `memcg/count_memcg_events` on cgroup v1.
+    pub fn reclaim_on_demand(&self) -> Option<&'static str> {
+        self.kernel.as_ref().and_then(KernelSide::on_demand_program)
+    }
+
+    /// Attaches the on-demand reclaim program (blocking: kernel text is patched). Attached
+    /// already: nothing to do.
+    pub fn attach_reclaim_events(&mut self) -> Result<(), ObserverError> {
+        match &mut self.kernel {
+            Some(kernel) => kernel.attach_on_demand(),
+            None => Err(ObserverError::ObjectMissing),
+        }
+    }
+
+    /// Detaches the on-demand reclaim program (blocking: waits for RCU grace periods). Its
+    /// counts stay in the map. Detached already: nothing to do.
+    pub fn detach_reclaim_events(&mut self) -> Result<(), ObserverError> {
+        match &mut self.kernel {
+            Some(kernel) => kernel.detach_on_demand(),
+            None => Ok(()),
+        }
     }
 
     /// Reads everything known about `cgroup`. Reuses the observer's buffers and keeps the
@@ -865,10 +900,8 @@ mod tests {
                 throttled_ns: 5000
             })
         );
-        assert_eq!(
-            (o.reclaim.pgpgin, o.reclaim.pgpgout, o.reclaim.pgsteal()),
-            (Some(300), Some(200), None)
-        );
+        // v1's memory.stat has no reclaim counts (its pgpgin/pgpgout are every charge).
+        assert_eq!(o.reclaim, Reclaim::default());
         assert_eq!(
             o.oom,
             OomKills {

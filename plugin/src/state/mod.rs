@@ -41,6 +41,7 @@ use crate::cgroup::Cgroups;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::model::{Container, EventKind, EventRecord, Journal, LinuxResources, Model, Pod};
+use crate::observer::ReclaimWatch;
 use crate::sync::{Locked as _, ReadWriteLocked as _};
 
 /// State shared by the handler, the API and the daemon.
@@ -63,6 +64,9 @@ pub struct NodeState {
     /// The observer's eBPF map memory in bytes as `/readyz` says it (0: no maps).
     pub observer_map_bytes: Arc<AtomicU64>,
     pub observer_info: RwLock<Option<ObserverInfo>>,
+    /// Holds the observer's memcg event counter attached while nri-resize reclaims: every
+    /// reclaim in flight takes a guard (the trimmer's pauses and turns); the observer binds it.
+    pub reclaim_watch: ReclaimWatch,
     pub metrics: Arc<Metrics>,
     /// Where `/metrics` is served (port 0 resolved).
     pub metrics_addr: RwLock<Option<SocketAddr>>,
@@ -99,6 +103,7 @@ impl NodeState {
             observer_fallbacks: Arc::new(RwLock::new(Vec::new())),
             observer_map_bytes: Arc::default(),
             observer_info: RwLock::new(None),
+            reclaim_watch: ReclaimWatch::default(),
             metrics: Arc::new(metrics),
             metrics_addr: RwLock::new(None),
             state_dir: Mutex::new(StateDirStatus::default()),

@@ -5,11 +5,16 @@
 //! path holds a [`TrimPause`] for as long as it reclaims; while one is held the container's
 //! turns do nothing and its state says why, and the first turn after it starts a new probe (the
 //! readings from before describe another container).
+//!
+//! Every reclaim a decrease runs holds a pause, so a pause also holds the observer's reclaim
+//! counter attached ([`ReclaimWatch`](crate::observer::ReclaimWatch)): where that counter is a
+//! program on the page-fault path, it runs only while some reclaim of ours is in flight.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use super::{Shared, Trimmer};
+use crate::observer::ReclaimGuard;
 use crate::sync::Locked as _;
 
 /// The containers paused (how many holders each) and those whose probe a pause disturbed.
@@ -56,6 +61,8 @@ impl Pauses {
 pub struct TrimPause {
     shared: Arc<Shared>,
     id: String,
+    /// Keeps the observer's reclaim counter attached while the decrease reclaims.
+    _reclaim: ReclaimGuard,
 }
 
 impl std::fmt::Debug for TrimPause {
@@ -79,6 +86,7 @@ impl Trimmer {
         TrimPause {
             shared: Arc::clone(&self.shared),
             id: id.to_owned(),
+            _reclaim: self.shared.state.reclaim_watch.watch(),
         }
     }
 }

@@ -14,6 +14,7 @@ use super::step::{self, Readings, Turn};
 use super::{Shared, TrimTarget};
 use crate::cgroup::CgroupError;
 use crate::config::Config;
+use crate::observer::ReclaimWatch;
 use crate::policy::{
     bytes_text, effective_trim, stall_text, working_set_holds, Found, HoldReason, Probe,
     TrimChoice, TrimSettings, TrimStep, REFAULT_FLOOR,
@@ -170,8 +171,9 @@ async fn pass(shared: &Arc<Shared>, cfg: &Config, id: &str, mut rec: Record) -> 
         max_step: cfg.trim.max_step,
     };
     let node_has_swap = shared.node_has_swap;
+    let watch = shared.state.reclaim_watch.clone();
     let work = tokio::task::spawn_blocking(move || {
-        let outcome = turn(&cgroups, &mut rec, &settings, node_has_swap);
+        let outcome = turn(&cgroups, &mut rec, &settings, node_has_swap, &watch);
         (rec, outcome)
     });
     let (mut rec, outcome) = tokio::select! {
@@ -335,6 +337,7 @@ fn turn(
     rec: &mut Record,
     settings: &TrimSettings,
     node_has_swap: fn() -> bool,
+    watch: &ReclaimWatch,
 ) -> Outcome {
     let writer = match rec.writer {
         Some(w) => w,
@@ -344,6 +347,8 @@ fn turn(
             Err(NotAvailable::Cgroup(e)) => return Outcome::Failed(e),
         },
     };
+    // This turn may reclaim: the observer's reclaim counter stays attached until it ends.
+    let _reclaiming = watch.watch();
     // The harm this turn measures is a step's only when the last turn stepped (not after a
     // hold: that stall is the workload's own).
     let stepped_before = rec.probe.last_step() > 0
