@@ -8,6 +8,9 @@
 //! - **Inline passes** (inside a kubelet update or a pod-level call, within the runtime's
 //!   deadline): [`Reclaims::inline_pass`] / [`Reclaims::inline_pod_pass`] hold trimming off
 //!   the containers for as long as the pass runs.
+//! - **The observer's reclaim counter**: every background reclaim and inline pass holds it
+//!   attached ([`crate::observer::ReclaimWatch`]): where it is a program on the page-fault path,
+//!   it runs only while a reclaim of ours is in flight (trimming's turns take it themselves).
 //! - **Trimming** runs only where neither of the above holds the container: every background
 //!   reclaim and every inline pass holds a [`TrimPause`]. What trimming found (its working set)
 //!   is read here too.
@@ -27,6 +30,7 @@ use tracing::{error, info, warn};
 
 use super::checkpoint::CheckpointStore;
 use super::reclaim::LimitWrites;
+use crate::observer::ReclaimGuard;
 use crate::policy::mib;
 use crate::state::NodeState;
 use crate::sync::Locked as _;
@@ -46,8 +50,9 @@ pub(in crate::resize) struct ReclaimHandle {
     /// The decrease is having the runtime apply a limit right now (see
     /// [`Reclaims::supersede_unless_applying`]).
     applying: bool,
-    /// Trimming of the container stays off while the handle lives (held for its `Drop`).
-    trim_pause: Option<TrimPause>,
+    /// Trimming off the container and the reclaim counter attached while the handle lives
+    /// (held for its `Drop`).
+    hold: Option<ReclaimHold>,
     /// The reclaim toward a limit kubelet was refused: no interim, no limit applied at the end;
     /// `interim` is the limit the container keeps.
     toward: bool,
@@ -84,7 +89,7 @@ impl ReclaimHandle {
             interim,
             generation,
             applying: false,
-            trim_pause: None,
+            hold: None,
             toward: false,
             writes: Arc::default(),
         }
@@ -95,6 +100,14 @@ impl ReclaimHandle {
         self.toward = true;
         self
     }
+}
+
+/// What a reclaim of ours holds while it runs: trimming off its containers, and the observer's
+/// reclaim counter attached.
+#[derive(Debug)]
+pub(crate) struct ReclaimHold {
+    _trim: Vec<TrimPause>,
+    _counter: ReclaimGuard,
 }
 
 /// See the module docs.
@@ -137,17 +150,23 @@ impl Reclaims {
         self.trimmer.as_ref()?.state(id)
     }
 
-    /// An inline pass on container `id`: trimming stays off it while the guard lives.
-    pub(crate) fn inline_pass(&self, id: &str) -> Option<TrimPause> {
-        self.trimmer.as_ref().map(|t| t.pause(id))
+    /// An inline pass on container `id`: trimming stays off it, and the reclaim counter
+    /// attached, while the hold lives.
+    pub(crate) fn inline_pass(&self, id: &str) -> ReclaimHold {
+        self.inline_pod_pass(&[id.to_owned()])
     }
 
-    /// An inline pass on the containers `ids` of a pod (a pod-level reclaim).
-    pub(crate) fn inline_pod_pass(&self, ids: &[String]) -> Vec<TrimPause> {
-        self.trimmer
-            .as_ref()
-            .map(|t| ids.iter().map(|id| t.pause(id)).collect())
-            .unwrap_or_default()
+    /// An inline pass on the containers `ids` of a pod (a pod-level reclaim; the counter is
+    /// attached even where the pod has no container running).
+    pub(crate) fn inline_pod_pass(&self, ids: &[String]) -> ReclaimHold {
+        ReclaimHold {
+            _trim: self
+                .trimmer
+                .as_ref()
+                .map(|t| ids.iter().map(|id| t.pause(id)).collect())
+                .unwrap_or_default(),
+            _counter: self.state.reclaim_watch.watch(),
+        }
     }
 
     /// Whether trimming is consulted at all.
@@ -167,7 +186,7 @@ impl Reclaims {
         let cancel = self.shutdown.child_token();
         let generation = self.generation.fetch_add(1, Ordering::Relaxed);
         let mut handle = make(cancel.clone(), generation);
-        handle.trim_pause = self.inline_pass(id);
+        handle.hold = Some(self.inline_pass(id));
         if let Some(old) = self.handles.locked().insert(id.to_owned(), handle) {
             old.cancel.cancel();
         }

@@ -6,15 +6,13 @@
 //! turns do nothing and its state says why, and the first turn after it starts a new probe (the
 //! readings from before describe another container).
 //!
-//! Every reclaim a decrease runs holds a pause, so a pause also holds the observer's reclaim
-//! counter attached ([`ReclaimWatch`](crate::observer::ReclaimWatch)): where that counter is a
-//! program on the page-fault path, it runs only while some reclaim of ours is in flight.
+//! The pauses are taken by the resize domain's owner of reclaim (`resize/reclaims.rs`), which
+//! also holds the observer's reclaim counter attached for as long as a reclaim of its runs.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use super::{Shared, Trimmer};
-use crate::observer::ReclaimGuard;
 use crate::sync::Locked as _;
 
 /// The containers paused (how many holders each) and those whose probe a pause disturbed.
@@ -61,8 +59,6 @@ impl Pauses {
 pub struct TrimPause {
     shared: Arc<Shared>,
     id: String,
-    /// Keeps the observer's reclaim counter attached while the decrease reclaims.
-    _reclaim: ReclaimGuard,
 }
 
 impl std::fmt::Debug for TrimPause {
@@ -86,7 +82,6 @@ impl Trimmer {
         TrimPause {
             shared: Arc::clone(&self.shared),
             id: id.to_owned(),
-            _reclaim: self.shared.state.reclaim_watch.watch(),
         }
     }
 }

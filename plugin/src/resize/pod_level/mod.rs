@@ -267,7 +267,7 @@ impl PodLevel {
         deadline: &Deadline,
     ) -> PodMemory {
         let cgroups = self.state().cgroups.clone();
-        let reclaims = self.reclaims.as_deref().filter(|r| r.trims());
+        let reclaims = self.reclaims.as_deref();
         let ids = if reclaims.is_some() {
             self.pod_container_ids(&pod.id)
         } else {
@@ -276,7 +276,7 @@ impl PodLevel {
         let mut m = PodMemory {
             used,
             // The sum of the working sets trimming found for the pod's containers.
-            trimmed_working_set: reclaims.and_then(|r| {
+            trimmed_working_set: reclaims.filter(|r| r.trims()).and_then(|r| {
                 ids.iter()
                     .filter_map(|id| r.trim_state(id)?.working_set_bytes)
                     .reduce(u64::saturating_add)
@@ -289,7 +289,8 @@ impl PodLevel {
         };
         if let (Limit::Limited(limit), Some(cg), true) = (limit, cgroups, enforce) {
             if m.needs_reclaim(limit) {
-                // An inline pass: trimming stays off the pod's containers meanwhile.
+                // An inline pass: trimming off the pod's containers and the reclaim counter
+                // attached meanwhile.
                 let _pass = reclaims.map(|r| r.inline_pod_pass(&ids));
                 let after =
                     reclaim_pod(cg, pod.cgroup_parent.clone(), limit, m.used, deadline).await;
