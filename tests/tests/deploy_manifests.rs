@@ -595,6 +595,42 @@ fn walk<'a>(v: &'a serde_json::Value, out: &mut Vec<&'a str>) {
     }
 }
 
+/// No two dashboard panels cover the same cells of Grafana's grid (an overlap hides one).
+#[test]
+fn the_dashboard_panels_do_not_overlap() {
+    let text = std::fs::read_to_string(root().join("deploy/grafana/nri-resize.json"))
+        .expect("read dashboard");
+    let d: serde_json::Value = serde_json::from_str(&text).expect("dashboard is JSON");
+    let rect = |p: &serde_json::Value| {
+        let g = &p["gridPos"];
+        let n = |k: &str| {
+            g[k].as_u64()
+                .unwrap_or_else(|| panic!("gridPos.{k} of {p}"))
+        };
+        (
+            n("x"),
+            n("y"),
+            n("w"),
+            n("h"),
+            p["title"].as_str().unwrap_or("").to_owned(),
+        )
+    };
+    let panels: Vec<_> = d["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .map(rect)
+        .collect();
+    for (i, a) in panels.iter().enumerate() {
+        assert!(a.0 + a.2 <= 24, "{} is wider than the grid", a.4);
+        for b in &panels[i + 1..] {
+            let apart =
+                a.0 + a.2 <= b.0 || b.0 + b.2 <= a.0 || a.1 + a.3 <= b.1 || b.1 + b.3 <= a.1;
+            assert!(apart, "panels overlap: {:?} and {:?}", a, b);
+        }
+    }
+}
+
 /// Every metric a dashboard query uses is in the catalog (and so, once merged, in the registry);
 /// the dashboard shows the four things it is for.
 #[test]
