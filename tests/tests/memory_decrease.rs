@@ -410,7 +410,8 @@ async fn side_by_side(version: ContainerdVersion) {
     let naive = naive(&base).await;
     let cg = if v1(&ctrd) { "v1" } else { "v2" };
     eprintln!(
-        "\nmemory decrease, containerd {} on cgroup {cg}: scenarios (a) cache→128Mi, (b) anon→100Mi",
+        "\nmemory decrease, {} {} on cgroup {cg}: scenarios (a) cache→128Mi, (b) anon→100Mi",
+        ctrd.runtime_name(),
         ctrd.version()
     );
     eprintln!(
