@@ -464,7 +464,8 @@ impl Containerd {
     ///
     /// # Panics
     /// If the pod or container cannot be created or started, or usage stays below `min_usage`
-    /// for 180 s (the message says how far it got; a loaded disk can take minutes to write the page cache).
+    /// without growing for a minute, or for ten minutes in all (the message says how far it
+    /// got and what the machine's writeback was doing).
     pub async fn loaded_pod(
         &self,
         name: &str,
@@ -485,13 +486,27 @@ impl Containerd {
             .await
             .expect("CreateContainer");
         self.start_container(&id).await.expect("StartContainer");
-        let deadline = Instant::now() + Duration::from_secs(180);
+        // Writing the page cache takes as long as the machine's disk does (a `conv=fsync` of
+        // 400 MiB waits for writeback, throttled by every other writer of the machine): the
+        // wait goes on while usage grows, and fails once it stood still for a minute (a
+        // workload that stopped), or after ten minutes in all (only a hang guard).
+        let started = Instant::now();
+        let mut last = (self.container_memory_usage(&id), Instant::now());
         while self.container_memory_usage(&id) < min_usage {
+            let now = self.container_memory_usage(&id);
+            if now > last.0 {
+                last = (now, Instant::now());
+            }
             assert!(
-                Instant::now() < deadline,
-                "{name}: usage stayed at {} MiB, below {} MiB",
-                self.container_memory_usage(&id) / MIB,
-                min_usage / MIB
+                last.1.elapsed() < Duration::from_secs(60)
+                    && started.elapsed() < Duration::from_secs(600),
+                "{name}: usage stayed at {} MiB, below {} MiB ({} s in all, no growth for {} s); \
+                 the machine's page cache waiting for the disk: {}",
+                now / MIB,
+                min_usage / MIB,
+                started.elapsed().as_secs(),
+                last.1.elapsed().as_secs(),
+                writeback_now()
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -622,4 +637,20 @@ pub fn kubelet_labels(
         all.insert("io.kubernetes.container.name".into(), name.into());
     }
     all
+}
+
+/// `Dirty` and `Writeback` of `/proc/meminfo`: how much of the machine's page cache waits for
+/// the disk (said when a workload's page cache does not fill).
+fn writeback_now() -> String {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let fields: Vec<String> = meminfo
+        .lines()
+        .filter(|l| l.starts_with("Dirty:") || l.starts_with("Writeback:"))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    if fields.is_empty() {
+        "unknown (/proc/meminfo unread)".into()
+    } else {
+        fields.join(", ")
+    }
 }

@@ -626,7 +626,7 @@ fn the_dashboard_panels_do_not_overlap() {
         for b in &panels[i + 1..] {
             let apart =
                 a.0 + a.2 <= b.0 || b.0 + b.2 <= a.0 || a.1 + a.3 <= b.1 || b.1 + b.3 <= a.1;
-            assert!(apart, "panels overlap: {:?} and {:?}", a, b);
+            assert!(apart, "panels overlap: {a:?} and {b:?}");
         }
     }
 }
