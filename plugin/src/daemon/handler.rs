@@ -51,14 +51,7 @@ impl ModelHandler {
     #[cfg(test)]
     #[must_use]
     pub(super) fn with_trimmer(mut self, trimmer: crate::trim::Trimmer) -> Self {
-        let engine = Engine::new(
-            Arc::clone(&self.state),
-            crate::nri::RuntimeLink::default(),
-            None,
-            NodeReader::new("/nonexistent"),
-            None,
-        )
-        .with_trimmer(trimmer);
+        let engine = Engine::detached_for_test(Arc::clone(&self.state)).with_trimmer(trimmer);
         self.pod_level = engine.pod_level(self.pod_level);
         self
     }

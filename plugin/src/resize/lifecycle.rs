@@ -183,18 +183,11 @@ fn pending_resize_states(
 mod tests {
     use super::*;
     use crate::config::Config;
-    use crate::nri::RuntimeLink;
-    use crate::resize::node::NodeReader;
+
     use crate::state::NodeState;
 
     fn engine() -> Engine {
-        Engine::new(
-            NodeState::new(Config::default()),
-            RuntimeLink::default(),
-            None,
-            NodeReader::new("/nonexistent/nri-resize-test-node"),
-            None,
-        )
+        Engine::detached_for_test(NodeState::new(Config::default()))
     }
 
     /// A pod with one container, both with resize records.

@@ -134,6 +134,19 @@ impl Engine {
         }
     }
 
+    /// Tests: an engine with no cgroups, runtime link, node or checkpoints (records, owners
+    /// and decisions only) on `state`.
+    #[cfg(test)]
+    pub(crate) fn detached_for_test(state: Arc<NodeState>) -> Self {
+        Engine::new(
+            state,
+            RuntimeLink::default(),
+            None,
+            NodeReader::new("/nonexistent/nri-resize-test-node"),
+            None,
+        )
+    }
+
     /// The engine with working-set trimming: a decrease asks it for the working set it found
     /// and pauses it on the container while reclaiming there.
     #[must_use]

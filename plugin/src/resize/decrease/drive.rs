@@ -301,9 +301,9 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use crate::model::{Container, Pod};
-    use crate::nri::RuntimeLink;
+
     use crate::policy::MemoryUse;
-    use crate::resize::node::NodeReader;
+
     use crate::resize::reclaims::{ReclaimHandle, Supersede};
     use crate::state::NodeState;
 
@@ -311,13 +311,7 @@ mod tests {
 
     /// An engine with no cgroups, runtime or checkpoints: records and handles only.
     fn engine() -> Engine {
-        Engine::new(
-            NodeState::new(Config::default()),
-            RuntimeLink::default(),
-            None,
-            NodeReader::new("/nonexistent/nri-resize-test-node"),
-            None,
-        )
+        Engine::detached_for_test(NodeState::new(Config::default()))
     }
 
     /// The failure seen in the VM tier: a newer update superseded a staged decrease while a
