@@ -430,6 +430,19 @@ fn throttling_from_sched_switch_agrees_with_cpu_stat_and_with_forced_fallback() 
         "no throttled time accumulated"
     );
 
+    // Inside a pass (the daemon's observer ticks) the counters come from one batch read of
+    // each map: the same values as the key-by-key lookup, now that they have settled.
+    observer.begin_pass();
+    let in_pass = observer.read(&observed).expect("read in a pass");
+    observer.end_pass();
+    let by_key = observer.read(&observed).expect("read").throttling;
+    let in_pass = in_pass.throttling.expect("throttling");
+    assert!(
+        in_pass.count == ebpf.count && by_key.is_some_and(|t| t.count == ebpf.count),
+        "batch read {in_pass:?} vs key by key {by_key:?} vs before {ebpf:?}"
+    );
+    assert!(in_pass.count > 0, "the pass read the throttles");
+
     observer.forget(&observed);
     let after = observer
         .read(&observed)
@@ -437,6 +450,14 @@ fn throttling_from_sched_switch_agrees_with_cpu_stat_and_with_forced_fallback() 
         .throttling
         .expect("throttling");
     assert_eq!(after.count, 0, "forget() left the map entry");
+    observer.begin_pass();
+    let gone = observer.read(&observed).expect("read in a pass").throttling;
+    observer.end_pass();
+    assert_eq!(
+        gone.map(|t| t.count),
+        Some(0),
+        "a key gone from the map reads as zeros in a pass too"
+    );
 }
 
 #[test]

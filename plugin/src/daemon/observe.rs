@@ -244,7 +244,9 @@ impl Loop {
         let shared = Arc::clone(&self.observer);
         let mut observer = shared.locked();
         self.sync_membership(&mut observer);
+        observer.begin_pass();
         self.read_all(&mut observer);
+        observer.end_pass();
         drop(observer);
         self.publish();
         self.drain_hotplug(&mut shared.locked());

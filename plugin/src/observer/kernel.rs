@@ -21,6 +21,7 @@ use super::btf::KernelBtf;
 use super::map_memory::{self, MapMemory};
 use super::map_sizes::{map_sizes, MapSizes, NodeFacts};
 use super::probe::ProbeError;
+use super::snapshot::{MapSnapshot, Snapshot};
 use super::{
     maps, parse, Fallback, HotplugStrategy, ObjectSource, ObserverError, ObserverSettings,
     OomStrategy, ProgramStats, Reclaim, ReclaimStrategy, Strategies, ThrottleStrategy,
@@ -296,7 +297,18 @@ pub(super) struct KernelSide {
     possible_cpus: usize,
     /// The reclaim program loaded at start and attached only on demand.
     on_demand: Option<OnDemand>,
+    /// `THROTTLE`, `RECLAIM`, `OOM` as read at the start of the observer's pass.
+    snapshots: [MapSnapshot; 3],
+    /// The kernel refused a batch lookup (before 5.6): per-key lookups only.
+    no_batch: bool,
 }
+
+/// The shared counter maps a pass snapshots, with their value sizes in u64 words.
+const SNAPSHOT_MAPS: [(&str, usize); 3] = [
+    (names::THROTTLE_MAP, size_of::<ThrottleCounters>() / 8),
+    (names::RECLAIM_MAP, size_of::<ReclaimCounters>() / 8),
+    (names::OOM_MAP, size_of::<OomCounters>() / 8),
+];
 
 /// The memcg event program: loaded, attached while `link` is set.
 struct OnDemand {
@@ -445,6 +457,8 @@ impl KernelSide {
                 map_memory,
                 map_sizes: sizes,
                 possible_cpus,
+                snapshots: Default::default(),
+                no_batch: false,
                 on_demand: on_demand.map(|program| OnDemand {
                     program,
                     link: None,
@@ -455,13 +469,7 @@ impl KernelSide {
     }
 
     fn map_fd(&self, name: &'static str) -> Result<BorrowedFd<'_>, ObserverError> {
-        match self.ebpf.map(name) {
-            Some(Map::LruHashMap(data)) => Ok(data.fd().as_fd()),
-            _ => Err(ObserverError::Map {
-                map: name,
-                source: std::io::ErrorKind::NotFound.into(),
-            }),
-        }
+        counter_map_fd(&self.ebpf, name)
     }
 
     /// Each map's memory, as read after load.
@@ -479,8 +487,38 @@ impl KernelSide {
         self.possible_cpus
     }
 
+    /// Starts a pass over the watched cgroups: each shared counter map is read whole, with a
+    /// few batch lookups, and the pass's reads take their values from that copy. A map that
+    /// cannot be read so is looked up key by key (a kernel without batch lookups: from then on).
+    pub(super) fn begin_pass(&mut self) {
+        if self.no_batch {
+            return;
+        }
+        for (i, (map, words)) in SNAPSHOT_MAPS.into_iter().enumerate() {
+            let Ok(fd) = counter_map_fd(&self.ebpf, map) else {
+                continue;
+            };
+            if let Err(e) = self.snapshots[i].take(fd, words) {
+                if e.kind() == std::io::ErrorKind::Unsupported {
+                    tracing::info!(error = %e, "observer: counter maps read key by key");
+                    self.no_batch = true;
+                    self.end_pass();
+                    return;
+                }
+                tracing::debug!(map, error = %e, "observer: batch read failed; this pass reads key by key");
+            }
+        }
+    }
+
+    /// Ends the pass: reads look keys up themselves again.
+    pub(super) fn end_pass(&mut self) {
+        for s in &mut self.snapshots {
+            s.invalidate();
+        }
+    }
+
     /// The value of `key` in the shared counter map `map`, as `sum.len()` u64 words; zeros
-    /// when the key is absent.
+    /// when the key is absent. Inside a pass, from its snapshot.
     fn lookup_sum(
         &self,
         map: &'static str,
@@ -488,6 +526,19 @@ impl KernelSide {
         buf: &mut Vec<u64>,
         sum: &mut [u64],
     ) -> Result<(), ObserverError> {
+        if let Some(i) = SNAPSHOT_MAPS.iter().position(|(m, _)| *m == map) {
+            match self.snapshots[i].get(key) {
+                Snapshot::NotTaken => {}
+                Snapshot::Found(words) if words.len() == sum.len() => {
+                    sum.copy_from_slice(words);
+                    return Ok(());
+                }
+                Snapshot::Found(_) | Snapshot::Absent => {
+                    sum.fill(0);
+                    return Ok(());
+                }
+            }
+        }
         let found = maps::lookup(self.map_fd(map)?, key, buf, sum)
             .map_err(|source| ObserverError::Map { map, source })?;
         if !found {
@@ -683,6 +734,17 @@ impl KernelSide {
     /// Hands the hotplug ring buffer over; the programs stay attached while `self` lives.
     pub(super) fn take_hotplug(&mut self) -> Option<RingBuf<MapData>> {
         self.hotplug.take()
+    }
+}
+
+/// The fd of the shared counter map `name` (an LRU hash).
+fn counter_map_fd<'a>(ebpf: &'a Ebpf, name: &'static str) -> Result<BorrowedFd<'a>, ObserverError> {
+    match ebpf.map(name) {
+        Some(Map::LruHashMap(data)) => Ok(data.fd().as_fd()),
+        _ => Err(ObserverError::Map {
+            map: name,
+            source: std::io::ErrorKind::NotFound.into(),
+        }),
     }
 }
 

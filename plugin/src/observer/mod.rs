@@ -25,6 +25,7 @@ mod maps;
 pub mod parse;
 pub mod pressure;
 mod probe;
+mod snapshot;
 mod watch;
 
 use std::fmt;
@@ -669,6 +670,22 @@ impl Observer {
         match &mut self.kernel {
             Some(kernel) => kernel.detach_on_demand(),
             None => Ok(()),
+        }
+    }
+
+    /// Starts a pass over many cgroups: the eBPF counter maps are read whole now (a few batch
+    /// lookups) and the pass's [`Observer::read`]s take their values from that copy, until
+    /// [`Observer::end_pass`]. Without eBPF, nothing.
+    pub fn begin_pass(&mut self) {
+        if let Some(kernel) = &mut self.kernel {
+            kernel.begin_pass();
+        }
+    }
+
+    /// Ends the pass [`Observer::begin_pass`] started: reads look their keys up again.
+    pub fn end_pass(&mut self) {
+        if let Some(kernel) = &mut self.kernel {
+            kernel.end_pass();
         }
     }
 

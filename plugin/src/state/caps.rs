@@ -9,17 +9,16 @@
 //! [`Confirmation::caps`]: super::Confirmation::caps
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use tracing::{debug, info, warn};
 
 use super::{NodeState, Observed, Target};
-use crate::cgroup::{self, Cap, Caps, CgroupIo as _, CgroupLimits};
+use crate::cgroup::{self, Cap, Caps, CgroupLimits};
 
-/// The observer re-reads every container's cgroup path every this many ticks (its interval:
-/// 1 s by default). A pod cgroup changes rarely; a pass reads each container's limits and each
-/// cgroup above them once (two or three files each), a cost beside the observer's own reads that
-/// grows with the containers, so it is kept to every 10 s.
+/// The observer re-reads the cgroups above the containers every this many ticks (its interval:
+/// 1 s by default). A pod cgroup changes rarely; a pass reads each cgroup above a container
+/// once (two or three files each: a cost that grows with the pods), so it is kept to every 10 s.
 pub const RECHECK_EVERY_TICKS: u32 = 10;
 
 impl NodeState {
@@ -32,23 +31,12 @@ impl NodeState {
         container: &Path,
         own: &CgroupLimits,
     ) -> Option<Caps> {
-        self.read_caps_seen(target, container, own, &mut HashMap::new())
-    }
-
-    /// [`Self::read_caps`], each cgroup above the container read once per `seen`.
-    fn read_caps_seen(
-        &self,
-        target: &Target,
-        container: &Path,
-        own: &CgroupLimits,
-        seen: &mut HashMap<PathBuf, CgroupLimits>,
-    ) -> Option<Caps> {
         let cgroups = self.cgroups.as_ref()?;
         if target.cgroup_parent.is_empty() {
             return None;
         }
         match cgroup::pod_path(&target.cgroup_parent)
-            .and_then(|pod| cgroup::read_caps_cached(cgroups, container, own, &pod, seen))
+            .and_then(|pod| cgroup::read_caps(cgroups, container, own, &pod))
         {
             Ok(caps) => caps,
             Err(e) => {
@@ -95,37 +83,66 @@ impl NodeState {
         self.metrics.confirmation.set_capped(memory, cpu);
     }
 
-    /// Re-reads the cgroup path of every confirmed container (the pod cgroup may have been
-    /// written meanwhile) and records the caps. Blocking (cgroupfs): the observer thread runs it.
+    /// Re-reads the cgroups above every confirmed container, up to its pod's (the pod cgroup
+    /// may have been written meanwhile: kubelet writes it without telling the runtime), and
+    /// records the caps. The container's own limits are its confirmation's `actual`, read back
+    /// at each update the runtime reported and at first sight: only the cgroups above it are
+    /// read here, each once per pass (a pod's containers share them), so a pass costs the
+    /// pods, not the containers (at 500 containers it was most of the daemon's steady CPU).
+    /// Blocking (cgroupfs): the observer thread runs it.
     pub fn recheck_caps(&self) {
+        struct Job {
+            id: String,
+            cgroups_path: String,
+            cgroup_parent: String,
+            own: CgroupLimits,
+        }
         let Some(cgroups) = self.cgroups.as_ref() else {
             return;
         };
-        let jobs: Vec<(String, Target, u64)> = self.observed(|o| {
+        let (jobs, seq): (Vec<Job>, u64) = self.observed(|o| {
             // As at a confirmation: only containers whose own cgroup held what was asked.
-            let ids: Vec<String> = o
+            let jobs = o
                 .confirmations
                 .iter()
-                .filter(|(id, c)| o.targets.contains_key(*id) && c.matches != Some(false))
-                .map(|(id, _)| id.clone())
-                .collect();
-            ids.into_iter()
-                .filter_map(|id| {
-                    let t = o.targets.get(&id)?.clone();
-                    Some((id, t, o.next_reading()))
+                .filter(|(_, c)| c.matches != Some(false))
+                .filter_map(|(id, c)| {
+                    let t = o.targets.get(id)?;
+                    if t.cgroup_parent.is_empty() {
+                        return None;
+                    }
+                    Some(Job {
+                        id: id.clone(),
+                        cgroups_path: t.cgroups_path.clone(),
+                        cgroup_parent: t.cgroup_parent.clone(),
+                        own: CgroupLimits::from(c.actual.as_ref()?),
+                    })
                 })
-                .collect()
+                .collect();
+            (jobs, o.next_reading())
         });
-        // A pod's containers share the cgroups above them: each is read once per pass.
         let mut seen = HashMap::new();
-        for (id, target, seq) in jobs {
-            let caps = cgroup::container_path(&target.cgroups_path)
-                .and_then(|path| Ok((cgroups.read_limits(&path)?, path)))
-                .map_err(|e| debug!(container = %target.labels.container, error = %e, "container cgroup not re-read"))
-                .ok()
-                .and_then(|(own, path)| self.read_caps_seen(&target, &path, &own, &mut seen));
-            self.observed(|o| self.record_caps(o, &id, caps, seq));
-        }
+        let found: Vec<(String, Caps)> = jobs
+            .into_iter()
+            .filter_map(|job| {
+                let caps = cgroup::container_path(&job.cgroups_path).and_then(|path| {
+                    let pod = cgroup::pod_path(&job.cgroup_parent)?;
+                    cgroup::read_caps_cached(cgroups, &path, &job.own, &pod, &mut seen)
+                });
+                match caps {
+                    Ok(caps) => Some((job.id, caps?)),
+                    Err(e) => {
+                        debug!(container = %job.id, error = %e, "cgroup path above the container not re-read");
+                        None
+                    }
+                }
+            })
+            .collect();
+        self.observed(|o| {
+            for (id, caps) in found {
+                self.record_caps(o, &id, Some(caps), seq);
+            }
+        });
     }
 }
 
@@ -162,6 +179,8 @@ fn log_change(
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
     use super::super::fixtures::{ctr, pod, res};
     use super::*;
 
@@ -296,10 +315,37 @@ mod tests {
             Some(100 << 20),
             "a 200Mi container under a 100Mi pod"
         );
-        std::fs::remove_file(pod_dir.join("memory.max")).expect("rm");
-        std::fs::remove_dir_all(pod_dir.join("c1")).expect("rm");
+        // The recheck reads only the cgroups above the container (its own limits are the
+        // confirmation's): the pod's gone, the path is unreadable.
+        std::fs::remove_dir_all(&pod_dir).expect("rm");
         state.recheck_caps();
         let kept = state.observed(|o| o.confirmations["c1"].caps.clone());
         assert!(kept.is_some_and(|c| c.memory.is_some()), "kept");
+    }
+
+    /// A recheck reads the cgroups above the container only: the container's own limits are
+    /// its confirmation's (read back at its last update). With the container's directory
+    /// gone, raising the pod cgroup still clears the cap.
+    #[test]
+    fn a_recheck_reads_only_the_cgroups_above_the_container() {
+        let (_tmp, pod_dir, state) = tracked(
+            ("104857600\n", "max 100000\n"),
+            ("209715200\n", "10000 100000\n"),
+        );
+        let c = state
+            .confirm("c1", Some(res(10_000, 100_000, 200 << 20)))
+            .expect("confirmation");
+        assert!(
+            c.caps.is_some_and(|c| c.memory.is_some()),
+            "capped at 100Mi"
+        );
+        std::fs::remove_dir_all(pod_dir.join("c1")).expect("rm");
+        write(&pod_dir, "memory.max", "419430400\n");
+        state.recheck_caps();
+        let now = state.observed(|o| o.confirmations["c1"].caps.clone());
+        assert!(
+            now.as_ref().is_some_and(|c| !c.any()),
+            "the pod raised to 400Mi no longer caps the 200Mi container: {now:?}"
+        );
     }
 }
