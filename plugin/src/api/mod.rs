@@ -392,8 +392,8 @@ fn status_of(
                     .into_iter()
                     .map(|c| ContainerStatus {
                         observed: observed_view(
-                            o.confirmations.get(&c.id),
-                            o.observations.get(&c.id),
+                            o.confirmations.get(&c.id).map(AsRef::as_ref),
+                            o.observations.get(&c.id).map(AsRef::as_ref),
                             strategies,
                         ),
                         trim: trim.get(&c.id).cloned(),

@@ -95,7 +95,7 @@ struct Loop {
     /// Shared with the reclaim watch's switch (a `Weak`): the thread holds the only `Arc`.
     observer: Arc<Mutex<Observer>>,
     generation: u64,
-    watched: HashMap<String, Watched>,
+    watched: HashMap<String, Box<Watched>>,
     hotplug: Vec<CpuHotplugEvent>,
     newly_resolved: Vec<String>,
 }
@@ -124,7 +124,7 @@ impl Loop {
                 if !self.watched.contains_key(id) {
                     self.watched.insert(
                         id.clone(),
-                        Watched {
+                        Box::new(Watched {
                             labels: t.labels.clone(),
                             cgroups_path: t.cgroups_path.clone(),
                             cgroup: None,
@@ -134,7 +134,7 @@ impl Loop {
                             stall: None,
                             failing: false,
                             unresolved_logged: false,
-                        },
+                        }),
                     );
                 }
             }
@@ -204,9 +204,9 @@ impl Loop {
                     stall: w.stall,
                 };
                 if let Some(slot) = o.observations.get_mut(id) {
-                    *slot = value;
+                    **slot = value;
                 } else {
-                    o.observations.insert(id.clone(), value);
+                    o.observations.insert(id.clone(), Box::new(value));
                 }
             }
         });

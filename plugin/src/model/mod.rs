@@ -90,33 +90,40 @@ pub struct Container {
 /// All pods and containers the plugin knows of.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Model {
-    pods: HashMap<String, Pod>,
-    containers: HashMap<String, Container>,
+    pods: HashMap<String, Box<Pod>>,
+    containers: HashMap<String, Box<Container>>,
 }
 
 impl Model {
     /// Replaces everything with the runtime's full state (from `Synchronize`).
     pub fn rebuild(&mut self, pods: Vec<Pod>, containers: Vec<Container>) {
-        self.pods = pods.into_iter().map(|p| (p.id.clone(), p)).collect();
-        self.containers = containers.into_iter().map(|c| (c.id.clone(), c)).collect();
+        self.pods = pods
+            .into_iter()
+            .map(|p| (p.id.clone(), Box::new(p)))
+            .collect();
+        self.containers = containers
+            .into_iter()
+            .map(|c| (c.id.clone(), Box::new(c)))
+            .collect();
     }
 
     pub fn upsert_pod(&mut self, pod: Pod) {
-        self.pods.insert(pod.id.clone(), pod);
+        self.pods.insert(pod.id.clone(), Box::new(pod));
     }
 
     /// Removes a pod and any containers of it still known.
     pub fn remove_pod(&mut self, pod_id: &str) -> Option<Pod> {
         self.containers.retain(|_, c| c.pod_id != pod_id);
-        self.pods.remove(pod_id)
+        self.pods.remove(pod_id).map(|p| *p)
     }
 
     pub fn upsert_container(&mut self, container: Container) {
-        self.containers.insert(container.id.clone(), container);
+        self.containers
+            .insert(container.id.clone(), Box::new(container));
     }
 
     pub fn remove_container(&mut self, id: &str) -> Option<Container> {
-        self.containers.remove(id)
+        self.containers.remove(id).map(|c| *c)
     }
 
     /// Records resources applied to a container (an update the runtime accepted).
@@ -133,21 +140,21 @@ impl Model {
     }
 
     pub fn pod(&self, id: &str) -> Option<&Pod> {
-        self.pods.get(id)
+        self.pods.get(id).map(AsRef::as_ref)
     }
 
     pub fn container(&self, id: &str) -> Option<&Container> {
-        self.containers.get(id)
+        self.containers.get(id).map(AsRef::as_ref)
     }
 
     /// Every pod, in no particular order.
     pub fn pods(&self) -> impl Iterator<Item = &Pod> {
-        self.pods.values()
+        self.pods.values().map(AsRef::as_ref)
     }
 
     /// Every container, in no particular order.
     pub fn containers(&self) -> impl Iterator<Item = &Container> {
-        self.containers.values()
+        self.containers.values().map(AsRef::as_ref)
     }
 
     pub fn pod_count(&self) -> usize {
@@ -162,7 +169,10 @@ impl Model {
     pub fn snapshot(&self) -> Vec<PodView> {
         let mut by_pod: HashMap<&str, Vec<Container>> = HashMap::new();
         for c in self.containers.values() {
-            by_pod.entry(c.pod_id.as_str()).or_default().push(c.clone());
+            by_pod
+                .entry(c.pod_id.as_str())
+                .or_default()
+                .push(Container::clone(c));
         }
         let mut pods: Vec<PodView> = self
             .pods
@@ -171,7 +181,7 @@ impl Model {
                 let mut containers = by_pod.remove(p.id.as_str()).unwrap_or_default();
                 containers.sort_by(|a, b| a.name.cmp(&b.name).then_with(|| a.id.cmp(&b.id)));
                 PodView {
-                    pod: p.clone(),
+                    pod: Pod::clone(p),
                     containers,
                 }
             })

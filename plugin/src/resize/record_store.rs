@@ -13,7 +13,7 @@ use crate::sync::Locked as _;
 
 #[derive(Debug, Default)]
 struct Maps {
-    containers: Mutex<HashMap<String, ContainerResize>>,
+    containers: Mutex<HashMap<String, Box<ContainerResize>>>,
     pods: Mutex<HashMap<String, PodResize>>,
 }
 
@@ -57,7 +57,7 @@ impl Records {
         id: &str,
         f: impl FnOnce(&mut ContainerResize) -> R,
     ) -> Option<R> {
-        self.maps.containers.locked().get_mut(id).map(f)
+        self.maps.containers.locked().get_mut(id).map(|r| f(r))
     }
 
     pub(crate) fn remove_container(&self, id: &str) {
@@ -120,12 +120,21 @@ impl Records {
 impl RecordsView {
     /// Every container's record, by container id.
     pub fn containers(&self) -> HashMap<String, ContainerResize> {
-        self.maps.containers.locked().clone()
+        self.maps
+            .containers
+            .locked()
+            .iter()
+            .map(|(id, r)| (id.clone(), ContainerResize::clone(r)))
+            .collect()
     }
 
     /// The record of container `id`.
     pub fn container(&self, id: &str) -> Option<ContainerResize> {
-        self.maps.containers.locked().get(id).cloned()
+        self.maps
+            .containers
+            .locked()
+            .get(id)
+            .map(|r| ContainerResize::clone(r))
     }
 
     /// `(pod id, container name, state)` of every container with a resize pending.

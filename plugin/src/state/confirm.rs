@@ -258,7 +258,8 @@ impl NodeState {
                     confirmation.caps.clone_from(&before.caps);
                     confirmation.caps_seq = before.caps_seq;
                 }
-                o.confirmations.insert(id.to_owned(), confirmation.clone());
+                o.confirmations
+                    .insert(id.to_owned(), Box::new(confirmation.clone()));
                 self.record_caps(o, id, caps.clone(), seq);
                 if let Some(c) = o.confirmations.get(id) {
                     confirmation.caps.clone_from(&c.caps);

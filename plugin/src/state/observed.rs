@@ -94,9 +94,9 @@ pub struct Observed {
     generation: u64,
     /// The last number [`Observed::next_reading`] gave out.
     readings: u64,
-    pub targets: HashMap<String, Target>,
-    pub observations: HashMap<String, ContainerObservation>,
-    pub confirmations: HashMap<String, Confirmation>,
+    pub targets: HashMap<String, Box<Target>>,
+    pub observations: HashMap<String, Box<ContainerObservation>>,
+    pub confirmations: HashMap<String, Box<Confirmation>>,
     /// Resources of an `UpdateContainer` awaiting its `PostUpdateContainer`, and when it came.
     pub(super) pending: HashMap<String, (LinuxResources, std::time::Instant)>,
 }
@@ -132,8 +132,8 @@ impl NodeState {
                 self.metrics.set_desired(&target.labels, r);
                 self.metrics.set_allocated(&target.labels, r);
             }
-            if o.targets.get(&ctr.id) != Some(&target) {
-                o.targets.insert(ctr.id.clone(), target);
+            if o.targets.get(&ctr.id).map(AsRef::as_ref) != Some(&target) {
+                o.targets.insert(ctr.id.clone(), Box::new(target));
                 o.generation += 1;
             }
         });
