@@ -8,6 +8,7 @@
 //! `tests/architecture.rs` keeps the module graph free of cycles.
 
 pub mod api;
+pub mod arena;
 pub mod backoff;
 #[doc(hidden)]
 pub mod bench_table;

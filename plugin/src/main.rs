@@ -638,8 +638,28 @@ async fn client_command(cmd: Command) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    // Before the runtime's threads start (see `nri_resize::arena`).
+    let one_arena = nri_resize::arena::one_arena();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("nri-resize: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if !one_arena {
+        eprintln!(
+            "nri-resize: glibc refused mallopt(M_ARENA_MAX, 1); malloc keeps an arena per thread"
+        );
+    }
+    runtime.block_on(cli_main())
+}
+
+async fn cli_main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run(args).await,

@@ -27,8 +27,8 @@ use crate::cgroup;
 use crate::clock::now_ms;
 use crate::metrics::{ContainerLabels, ContainerSeries};
 use crate::observer::{
-    CpuHotplugEvent, HotplugRing, Observation, ObservedCgroup, Observer, ObserverError,
-    ObserverSettings, ReclaimSwitch, StallShare, CPUHP_ENTER,
+    CpuHotplugEvent, HotplugRing, ObservedCgroup, Observer, ObserverError, ObserverSettings,
+    ReclaimSwitch, StallShare, CPUHP_ENTER,
 };
 use crate::state::{
     ContainerObservation, NodeState, ObserverInfo, RECHECK_EVERY_TICKS as RECHECK_CAPS_EVERY_TICKS,
@@ -46,9 +46,10 @@ struct Watched {
     labels: ContainerLabels,
     cgroups_path: String,
     cgroup: Option<ObservedCgroup>,
+    /// The container's metric series; its `last()` is the last observation read, once
+    /// `last_at` is set (one copy of it per container, not two).
     series: ContainerSeries,
-    last: Option<Observation>,
-    /// When `last` was read (monotonic: the stall share's wall time).
+    /// When the last observation was read (monotonic: the stall share's wall time).
     last_at: Option<Instant>,
     stall: Option<StallShare>,
     failing: bool,
@@ -129,7 +130,6 @@ impl Loop {
                             cgroups_path: t.cgroups_path.clone(),
                             cgroup: None,
                             series: state.metrics.container(&t.labels),
-                            last: None,
                             last_at: None,
                             stall: None,
                             failing: false,
@@ -165,9 +165,9 @@ impl Loop {
             let Some(c) = &w.cgroup else { continue };
             match observer.read(c) {
                 Ok(o) => {
-                    w.series.update(&o);
                     let at = Instant::now();
-                    w.stall = match (w.last.and_then(|l| l.pressure), o.pressure, w.last_at) {
+                    let before = w.last_at.and_then(|_| w.series.last().pressure);
+                    w.stall = match (before, o.pressure, w.last_at) {
                         (Some(before), Some(after), Some(then)) => {
                             let wall = at.duration_since(then).as_micros();
                             let wall = u64::try_from(wall).unwrap_or(u64::MAX);
@@ -175,7 +175,7 @@ impl Loop {
                         }
                         _ => None,
                     };
-                    w.last = Some(o);
+                    w.series.update(&o);
                     w.last_at = Some(at);
                     w.failing = false;
                 }
@@ -194,7 +194,9 @@ impl Loop {
         let watched = &self.watched;
         self.state.observed(|o| {
             for (id, w) in watched {
-                let Some(observation) = w.last else { continue };
+                let Some(observation) = w.last_at.map(|_| *w.series.last()) else {
+                    continue;
+                };
                 if !o.targets.contains_key(id) {
                     continue;
                 }
@@ -214,7 +216,7 @@ impl Loop {
         self.state.verdict_tick(
             watched
                 .iter()
-                .filter_map(|(id, w)| Some((id.as_str(), w.last.as_ref()?))),
+                .filter_map(|(id, w)| Some((id.as_str(), w.last_at.map(|_| w.series.last())?))),
         );
         // First sight of a container's cgroup: record its actual limits next to its spec.
         for id in self.newly_resolved.drain(..) {

@@ -45,6 +45,11 @@ impl ContainerSeries {
         &self.labels
     }
 
+    /// The observation the counters were last advanced to (zeros before the first).
+    pub fn last(&self) -> &Observation {
+        &self.last
+    }
+
     /// Advances the counters to `now` (nothing, once the container's series were removed).
     pub fn update(&mut self, now: &Observation) {
         let last = self.last;

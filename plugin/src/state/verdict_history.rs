@@ -58,6 +58,7 @@ impl From<Kept> for CounterSample {
 
 /// Samples a history holds in steady state: two windows at [`SPACING`] per window, the newest
 /// and a pinned one. Reserved at the first sample, so the buffer does not double past it.
+#[expect(clippy::cast_possible_truncation, reason = "SPACING is 8")]
 const STEADY: usize = 2 * SPACING as usize + 3;
 
 /// Counter samples of one container, oldest first.
