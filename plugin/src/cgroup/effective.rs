@@ -36,6 +36,18 @@ impl From<&ActualResources> for CgroupLimits {
     }
 }
 
+/// Only the limits: the other fields unread (`None`).
+impl From<CgroupLimits> for ActualResources {
+    fn from(l: CgroupLimits) -> Self {
+        ActualResources {
+            cpu_quota: l.cpu_quota,
+            cpu_period: l.cpu_period,
+            memory_limit: l.memory_limit,
+            ..ActualResources::default()
+        }
+    }
+}
+
 impl CgroupLimits {
     /// The memory limit in bytes; `None`: unlimited.
     fn memory(&self) -> Option<u64> {

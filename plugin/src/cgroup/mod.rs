@@ -349,13 +349,23 @@ fn existing_dir(root: &Path, cgroup: &Path) -> Result<PathBuf, CgroupError> {
     }
 }
 
-/// Reads a cgroup file; `Ok(None)` if it does not exist.
+/// Reads a cgroup file; `Ok(None)` if it does not exist, `Missing` if its cgroup does not.
+/// Open, read to the end, close: read through `Take`, which has no size hint, since `File`'s
+/// costs a `statx` and an `lseek` per file (and cgroupfs says 0 bytes, or 4096, anyway).
 fn read_file(dir: &Path, file: &str) -> Result<Option<String>, CgroupError> {
     let path = dir.join(file);
     let mut text = String::new();
-    match std::fs::File::open(&path).and_then(|mut f| f.read_to_string(&mut text)) {
+    match std::fs::File::open(&path).and_then(|f| f.take(u64::MAX).read_to_string(&mut text)) {
         Ok(_) => Ok(Some(text)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if dir.is_dir() {
+                Ok(None)
+            } else {
+                Err(CgroupError::Missing {
+                    path: dir.to_owned(),
+                })
+            }
+        }
         Err(source) => Err(CgroupError::Read { path, source }),
     }
 }
@@ -481,8 +491,9 @@ impl CgroupIo for V1 {
     }
 
     fn read_limits(&self, cgroup: &Path) -> Result<CgroupLimits, CgroupError> {
-        let cpu = existing_dir(&self.cpu, cgroup)?;
-        let memory = existing_dir(&self.memory, cgroup)?;
+        // No `stat` up front: a missing cgroup is told by its first file's read.
+        let cpu = join_root(&self.cpu, cgroup)?;
+        let memory = join_root(&self.memory, cgroup)?;
         Ok(CgroupLimits {
             cpu_quota: read_i64(&cpu, "cpu.cfs_quota_us")?,
             cpu_period: read_u64(&cpu, "cpu.cfs_period_us")?,
@@ -560,7 +571,8 @@ impl CgroupIo for V2 {
     }
 
     fn read_limits(&self, cgroup: &Path) -> Result<CgroupLimits, CgroupError> {
-        let dir = existing_dir(&self.root, cgroup)?;
+        // No `stat` up front: a missing cgroup is told by its first file's read.
+        let dir = join_root(&self.root, cgroup)?;
         let (cpu_quota, cpu_period) = read_cpu_max(&dir)?;
         Ok(CgroupLimits {
             cpu_quota,
@@ -876,6 +888,12 @@ mod tests {
     fn bad_or_absent_paths_are_clear_errors() {
         let (_tmp, cg) = v2_fixture();
         let err = cg.read_actual(Path::new("/pod1/gone")).expect_err("absent");
+        assert!(
+            matches!(&err, CgroupError::Missing { path } if path.ends_with("pod1/gone")),
+            "{err}"
+        );
+        // `read_limits` does not `stat` the cgroup first: its first file's read tells.
+        let err = cg.read_limits(Path::new("/pod1/gone")).expect_err("absent");
         assert!(
             matches!(&err, CgroupError::Missing { path } if path.ends_with("pod1/gone")),
             "{err}"

@@ -2,7 +2,7 @@
 //! step, and written by a `SetPod` step; and a container step as the resources the runtime applies.
 
 use super::Engine;
-use crate::cgroup::{container_path, pod_path, CgroupError, CgroupIo, CpuLimit};
+use crate::cgroup::{container_path, pod_path, ActualResources, CgroupError, CgroupIo, CpuLimit};
 use crate::model::{limited_bytes, CpuResources, LinuxResources, MemoryResources, Pod};
 use crate::policy::{Limit, Limits, LimitsUpdate, PodResources, DEFAULT_CFS_PERIOD_US};
 
@@ -58,8 +58,8 @@ impl Engine {
     fn pod_limits(&self, pod: &Pod) -> Result<Limits, PodCgroupError> {
         let cg = self.cgroups.as_ref().ok_or(PodCgroupError::Off)?;
         pod_path(&pod.cgroup_parent)
-            .and_then(|path| cg.read_actual(&path))
-            .map(|a| limits_of(&a))
+            .and_then(|path| cg.read_limits(&path))
+            .map(|l| limits_of(&ActualResources::from(l)))
             .map_err(|source| PodCgroupError::Pod { source })
     }
 
@@ -100,8 +100,8 @@ impl Engine {
                 .filter(|c| !matches!(c.state, crate::model::ContainerState::Stopped))
                 .filter_map(|c| {
                     let path = container_path(&c.cgroups_path).ok()?;
-                    match cg.read_actual(&path) {
-                        Ok(a) => Some(Ok((c.name.clone(), limits_of(&a)))),
+                    match cg.read_limits(&path) {
+                        Ok(l) => Some(Ok((c.name.clone(), limits_of(&ActualResources::from(l))))),
                         Err(CgroupError::Missing { .. }) => None,
                         Err(source) => Some(Err(PodCgroupError::Container {
                             container: c.name.clone(),
@@ -141,7 +141,7 @@ impl Engine {
 }
 
 /// The CPU and memory limits a cgroup holds (`-1`, 0 or v1's huge "unlimited" value: unlimited).
-fn limits_of(a: &crate::cgroup::ActualResources) -> Limits {
+fn limits_of(a: &ActualResources) -> Limits {
     Limits::new(
         Limit::from_option(a.cpu_limit_millis()),
         Limit::from_option(a.memory_limit.and_then(limited_bytes)),
