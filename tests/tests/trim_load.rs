@@ -3,8 +3,8 @@
 //! tier's 6.12 guest (`#[ignore]`d elsewhere: it needs `memory.reclaim` and PSI, and 200
 //! containers).
 //!
-//! One containerd, 200 containers (10 pods of 20, busybox), each rewriting 2 MiB of page cache
-//! every 40 s (staggered), so trimming always has cold cache to take; one probe container
+//! One containerd, 200 containers (10 pods of 20, busybox, no memory limit of their own), each
+//! rewriting 2 MiB of page cache every 40 s (staggered), so trimming always has cold cache to take; one probe container
 //! beside them (its pod opted out of trimming). The daemon runs as the `DaemonSet` limits it
 //! (1 CPU, 256Mi: the pass's reclaim is charged to the CPU limit the handlers share; JSON logs at
 //! `info`), with `[trim] interval = 250ms` so that passes (each at most `pass_budget`, 250 ms)
@@ -236,7 +236,10 @@ async fn make_pods(ctrd: &Containerd, pods: std::ops::Range<usize>) -> Vec<(Pod,
                 "sleep {offset}; while :; do rm -f /tmp/cache; dd if=/dev/zero of=/tmp/cache bs=1M count=2 2>/dev/null; sleep {CACHE_EVERY_S}; done"
             );
             let mut s = ContainerSpec::new(&format!("c{c}"), &["sh", "-c", &script]);
-            s.resources = Resources::burstable(20_000, 32 * MIB);
+            // No memory limit of its own (the pod's bounds it): the node admission nri-resize
+            // makes counts a container's limit as its request, and 200 limits would not fit
+            // the guest's 1.4 GB.
+            s.resources = Resources::burstable(20_000, 0);
             let id = Box::pin(ctrd.create_container(&pod, s))
                 .await
                 .expect("CreateContainer");
