@@ -4,12 +4,12 @@
 //! containers).
 //!
 //! One containerd, 200 containers (10 pods of 20, busybox, no memory limit of their own), each
-//! rewriting 2 MiB of page cache every 40 s (staggered), so trimming always has cold cache to take; one probe container
-//! beside them (its pod opted out of trimming). The daemon runs as the `DaemonSet` limits it
-//! (1 CPU, 256Mi: the pass's reclaim is charged to the CPU limit the handlers share; JSON logs at
-//! `info`), with `[trim] interval = 250ms` so that passes (each at most `pass_budget`, 250 ms)
-//! take about half of the time. Side by side in alternating rounds, the daemon restarted for
-//! each with one config or the other, nothing else changed:
+//! rewriting 2 MiB of page cache every 40 s (staggered), so trimming always has cold cache to
+//! take; one probe container beside them (its pod opted out of trimming). The daemon runs as
+//! the `DaemonSet` limits it (1 CPU, 256Mi: the pass's reclaim is charged to the CPU limit the
+//! handlers share; JSON logs at `info`), with `[trim] interval = 250ms` so that passes (each at
+//! most `pass_budget`, 250 ms) take about half of the time. Side by side in alternating rounds,
+//! the daemon restarted for each with one config or the other, nothing else changed:
 //!
 //! - **without**: `[trim] enabled = false` (no pod opts in: no container is handed to the
 //!   trimmer);
