@@ -6,25 +6,30 @@
 //! One containerd, 200 containers (10 pods of 20, busybox, no memory limit of their own), each
 //! rewriting 2 MiB of page cache every 40 s (staggered), so trimming always has cold cache to
 //! take; one probe container beside them (its pod opted out of trimming). The daemon runs as
-//! the `DaemonSet` limits it (1 CPU, 256Mi: the pass's reclaim is charged to the CPU limit the
-//! handlers share; JSON logs at `info`), with `[trim] interval = 250ms` so that passes (each at
-//! most `pass_budget`, 250 ms) take about half of the time. Side by side in alternating rounds,
-//! the daemon restarted for each with one config or the other, nothing else changed:
+//! the `DaemonSet` limits it (its own cgroup, 1 CPU and 256Mi: a pass's reclaim is charged to
+//! the CPU limit the handlers share; JSON logs at `info`). Three sides in turn, each round
+//! starting with the next, the daemon restarted for each with its config and nothing else
+//! changed ([`Side`]):
 //!
 //! - **without**: `[trim] enabled = false` (no pod opts in: no container is handed to the
 //!   trimmer);
-//! - **with**: `[trim] enabled = true` (every container of the 200 is trimmed).
+//! - **with, 2s**: `enabled = true` at the default interval: passes (each at most
+//!   `pass_budget`, 250 ms) an eighth of the time;
+//! - **with, 250ms**: `enabled = true`, `interval = "250ms"`: passes half of the time.
 //!
-//! Each round, once the daemon is ready (and, with trimming, once it has stepped), the probe
+//! Both trimming sides re-probe after 1 s (`reprobe_after`), so every pass has work. Each
+//! round, once the daemon is ready (and, with trimming, once it has stepped), the probe
 //! container gets [`CALLS`] `UpdateContainerResources` (its CPU limit flipping between two
 //! values, 20 ms apart). Measured per side: the latency seen by the CRI client, the handler's
 //! own time (`nri_resize_nri_handler_duration_seconds{event="update_container"}`, p99 estimated
-//! from its buckets as Prometheus' `histogram_quantile` does), and the daemon's CPU.
+//! from its buckets as Prometheus' `histogram_quantile` does), the daemon's CPU and the time its
+//! CPU limit throttled it (`cpu.stat`).
 //!
 //! Asserted (what can fail): every call answered and applied, none failed open; trimming
-//! stepped in every "with" round and took page cache from each of the 200; no trim record in a
-//! "without" round; no OOM kill (the 200, the probe, the daemon); every container still runs.
-//! The latencies are the benchmark row (`nri_resize::bench_table::row`), never an assert.
+//! stepped in every round of a trimming side, and at 250 ms took page cache from each of the
+//! 200; no trim record in a "without" round; no OOM kill (the 200, the probe, the daemon);
+//! every container still runs. The latencies are the benchmark rows
+//! (`nri_resize::bench_table::row`, one per trimming side), never an assert.
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
