@@ -333,7 +333,7 @@ pub const SUITES: &[Suite] = &[
     Suite { name: "image_no_btf@2.1",       package: "nri-resize-tests", test: "image_containerd",   filter: "without_kernel_btf", skip: &[], env: ON_2, kernels: NEWEST, timeout_s: 600 },
     Suite { name: "trim_containerd@2.1",    package: "nri-resize-tests", test: "trim_containerd",    filter: "", skip: &[TWINS_1_7], env: ON_2,   kernels: NEWEST, timeout_s: 900 },
     // NRI handler latency with and without trimming 200 containers: a benchmark only
-    // (`BENCH_ONLY`: ~12 minutes of guest time), run by `cargo xtask bench`.
+    // (`BENCH_ONLY`: ~15 minutes of guest time), run by `cargo xtask bench`.
     Suite { name: "trim_load@2.1",          package: "nri-resize-tests", test: "trim_load",          filter: "", skip: &[],          env: ON_2,   kernels: NEWEST, timeout_s: 2400 },
     Suite { name: "nri_runtime@1.7",     package: "nri-resize-tests", test: "nri_runtime",     filter: "", skip: &[TWINS_2],   env: ON_1_7, kernels: OLDEST, timeout_s: 600 },
     Suite { name: "resize_runtime@1.7",  package: "nri-resize-tests", test: "resize_runtime",  filter: "", skip: &[TWINS_2, SPLIT_TO_2],   env: ON_1_7, kernels: OLDEST, timeout_s: 900 },
