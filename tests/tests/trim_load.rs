@@ -123,6 +123,9 @@ struct Figures {
     wall: Duration,
     /// CPU time of the daemon's trimming thread (`nri-resize-trim`) over those stretches, ms.
     trim_thread_ms: f64,
+    /// The daemon's CPU time over those stretches by thread name (ms; threads that ended
+    /// within a stretch are missing).
+    by_thread: BTreeMap<String, f64>,
     /// Trimming, summed over the rounds: steps, bytes, turns postponed by the pass budget.
     steps: u64,
     trimmed: u64,
@@ -204,6 +207,22 @@ impl Figures {
             self.trim_thread_ms / 10.0 / self.wall.as_secs_f64().max(1e-9),
             share(self.throttled_us, self.wall) * 100.0,
         )
+    }
+
+    /// The daemon's CPU by thread name, the busiest first, as shares of a core.
+    fn by_thread_text(&self) -> String {
+        let mut v: Vec<(&String, &f64)> = self.by_thread.iter().collect();
+        v.sort_by(|a, b| b.1.total_cmp(a.1));
+        v.iter()
+            .filter(|(_, ms)| **ms > 0.0)
+            .map(|(name, ms)| {
+                format!(
+                    "{name} {:.1} %",
+                    **ms / 10.0 / self.wall.as_secs_f64().max(1e-9)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 
@@ -366,6 +385,28 @@ fn trim_thread(pid: u32) -> Option<(u32, f64)> {
     None
 }
 
+/// The daemon's CPU time so far (ms, `se.sum_exec_runtime`) summed by thread name, from
+/// `/proc/<pid>/task/*/sched`.
+fn cpu_by_thread(pid: u32) -> BTreeMap<String, f64> {
+    let mut by = BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return by;
+    };
+    for task in tasks.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        let sched = std::fs::read_to_string(task.path().join("sched")).unwrap_or_default();
+        let ran: f64 = sched
+            .lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                (k.trim() == "se.sum_exec_runtime").then(|| v.trim().parse().ok())?
+            })
+            .unwrap_or(0.0);
+        *by.entry(comm.trim().to_owned()).or_default() += ran;
+    }
+    by
+}
+
 /// (records, steps, trimmed bytes, ids of the containers trimmed) of the trim records of the
 /// `loaded` containers in `/v1/status` (the probe's pod opts out: its record says `off`).
 async fn trim_records(api: &ApiClient, loaded: &[String]) -> (usize, u64, u64, HashSet<String>) {
@@ -479,6 +520,7 @@ async fn nri_handler_latency_with_and_without_trimming_200_containers() {
             // Trimming runs on its own thread at SCHED_IDLE (plugin/src/trim/worker.rs).
             let pid = plugin.pid().expect("the daemon runs");
             let thread_before = trim_thread(pid);
+            let cpu_before_by_thread = cpu_by_thread(pid);
             if side != Side::Without {
                 assert_eq!(
                     thread_before.map(|(policy, _)| policy),
@@ -507,6 +549,13 @@ async fn nri_handler_latency_with_and_without_trimming_200_containers() {
                 (Some((_, a)), Some((_, b))) => b - a,
                 _ => 0.0,
             };
+            let threads: BTreeMap<String, f64> = cpu_by_thread(pid)
+                .into_iter()
+                .map(|(name, ms)| {
+                    let was = cpu_before_by_thread.get(&name).copied().unwrap_or(0.0);
+                    (name, (ms - was).max(0.0))
+                })
+                .collect();
             let (cpu, throttled) = daemon_cpu_us(&ctrd, &daemon_cg);
             let (cpu, throttled) = (
                 cpu.saturating_sub(cpu_before),
@@ -557,6 +606,9 @@ async fn nri_handler_latency_with_and_without_trimming_200_containers() {
             f.throttled_us += throttled;
             f.wall += wall;
             f.trim_thread_ms += trim_ms;
+            for (name, ms) in threads {
+                *f.by_thread.entry(name).or_default() += ms;
+            }
             f.steps += steps;
             f.trimmed += trimmed;
             f.postponed += postponed;
@@ -577,8 +629,18 @@ async fn nri_handler_latency_with_and_without_trimming_200_containers() {
     // The figures first: a failed assert below still leaves them in the log.
     let without = &figures[Side::Without.label()];
     eprintln!("without: {}", without.text());
+    eprintln!(
+        "without, daemon CPU by thread: {}",
+        without.by_thread_text()
+    );
     for side in [Side::Default, Side::Fast] {
-        eprintln!("{}: {}", side.label(), figures[side.label()].text());
+        let f = &figures[side.label()];
+        eprintln!("{}: {}", side.label(), f.text());
+        eprintln!(
+            "{}, daemon CPU by thread: {}",
+            side.label(),
+            f.by_thread_text()
+        );
     }
 
     // What can fail.
