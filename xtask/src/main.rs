@@ -604,6 +604,11 @@ fn bench() -> anyhow::Result<()> {
             "6.12",
             "a VPA-driven decrease through kubelet >= 1.34 with and without trimming (VM tier, 6.12)",
         ),
+        (
+            "trim_load",
+            "6.12",
+            "NRI handler latency with and without trimming 200 containers (VM tier, 6.12)",
+        ),
     ] {
         let before = std::fs::read_to_string(&table).map_or(0, |t| t.lines().count());
         std::env::set_var("NRI_RESIZE_BENCH_TABLE", &table);

@@ -262,8 +262,17 @@ const NO_BTF: &[&str] = &["daemon_image_on_a_node_without_kernel_btf"];
 const MANY_CPUS: &[&str] = &["daemon_image_on_a_node_with_many_possible_cpus"];
 
 /// Test binaries whose VM-only tests are `#[ignore]`d (they change the machine's CPUs and
-/// memory, or need cgroup v2): the guest runs them with `--include-ignored`.
-const WITH_IGNORED: &[&str] = &["vm_hotplug", "capacity_kernel", "cgroup_kernel"];
+/// memory, need cgroup v2, or are benchmarks): the guest runs them with `--include-ignored`.
+const WITH_IGNORED: &[&str] = &[
+    "vm_hotplug",
+    "capacity_kernel",
+    "cgroup_kernel",
+    "trim_load",
+];
+
+/// Benchmark-only suites: run when named (`--suite`, as `cargo xtask bench` does), never in
+/// the whole tier (`cargo xtask test`'s time budget). Their tests are `#[ignore]`d on hosts.
+const BENCH_ONLY: &[&str] = &["trim_load@2.1"];
 
 /// The QEMU CPU hotplug tests, left out where the kernel reserves no CPU slot for QEMU under
 /// TCG (Debian's 6.12: possible CPUs = present); they would fail there, not pass unexercised.
@@ -323,6 +332,9 @@ pub const SUITES: &[Suite] = &[
     // `--btf-path` it loads eBPF (tests/src/sys_kernel.rs: what the guest hides and how).
     Suite { name: "image_no_btf@2.1",       package: "nri-resize-tests", test: "image_containerd",   filter: "without_kernel_btf", skip: &[], env: ON_2, kernels: NEWEST, timeout_s: 600 },
     Suite { name: "trim_containerd@2.1",    package: "nri-resize-tests", test: "trim_containerd",    filter: "", skip: &[TWINS_1_7], env: ON_2,   kernels: NEWEST, timeout_s: 900 },
+    // NRI handler latency with and without trimming 200 containers: a benchmark only
+    // (`BENCH_ONLY`: ~15 minutes of guest time), run by `cargo xtask bench`.
+    Suite { name: "trim_load@2.1",          package: "nri-resize-tests", test: "trim_load",          filter: "", skip: &[],          env: ON_2,   kernels: NEWEST, timeout_s: 2400 },
     Suite { name: "nri_runtime@1.7",     package: "nri-resize-tests", test: "nri_runtime",     filter: "", skip: &[TWINS_2],   env: ON_1_7, kernels: OLDEST, timeout_s: 600 },
     Suite { name: "resize_runtime@1.7",  package: "nri-resize-tests", test: "resize_runtime",  filter: "", skip: &[TWINS_2, SPLIT_TO_2],   env: ON_1_7, kernels: OLDEST, timeout_s: 900 },
     Suite { name: "memory_decrease@1.7",    package: "nri-resize-tests", test: "memory_decrease",    filter: "", skip: &[TWINS_2],   env: ON_1_7, kernels: OLDEST, timeout_s: 900 },
@@ -568,6 +580,13 @@ fn cache_dir() -> PathBuf {
         .join("vm")
 }
 
+/// Whether a run limited to `only` (empty: the whole tier) runs `suite`: a named suite, or any
+/// but the [`BENCH_ONLY`] ones when none is named.
+fn chosen(only: &[String], suite: &Suite) -> bool {
+    let named = only.iter().any(|o| o == suite.test || o == suite.name);
+    named || (only.is_empty() && !BENCH_ONLY.contains(&suite.name))
+}
+
 /// Options of `cargo xtask vm-test`.
 #[derive(Debug)]
 pub struct Options {
@@ -662,7 +681,7 @@ pub fn build(root: &Path, opts: &Options, summary: &mut Vec<String>) -> anyhow::
     }
     let suites: Vec<Suite> = SUITES
         .iter()
-        .filter(|s| opts.only.is_empty() || opts.only.iter().any(|o| o == s.test || o == s.name))
+        .filter(|s| chosen(&opts.only, s))
         .filter(|s| opts.kernels.iter().any(|k| s.runs_on(k)))
         .copied()
         .collect();
@@ -2543,6 +2562,23 @@ mod tests {
                 .iter()
                 .any(|l| l.contains(s.name) && l.contains("NOT RUN")));
         }
+    }
+
+    #[test]
+    fn bench_only_suites_run_when_named_and_not_in_the_whole_tier() {
+        for name in BENCH_ONLY {
+            let suite = SUITES
+                .iter()
+                .find(|s| s.name == *name)
+                .unwrap_or_else(|| panic!("{name} names no suite"));
+            assert!(!chosen(&[], suite), "{name} runs in the whole tier");
+            assert!(chosen(&[suite.test.to_string()], suite));
+            assert!(chosen(&[suite.name.to_string()], suite));
+        }
+        assert!(SUITES
+            .iter()
+            .filter(|s| !BENCH_ONLY.contains(&s.name))
+            .all(|s| chosen(&[], s)));
     }
 
     #[test]

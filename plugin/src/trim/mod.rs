@@ -14,9 +14,11 @@
 //! decrease path asks, and [`Trimmer::pause`]: the decrease path holds trimming of a container
 //! off while it reclaims that container itself.
 //!
-//! One pass every `[trim] interval`: each container whose turn it is, one at a time, on a
-//! blocking thread (`step::turn`: a few cgroupfs reads and at most one `memory.reclaim`
-//! write of at most `[trim] max_step`). The step decision itself is pure
+//! One pass every `[trim] interval`: each container whose turn it is, one at a time, on
+//! trimming's own thread at the lowest CPU priority (`worker`: `SCHED_IDLE`, else nice 19; the
+//! kernel reclaims in the writing thread's context, so the NRI handlers go first) —
+//! `step::turn`: a few cgroupfs reads and at most one `memory.reclaim` write of at most
+//! `[trim] max_step`. The step decision itself is pure
 //! ([`Probe`](crate::policy::Probe)).
 
 mod pause;
@@ -26,6 +28,7 @@ mod status;
 mod step;
 #[cfg(test)]
 mod tests;
+mod worker;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -170,8 +173,8 @@ impl Trimmer {
         self.shared.published.locked().clone()
     }
 
-    /// Stops the task and waits for it (a `memory.reclaim` write in flight finishes on its
-    /// blocking thread; nothing is reported after it).
+    /// Stops the task and waits for it (a `memory.reclaim` write in flight finishes on
+    /// trimming's thread, which then ends; nothing is reported after it).
     pub async fn shutdown(&self) {
         self.shared.cancel.cancel();
         let task = self.shared.task.locked().take();

@@ -1,6 +1,7 @@
 //! The trimmer's task: one pass every `[trim] interval` over the containers whose turn it is,
-//! one at a time, each turn on a blocking thread; the outcome is published only if the
-//! container is still watched with the same cgroup.
+//! one at a time, each turn on trimming's own low-priority thread ([`TrimWorker`]), which the
+//! task owns (it ends with the task); the outcome is published only if the container is still
+//! watched with the same cgroup.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use tracing::{debug, info, warn};
 use super::probe::{self, NotAvailable, Writer};
 use super::status::{ContainerTrim, TrimState};
 use super::step::{self, Readings, Turn};
+use super::worker::TrimWorker;
 use super::{Shared, TrimTarget};
 use crate::cgroup::CgroupError;
 use crate::config::Config;
@@ -53,6 +55,8 @@ impl Record {
 
 pub(super) async fn run(shared: Arc<Shared>) {
     let mut records: HashMap<String, Record> = HashMap::new();
+    // Dropped when the task returns: the thread ends after the turn it is in, if any.
+    let worker = TrimWorker::start();
     loop {
         let cfg = shared.state.config.read_locked().clone();
         follow_targets(&shared, &mut records);
@@ -77,7 +81,7 @@ pub(super) async fn run(shared: Arc<Shared>) {
             let Some(rec) = records.remove(id) else {
                 continue;
             };
-            if let Some(rec) = pass(&shared, &cfg, id, rec).await {
+            if let Some(rec) = pass(&shared, &worker, &cfg, id, rec).await {
                 records.insert(id.clone(), rec);
             }
         }
@@ -120,7 +124,13 @@ fn follow_targets(shared: &Shared, records: &mut HashMap<String, Record>) {
 }
 
 /// One container's turn; `None` when it is no longer watched or the trimmer stops.
-async fn pass(shared: &Arc<Shared>, cfg: &Config, id: &str, mut rec: Record) -> Option<Record> {
+async fn pass(
+    shared: &Arc<Shared>,
+    worker: &TrimWorker,
+    cfg: &Config,
+    id: &str,
+    mut rec: Record,
+) -> Option<Record> {
     let node = TrimChoice {
         enabled: cfg.trim.enabled,
         max_stall: cfg.trim.max_stall,
@@ -172,7 +182,8 @@ async fn pass(shared: &Arc<Shared>, cfg: &Config, id: &str, mut rec: Record) -> 
     };
     let node_has_swap = shared.node_has_swap;
     let watch = shared.state.reclaim_watch.clone();
-    let work = tokio::task::spawn_blocking(move || {
+    // A cancelled pass does not wait for the turn: it finishes on the thread, unreported.
+    let work = worker.run(move || {
         let outcome = turn(&cgroups, &mut rec, &settings, node_has_swap, &watch);
         (rec, outcome)
     });
