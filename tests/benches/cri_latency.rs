@@ -28,8 +28,9 @@
 use std::time::{Duration, Instant};
 
 use nri_resize_tests::{
-    go_plugin_binary, percentile, scrape_metrics, ContainerSpec, Containerd, ContainerdOptions,
-    ContainerdVersion, GoPlugin, GoPluginMode, PluginProcess, Pod, PodSpec, Resources,
+    go_plugin_binary, handler_histograms, percentile, scrape_metrics, ContainerSpec, Containerd,
+    ContainerdOptions, ContainerdVersion, GoPlugin, GoPluginMode, PluginProcess, Pod, PodSpec,
+    Resources,
 };
 
 const MIB: i64 = 1 << 20;
@@ -139,29 +140,10 @@ struct HandlerTime(std::collections::BTreeMap<String, (f64, f64)>);
 
 impl HandlerTime {
     fn add(&mut self, metrics: &str) {
-        for line in metrics.lines() {
-            let Some(rest) = line.strip_prefix("nri_resize_nri_handler_duration_seconds_") else {
-                continue;
-            };
-            let (kind, rest) = rest.split_once('{').unwrap_or(("", ""));
-            let Some((labels, value)) = rest.split_once("} ") else {
-                continue;
-            };
-            let Some(event) = labels
-                .split(',')
-                .find_map(|l| l.strip_prefix("event=\"")?.strip_suffix('"'))
-            else {
-                continue;
-            };
-            let Ok(v) = value.trim().parse::<f64>() else {
-                continue;
-            };
-            let e = self.0.entry(event.to_string()).or_default();
-            match kind {
-                "sum" => e.0 += v,
-                "count" => e.1 += v,
-                _ => {}
-            }
+        for (event, h) in handler_histograms(metrics) {
+            let e = self.0.entry(event).or_default();
+            e.0 += h.sum;
+            e.1 += h.count;
         }
     }
 

@@ -79,7 +79,7 @@ pub use plugin::{plugin_binary, resize_record, settled, PluginProcess};
 pub use pod::{ContainerSpec, Pod, PodSpec, Resources};
 pub use sys_kernel::SysKernelWithoutBtf;
 pub use systemd::{CgroupDriver, CGROUP_DRIVER_ENV};
-pub use util::{percentile, scrape_metrics, tail_lines};
+pub use util::{handler_histograms, percentile, scrape_metrics, tail_lines, HandlerHistogram};
 pub use version::ContainerdVersion;
 
 // Tests may share an instance across tasks.

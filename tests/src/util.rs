@@ -135,6 +135,81 @@ pub async fn scrape_metrics(api: &nri_resize::api::ApiClient) -> String {
     body
 }
 
+/// One event's `nri_resize_nri_handler_duration_seconds` histogram as the plugin's `/metrics`
+/// shows it: cumulative bucket counts by upper bound in ns (`+Inf`: `u64::MAX`), sum (s) and
+/// count.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct HandlerHistogram {
+    pub buckets: std::collections::BTreeMap<u64, f64>,
+    pub sum: f64,
+    pub count: f64,
+}
+
+impl HandlerHistogram {
+    /// What was observed between `before` and `self` (two scrapes of one daemon).
+    #[must_use]
+    pub fn since(&self, before: &Self) -> Self {
+        Self {
+            buckets: self
+                .buckets
+                .iter()
+                .map(|(le, n)| (*le, n - before.buckets.get(le).copied().unwrap_or(0.0)))
+                .collect(),
+            sum: self.sum - before.sum,
+            count: self.count - before.count,
+        }
+    }
+}
+
+/// The handler-time histograms in a `/metrics` body (Prometheus text format, parsed by
+/// `openmetrics-parser`), by `event` label; none when the body does not parse or has no such
+/// family.
+pub fn handler_histograms(body: &str) -> std::collections::BTreeMap<String, HandlerHistogram> {
+    use openmetrics_parser::{prometheus::parse_prometheus, PrometheusValue};
+    let mut out = std::collections::BTreeMap::new();
+    let Ok(exposition) = parse_prometheus(body) else {
+        return out;
+    };
+    let Some(family) = exposition
+        .families
+        .get("nri_resize_nri_handler_duration_seconds")
+    else {
+        return out;
+    };
+    for sample in family.iter_samples() {
+        let PrometheusValue::Histogram(h) = &sample.value else {
+            continue;
+        };
+        let Some(name) = sample
+            .get_labelset()
+            .ok()
+            .and_then(|set| set.get_label_value("event").map(str::to_owned))
+        else {
+            continue;
+        };
+        let e: &mut HandlerHistogram = out.entry(name).or_default();
+        for b in &h.buckets {
+            #[expect(
+                clippy::cast_possible_truncation,
+                clippy::cast_sign_loss,
+                reason = "bucket bounds in ns"
+            )]
+            let le = if b.upper_bound.is_finite() {
+                (b.upper_bound * 1e9).round() as u64
+            } else {
+                u64::MAX
+            };
+            *e.buckets.entry(le).or_default() += b.count.as_f64();
+        }
+        e.sum += h.sum.map_or(0.0, |s| s.as_f64());
+        #[expect(clippy::cast_precision_loss, reason = "a call count")]
+        {
+            e.count += h.count.unwrap_or(0) as f64;
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -158,5 +233,43 @@ mod tests {
         )
         .expect("echo runs");
         assert_eq!(String::from_utf8_lossy(&out.stdout), "hi\n");
+    }
+
+    #[test]
+    fn handler_histograms_read_each_event_from_the_text_format() {
+        let body = "\
+# HELP nri_resize_nri_handler_duration_seconds Time spent in the plugin's NRI handler per event.
+# TYPE nri_resize_nri_handler_duration_seconds histogram
+nri_resize_nri_handler_duration_seconds_bucket{event=\"update_container\",le=\"0.001\"} 3
+nri_resize_nri_handler_duration_seconds_bucket{event=\"update_container\",le=\"0.1\"} 5
+nri_resize_nri_handler_duration_seconds_bucket{event=\"update_container\",le=\"+Inf\"} 6
+nri_resize_nri_handler_duration_seconds_sum{event=\"update_container\"} 0.75
+nri_resize_nri_handler_duration_seconds_count{event=\"update_container\"} 6
+nri_resize_nri_handler_duration_seconds_bucket{event=\"create_container\",le=\"0.001\"} 1
+nri_resize_nri_handler_duration_seconds_bucket{event=\"create_container\",le=\"0.1\"} 1
+nri_resize_nri_handler_duration_seconds_bucket{event=\"create_container\",le=\"+Inf\"} 1
+nri_resize_nri_handler_duration_seconds_sum{event=\"create_container\"} 0.0005
+nri_resize_nri_handler_duration_seconds_count{event=\"create_container\"} 1
+# HELP nri_resize_up Up.
+# TYPE nri_resize_up gauge
+nri_resize_up 1
+";
+        let h = handler_histograms(body);
+        let update = &h["update_container"];
+        assert_eq!(
+            update
+                .buckets
+                .iter()
+                .map(|(k, v)| (*k, *v))
+                .collect::<Vec<_>>(),
+            vec![(1_000_000, 3.0), (100_000_000, 5.0), (u64::MAX, 6.0)]
+        );
+        assert!((update.sum - 0.75).abs() < 1e-12);
+        assert!((update.count - 6.0).abs() < 1e-12);
+        assert!((h["create_container"].count - 1.0).abs() < 1e-12);
+        let none = HandlerHistogram::default();
+        assert!(update.since(update).buckets.values().all(|n| n.abs() < 1e-12));
+        assert_eq!(update.since(&none), *update);
+        assert!(handler_histograms("not { metrics").is_empty());
     }
 }

@@ -15,7 +15,7 @@
 //! off while it reclaims that container itself.
 //!
 //! One pass every `[trim] interval`: each container whose turn it is, one at a time, on
-//! trimming's own thread at the lowest CPU priority (`worker`: `SCHED_IDLE`, else nice 19; the
+//! trimming's own thread at the lowest CPU priority (`worker`: nice 19 under `SCHED_BATCH`; the
 //! kernel reclaims in the writing thread's context, so the NRI handlers go first) —
 //! `step::turn`: a few cgroupfs reads and at most one `memory.reclaim` write of at most
 //! `[trim] max_step`. The step decision itself is pure

@@ -1,7 +1,7 @@
 //! The trimmer's task: one pass every `[trim] interval` over the containers whose turn it is,
-//! one at a time, each turn on trimming's own low-priority thread ([`TrimWorker`]), which the
-//! task owns (it ends with the task); the outcome is published only if the container is still
-//! watched with the same cgroup.
+//! one at a time, the whole pass (bookkeeping and turns) on trimming's own low-priority thread
+//! ([`TrimWorker`]), which the task owns (it ends with the task); a turn's outcome is published
+//! only if the container is still watched with the same cgroup.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -54,42 +54,68 @@ impl Record {
 }
 
 pub(super) async fn run(shared: Arc<Shared>) {
-    let mut records: HashMap<String, Record> = HashMap::new();
-    // Dropped when the task returns: the thread ends after the turn it is in, if any.
+    // Dropped when the task returns: the thread ends after the pass it is in, which stops
+    // at its next turn once `shared.cancel` is cancelled.
     let worker = TrimWorker::start();
+    let mut records: HashMap<String, Record> = HashMap::new();
     loop {
         let cfg = shared.state.config.read_locked().clone();
-        follow_targets(&shared, &mut records);
-        let started = Instant::now();
-        let due = due_in_turn(&records, started);
-        for (n, id) in due.iter().enumerate() {
-            if shared.cancel.is_cancelled() {
-                return;
-            }
-            // The pass's budget: the containers not reached keep their (older) turn and go
-            // first in the next pass. At least one turn per pass.
-            if n > 0 && started.elapsed() >= cfg.trim.pass_budget.min(cfg.trim.interval) {
-                let postponed = due.len() - n;
-                shared.state.metrics.trim.postponed(postponed);
-                debug!(
-                    postponed,
-                    budget_ms = cfg.trim.pass_budget.as_millis(),
-                    "trimming pass over its budget: the rest go first next pass"
-                );
-                break;
-            }
-            let Some(rec) = records.remove(id) else {
-                continue;
-            };
-            if let Some(rec) = pass(&shared, &worker, &cfg, id, rec).await {
-                records.insert(id.clone(), rec);
-            }
+        let interval = cfg.trim.interval;
+        // The whole pass (the bookkeeping as well as the turns) runs on trimming's thread,
+        // not on tokio's workers, where the NRI handlers run.
+        let on_thread = Arc::clone(&shared);
+        let taken = std::mem::take(&mut records);
+        let work = worker.run(move || one_pass(&on_thread, &cfg, taken));
+        // A cancelled pass is not waited for: it ends on the thread, unreported.
+        tokio::select! {
+            r = work => match r {
+                Ok(kept) => records = kept,
+                // The records start over (fresh probes) from the targets at the next pass.
+                Err(err) => warn!(%err, "trimming pass failed; its containers start over"),
+            },
+            () = shared.cancel.cancelled() => return,
         }
         tokio::select! {
-            () = tokio::time::sleep(cfg.trim.interval) => {}
+            () = tokio::time::sleep(interval) => {}
             () = shared.cancel.cancelled() => return,
         }
     }
+}
+
+/// One pass, on trimming's thread: the records follow the targets, then each container whose
+/// turn it is takes it, within the pass's budget. Returns the records to keep.
+fn one_pass(
+    shared: &Shared,
+    cfg: &Config,
+    mut records: HashMap<String, Record>,
+) -> HashMap<String, Record> {
+    follow_targets(shared, &mut records);
+    let started = Instant::now();
+    let due = due_in_turn(&records, started);
+    for (n, id) in due.iter().enumerate() {
+        if shared.cancel.is_cancelled() {
+            break;
+        }
+        // The pass's budget: the containers not reached keep their (older) turn and go
+        // first in the next pass. At least one turn per pass.
+        if n > 0 && started.elapsed() >= cfg.trim.pass_budget.min(cfg.trim.interval) {
+            let postponed = due.len() - n;
+            shared.state.metrics.trim.postponed(postponed);
+            debug!(
+                postponed,
+                budget_ms = cfg.trim.pass_budget.as_millis(),
+                "trimming pass over its budget: the rest go first next pass"
+            );
+            break;
+        }
+        let Some(rec) = records.remove(id) else {
+            continue;
+        };
+        if let Some(rec) = pass(shared, cfg, id, rec) {
+            records.insert(id.clone(), rec);
+        }
+    }
+    records
 }
 
 /// The containers whose turn it is at `now`, the longest waiting first (then by id): a
@@ -124,13 +150,7 @@ fn follow_targets(shared: &Shared, records: &mut HashMap<String, Record>) {
 }
 
 /// One container's turn; `None` when it is no longer watched or the trimmer stops.
-async fn pass(
-    shared: &Arc<Shared>,
-    worker: &TrimWorker,
-    cfg: &Config,
-    id: &str,
-    mut rec: Record,
-) -> Option<Record> {
+fn pass(shared: &Shared, cfg: &Config, id: &str, mut rec: Record) -> Option<Record> {
     let node = TrimChoice {
         enabled: cfg.trim.enabled,
         max_stall: cfg.trim.max_stall,
@@ -180,23 +200,17 @@ async fn pass(
         min_step: cfg.trim.min_step,
         max_step: cfg.trim.max_step,
     };
-    let node_has_swap = shared.node_has_swap;
-    let watch = shared.state.reclaim_watch.clone();
-    // A cancelled pass does not wait for the turn: it finishes on the thread, unreported.
-    let work = worker.run(move || {
-        let outcome = turn(&cgroups, &mut rec, &settings, node_has_swap, &watch);
-        (rec, outcome)
-    });
-    let (mut rec, outcome) = tokio::select! {
-        r = work => match r {
-            Ok(r) => r,
-            Err(err) => {
-                warn!(%err, container = id, "trimming turn failed");
-                return None;
-            }
-        },
-        () = shared.cancel.cancelled() => return None,
-    };
+    let outcome = turn(
+        &cgroups,
+        &mut rec,
+        &settings,
+        shared.node_has_swap,
+        &shared.state.reclaim_watch,
+    );
+    // Stopped meanwhile: the step is not reported.
+    if shared.cancel.is_cancelled() {
+        return None;
+    }
     let (trimmed, working_set) = apply(&mut rec, outcome, &settings, cfg);
     publish(shared, id, rec, trimmed, working_set)
 }
@@ -333,7 +347,7 @@ fn drop_stale_working_set(rec: &mut Record, usage: u64) -> bool {
     true
 }
 
-/// What a turn on the blocking thread came to.
+/// What a turn came to.
 enum Outcome {
     /// Trimming cannot run on the cgroup (checked once per record, again after a pause).
     Unavailable(String),

@@ -1,13 +1,20 @@
-//! Trimming's own thread: the trimmer's blocking turns (cgroupfs reads and the `memory.reclaim`
-//! write, whose reclaim the kernel does in the writing thread's context) run here, one at a
-//! time, at the lowest CPU priority the thread may take (`SCHED_IDLE`, else nice
-//! [`TRIM_NICE`]). They used to run on tokio's shared blocking pool beside the NRI handlers'
-//! blocking work, at the same priority: trimming 200 containers slowed the handlers (docs/
-//! benchmarks.md, "Trimming under load"). A pooled tokio thread's priority is never changed:
-//! it would carry over to whatever runs on that thread later.
+//! Trimming's own thread: the trimmer's passes (each container's turn, cgroupfs reads and the
+//! `memory.reclaim` write, whose reclaim the kernel does in the writing thread's context, and
+//! the bookkeeping around the turns) run here, one at a time, at low CPU priority: `SCHED_BATCH` at nice [`TRIM_NICE`] (else nice 19 alone). They
+//! used to run on tokio's shared blocking pool beside the NRI handlers' blocking work, at the
+//! same priority: trimming 200 containers slowed the handlers (docs/benchmarks.md, "Trimming
+//! under load"). A pooled tokio thread's priority is never changed: it would carry over to
+//! whatever runs on that thread later.
+//!
+//! Why not `SCHED_IDLE`: its weight (3, against nice 19's 15 and nice 0's 1024) lets a busy
+//! node starve the thread almost entirely while it is inside `memory.reclaim`, where it may hold
+//! a kernel lock others wait for (`shrinker_rwsem` for reading on kernels before 6.7: a mount
+//! that registers a shrinker then waits behind it, and every reclaimer on the node behind the
+//! mount). nice 19 keeps the thread's share of a contended CPU small but never nil;
+//! `SCHED_BATCH` keeps its wake-ups from preempting a running handler.
 //!
 //! The [`TrimWorker`] is owned by the trimmer's task; the thread ends when the worker is
-//! dropped (its queue closes), after the turn it is in, if any. Nobody waits for that turn: a
+//! dropped (its queue closes), after the pass it is in, if any. Nobody waits for that pass: a
 //! `memory.reclaim` write stuck in the kernel holds only this thread.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -16,7 +23,7 @@ use std::sync::mpsc;
 use tokio::sync::oneshot;
 use tracing::warn;
 
-/// The nice value the thread falls back to when `SCHED_IDLE` is refused (the lowest).
+/// The thread's nice value (the lowest).
 pub const TRIM_NICE: i32 = 19;
 
 /// The thread's name (`ps -T`, `/proc/<pid>/task/*/comm`).
@@ -38,9 +45,9 @@ pub enum WorkerError {
 /// How far the thread lowered its priority.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lowered {
-    /// `SCHED_IDLE`: it runs only on a CPU nothing else wants.
-    Idle,
-    /// `SCHED_IDLE` refused; nice [`TRIM_NICE`].
+    /// `SCHED_BATCH` at nice [`TRIM_NICE`].
+    Batch,
+    /// `SCHED_BATCH` refused; nice [`TRIM_NICE`] alone.
     Nice,
     /// Both refused: it runs at the default priority.
     Not,
@@ -73,7 +80,7 @@ impl TrimWorker {
             .spawn(move || {
                 if lower_own_priority() == Lowered::Not {
                     warn!(
-                        "trimming: cannot lower its thread's priority (SCHED_IDLE nor nice {TRIM_NICE}); its reclaim competes with the NRI handlers at the default"
+                        "trimming: cannot lower its thread's priority to nice {TRIM_NICE}; its reclaim competes with the NRI handlers at the default"
                     );
                 }
                 // Ends when every sender is gone: the worker was dropped.
@@ -131,21 +138,10 @@ fn from_pool<T: Send + 'static>(
     })
 }
 
-/// Lowers the calling thread's priority: `SCHED_IDLE`, else nice [`TRIM_NICE`]. Only ever
-/// called on the trimming thread (a thread's scheduling policy is its own on Linux).
+/// Lowers the calling thread's priority: nice [`TRIM_NICE`], then `SCHED_BATCH` (which keeps
+/// the nice value). Only ever called on the trimming thread (a thread's scheduling policy and
+/// nice value are its own on Linux).
 pub fn lower_own_priority() -> Lowered {
-    let param = libc::sched_param { sched_priority: 0 };
-    #[expect(
-        unsafe_code,
-        reason = "sched_setscheduler has no safe wrapper in libc or nix; the pointer is to a local"
-    )]
-    // SAFETY: `param` lives across the call; pid 0 is the calling thread, whose policy alone
-    // changes.
-    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &raw const param) };
-    if rc == 0 {
-        return Lowered::Idle;
-    }
-    let idle_err = std::io::Error::last_os_error();
     let Ok(who) = libc::id_t::try_from(nix::unistd::gettid().as_raw()) else {
         return Lowered::Not;
     };
@@ -155,11 +151,23 @@ pub fn lower_own_priority() -> Lowered {
     )]
     // SAFETY: plain integer arguments; it changes only this thread's nice value.
     let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, who, TRIM_NICE) };
+    if rc != 0 {
+        return Lowered::Not;
+    }
+    let param = libc::sched_param { sched_priority: 0 };
+    #[expect(
+        unsafe_code,
+        reason = "sched_setscheduler has no safe wrapper in libc or nix; the pointer is to a local"
+    )]
+    // SAFETY: `param` lives across the call; pid 0 is the calling thread, whose policy alone
+    // changes.
+    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &raw const param) };
     if rc == 0 {
-        warn!(error = %idle_err, "trimming: SCHED_IDLE refused; its thread runs at nice {TRIM_NICE}");
-        Lowered::Nice
+        Lowered::Batch
     } else {
-        Lowered::Not
+        let error = std::io::Error::last_os_error();
+        warn!(%error, "trimming: SCHED_BATCH refused; its thread runs at nice {TRIM_NICE} under the default policy");
+        Lowered::Nice
     }
 }
 
@@ -220,10 +228,11 @@ mod tests {
         let before = own_policy_and_nice();
         let worker = TrimWorker::start();
         let (policy, nice) = worker.run(own_policy_and_nice).await.expect("result");
-        // SCHED_IDLE is policy 5; else the thread fell back to nice 19.
-        assert!(
-            policy == 5 || nice == super::TRIM_NICE,
-            "trimming thread at policy {policy}, nice {nice}: not lowered"
+        // SCHED_BATCH is policy 3; both at nice 19.
+        assert_eq!(
+            (policy, nice),
+            (3, super::TRIM_NICE),
+            "trimming thread at policy {policy}, nice {nice}: not SCHED_BATCH at nice 19"
         );
         assert_eq!(
             own_policy_and_nice(),
