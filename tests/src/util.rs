@@ -130,9 +130,17 @@ pub async fn scrape_metrics(api: &nri_resize::api::ApiClient) -> String {
         .expect("the plugin serves metrics");
     let mut s = std::net::TcpStream::connect(&addr).expect("connect to /metrics");
     write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").expect("request /metrics");
-    let mut body = String::new();
-    s.read_to_string(&mut body).expect("read /metrics");
-    body
+    let mut response = String::new();
+    s.read_to_string(&mut response).expect("read /metrics");
+    // The body alone: the status line and headers are no part of the exposition.
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("/metrics: no end of headers in {response:?}"));
+    assert!(
+        head.starts_with("HTTP/1.") && head.lines().next().is_some_and(|l| l.contains(" 200 ")),
+        "/metrics answered {head:?}"
+    );
+    body.to_owned()
 }
 
 /// One event's `nri_resize_nri_handler_duration_seconds` histogram as the plugin's `/metrics`
@@ -162,14 +170,16 @@ impl HandlerHistogram {
 }
 
 /// The handler-time histograms in a `/metrics` body (Prometheus text format, parsed by
-/// `openmetrics-parser`), by `event` label; none when the body does not parse or has no such
-/// family.
+/// `openmetrics-parser`), by `event` label; none when it has no such family (no event yet).
+///
+/// # Panics
+/// When the body does not parse, with the parser's error and the body.
 pub fn handler_histograms(body: &str) -> std::collections::BTreeMap<String, HandlerHistogram> {
     use openmetrics_parser::{prometheus::parse_prometheus, PrometheusValue};
     let mut out = std::collections::BTreeMap::new();
-    let Ok(exposition) = parse_prometheus(body) else {
-        return out;
-    };
+    let exposition = parse_prometheus(body).unwrap_or_else(|e| {
+        panic!("/metrics does not parse as the Prometheus text format: {e:?}\n{body}")
+    });
     let Some(family) = exposition
         .families
         .get("nri_resize_nri_handler_duration_seconds")
@@ -268,8 +278,17 @@ nri_resize_up 1
         assert!((update.count - 6.0).abs() < 1e-12);
         assert!((h["create_container"].count - 1.0).abs() < 1e-12);
         let none = HandlerHistogram::default();
-        assert!(update.since(update).buckets.values().all(|n| n.abs() < 1e-12));
+        assert!(update
+            .since(update)
+            .buckets
+            .values()
+            .all(|n| n.abs() < 1e-12));
         assert_eq!(update.since(&none), *update);
-        assert!(handler_histograms("not { metrics").is_empty());
+        assert!(handler_histograms("# TYPE nri_resize_up gauge\nnri_resize_up 1\n").is_empty());
+        assert!(
+            std::panic::catch_unwind(|| handler_histograms("HTTP/1.1 200 OK\r\n\r\nx{ 1\n"))
+                .is_err(),
+            "an unparsable body is an error, not an empty histogram"
+        );
     }
 }
