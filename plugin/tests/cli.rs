@@ -406,7 +406,7 @@ fn http_get(addr: &str, path: &str, accept: Option<&str>) -> (String, String, St
 }
 
 /// The observer's thread runs at a lower priority (nice 10) than the threads that answer the
-/// runtime (nice 0).
+/// runtime (nice 0); so does trimming's (nice 19, `SCHED_BATCH`: `trim/worker.rs`).
 #[test]
 fn the_observer_thread_yields_to_the_runtime_answers() {
     let d = Daemon::start();
@@ -430,11 +430,12 @@ fn the_observer_thread_yields_to_the_runtime_answers() {
         let observer = threads
             .iter()
             .find(|(c, _)| c.starts_with("nri-resize-obs"));
-        if observer.is_some_and(|(_, nice)| *nice == 10) {
+        let trim = threads.iter().find(|(c, _)| c == "nri-resize-trim");
+        if observer.is_some_and(|(_, nice)| *nice == 10) && trim.is_some_and(|(_, n)| *n == 19) {
             assert!(
                 threads
                     .iter()
-                    .filter(|(c, _)| !c.starts_with("nri-resize-obs"))
+                    .filter(|(c, _)| !c.starts_with("nri-resize-obs") && c != "nri-resize-trim")
                     .all(|(_, n)| *n == 0),
                 "every other thread at nice 0: {threads:?}"
             );
@@ -442,7 +443,7 @@ fn the_observer_thread_yields_to_the_runtime_answers() {
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "no observer thread at nice 10 in {threads:?}"
+            "no observer thread at nice 10 and trimming thread at nice 19 in {threads:?}"
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
