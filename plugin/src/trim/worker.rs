@@ -1,8 +1,8 @@
 //! Trimming's own thread: the trimmer's passes (each container's turn, cgroupfs reads and the
 //! `memory.reclaim` write, whose reclaim the kernel does in the writing thread's context, and
-//! the bookkeeping around the turns) run here, one at a time, at low CPU priority: `SCHED_BATCH` at nice [`TRIM_NICE`] (else nice 19 alone). They
-//! used to run on tokio's shared blocking pool beside the NRI handlers' blocking work, at the
-//! same priority: trimming 200 containers slowed the handlers (docs/benchmarks.md, "Trimming
+//! the bookkeeping around the turns) run here, one at a time, at low CPU priority:
+//! `SCHED_BATCH` at nice [`TRIM_NICE`] (else nice 19 alone). They used to run on tokio's
+//! shared blocking pool beside the NRI handlers' blocking work, at the same priority: trimming 200 containers slowed the handlers (docs/benchmarks.md, "Trimming
 //! under load"). A pooled tokio thread's priority is never changed: it would carry over to
 //! whatever runs on that thread later.
 //!
