@@ -195,8 +195,9 @@ struct RunArgs {
     /// How often the observer reads every container's counters (e.g. `1s`, `500ms`).
     #[arg(long, env = "NRI_RESIZE_OBSERVER_INTERVAL", default_value = "1s", value_parser = parse_interval)]
     observer_interval: Duration,
-    /// Start the throttling probe at this strategy (`fentry`, `tp_btf_sched_switch`, `cpu_stat_polling`),
-    /// to exercise the fallbacks.
+    /// Start the throttling probe at this strategy (`fentry`, `tp_btf_sched_switch`, `cpu_stat_polling`):
+    /// to exercise the fallbacks, or to count per task on a kernel without trampolines
+    /// (`tp_btf_sched_switch`, never chosen by default: it runs on every context switch).
     #[arg(long, env = "NRI_RESIZE_OBSERVER_FORCE_THROTTLE")]
     observer_force_throttle: Option<ThrottleStrategy>,
     /// Measure reclaim by polling `memory.stat` instead of the memcg tracepoints.

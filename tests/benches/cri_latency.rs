@@ -5,23 +5,30 @@
 //! nri-resize as deployed (JSON logs at `info`, as the `DaemonSet` runs it). Target: nri-resize
 //! adds at most 1 ms at p50 and 2 ms at p99 over containerd without a plugin.
 //!
-//! The sides alternate in rounds (nri-resize attached, detached, the do-nothing plugin attached,
-//! nri-resize attached again, ...), each round starting with the next side, so drift in the
-//! machine's load hits every side alike. nri-resize is measured once ready (registered,
-//! synchronized, its observer loaded), the do-nothing plugin once the runtime synchronized it. Each
-//! side makes `NRI_RESIZE_BENCH_ITERS` calls of each kind (default 600: a p99 is then the 6th
-//! slowest call, not the 3rd) over `NRI_RESIZE_BENCH_ROUNDS` rounds (default 6); the
-//! percentiles are over all of a side's calls, with their spread over the rounds (the lowest
-//! and highest round's value). In each round a side's creates (each removed at once) come
-//! first, then, after a 300 ms pause, its updates: an update is not timed while the aftermath of
-//! a removal (containerd's and the plugin's) still runs. Each attached plugin's CPU time (every
-//! thread, from `/proc/<pid>/task/*/schedstat`) is read around each phase: its cost per call,
-//! which unlike a latency does not move with what else the machine does.
+//! The sides alternate in rounds, each round running every side once, back to back (nri-resize
+//! attached, the do-nothing plugin attached, no plugin, nri-resize `--no-ebpf`, ...). The order
+//! cycles through four that keep nri-resize and the do-nothing plugin next to each other, each
+//! first in half the rounds, so drift in the machine's load hits both alike. nri-resize is
+//! measured once ready (registered, synchronized, its observer loaded), the do-nothing plugin
+//! once the runtime synchronized it. Each side makes `NRI_RESIZE_BENCH_ITERS` calls of each kind
+//! (default 1200: a p99 is then the 12th slowest call) over `NRI_RESIZE_BENCH_ROUNDS` rounds
+//! (default 30); the percentiles are over all of a side's calls, with their spread over the
+//! rounds (the lowest and highest round's value). In each round a side's creates (each removed
+//! at once) come first, then, after a 300 ms pause, its updates: an update is not timed while
+//! the aftermath of a removal (containerd's and the plugin's) still runs. Each attached plugin's
+//! CPU time (every thread, from `/proc/<pid>/task/*/schedstat`) is read around each phase: its
+//! cost per call, which unlike a latency does not move with what else the machine does.
 //!
 //! Verdict: met when nri-resize adds at most the target over no plugin, and only then; the ratio
 //! column is at p50 (p99's beside it in the text). A second row per kind of call reports
-//! "nri-resize − containerd's NRI floor" (the Go do-nothing plugin): nri-resize's own share,
-//! met when it is at most +0.2 ms at p50 (issue 37).
+//! "nri-resize − containerd's NRI floor" (the Go do-nothing plugin): nri-resize's own share, at
+//! most +0.2 ms at p50 (issue 37). A side's p50 moves by milliseconds between rounds on a small
+//! machine (the load of the host under it), far more than that target, so this row is judged
+//! on pairs: in each round, nri-resize's p50 minus the do-nothing plugin's p50, measured
+//! seconds apart. The row reports the median of those per-round differences with its 95 %
+//! distribution-free confidence interval (order statistics of the differences, `MedianInterval`)
+//! and is met when the median is at most +0.2 ms; it says whether the whole interval is, or
+//! reaches above it (then a rerun's median may fall on the other side).
 //!
 //! Run: `cargo bench -p nri-resize-tests --bench cri_latency` (part of `cargo xtask bench`).
 
@@ -29,14 +36,22 @@ use std::time::{Duration, Instant};
 
 use nri_resize_tests::{
     go_plugin_binary, handler_histograms, percentile, scrape_metrics, ContainerSpec, Containerd,
-    ContainerdOptions, ContainerdVersion, GoPlugin, GoPluginMode, PluginProcess, Pod, PodSpec,
-    Resources,
+    ContainerdOptions, ContainerdVersion, GoPlugin, GoPluginMode, MedianInterval, PluginProcess,
+    Pod, PodSpec, Resources,
 };
 
 const MIB: i64 = 1 << 20;
 const PERCENTILES: [(f64, &str); 3] = [(0.5, "p50"), (0.9, "p90"), (0.99, "p99")];
 /// The target: added at p50, added at p99.
 const TARGET: (Duration, Duration) = (Duration::from_millis(1), Duration::from_millis(2));
+/// The orders of the sides, one per round in turn: nri-resize and the do-nothing plugin always
+/// next to each other, each first in two of the four, and every side in every position once.
+const ORDERS: [[Side; 4]; 4] = [
+    [Side::Ours, Side::Null, Side::Base, Side::NoEbpf],
+    [Side::Null, Side::Ours, Side::NoEbpf, Side::Base],
+    [Side::Base, Side::NoEbpf, Side::Ours, Side::Null],
+    [Side::NoEbpf, Side::Base, Side::Null, Side::Ours],
+];
 /// The target over containerd's NRI floor (the Go do-nothing plugin), at p50: nri-resize's own
 /// share of a call.
 const FLOOR_TARGET: Duration = Duration::from_micros(200);
@@ -90,6 +105,38 @@ impl Calls {
     fn len(&self) -> usize {
         self.rounds.iter().map(Vec::len).sum()
     }
+}
+
+/// Two sides' percentile compared round by round: the median of the per-round differences
+/// (`a` − `b`, seconds) and its 95 % interval.
+fn paired(a: &Calls, b: &Calls, p: f64) -> MedianInterval {
+    let diffs: Vec<f64> = a
+        .rounds
+        .iter()
+        .zip(&b.rounds)
+        .map(|(x, y)| {
+            percentile(&mut x.clone(), p).as_secs_f64()
+                - percentile(&mut y.clone(), p).as_secs_f64()
+        })
+        .collect();
+    MedianInterval::of(&diffs)
+}
+
+/// `-0.05 ms (95 % interval -0.31 – +0.20 ms, 20 rounds)`.
+fn paired_text(m: &MedianInterval) -> String {
+    let ms = |s: f64| format!("{:+.2}", s * 1e3);
+    format!(
+        "{} ms ({} {} – {} ms, {} rounds)",
+        ms(m.median),
+        if m.interval {
+            "95 % interval"
+        } else {
+            "range, too few rounds for an interval:"
+        },
+        ms(m.lo),
+        ms(m.hi),
+        m.n
+    )
 }
 
 #[derive(Default)]
@@ -321,7 +368,17 @@ fn report(name: &str, k: &Kind<'_>, handler_text: &str) {
         base,
     );
     line("nri-resize − Go do-nothing (ours)", ours, null);
+    println!(
+        "  {:<38} p50 {}",
+        "  the same, median of per-round p50s",
+        paired_text(&paired(ours, null, 0.5))
+    );
     line("nri-resize − nri-resize --no-ebpf (eBPF)", ours, no_ebpf);
+    println!(
+        "  {:<38} p50 {}",
+        "  the same, median of per-round p50s",
+        paired_text(&paired(ours, no_ebpf, 0.5))
+    );
     println!(
         "  {:<38} {handler_text}",
         "nri-resize's handlers (its own work)"
@@ -351,7 +408,7 @@ fn report(name: &str, k: &Kind<'_>, handler_text: &str) {
             ms(b99),
         ),
         &format!(
-            "{} p50 / {} p90 / {} p99 ({} p50, {} p99; ratio p99 {:.2}×; p99 over rounds {}–{}); its handlers: {handler_text}; its CPU time, all threads: {cpu_text}; its eBPF programs (vs --no-ebpf): {} p50",
+            "{} p50 / {} p90 / {} p99 ({} p50, {} p99; ratio p99 {:.2}×; p99 over rounds {}–{}); its handlers: {handler_text}; its CPU time, all threads: {cpu_text}; its eBPF programs (vs --no-ebpf, median of per-round p50 differences): {}",
             ms(o50.0),
             ms(o90),
             ms(o99.0),
@@ -360,7 +417,7 @@ fn report(name: &str, k: &Kind<'_>, handler_text: &str) {
             ratio(o99.0, b99),
             ms(o99.1),
             ms(o99.2),
-            delta(o50.0, no_ebpf.at(0.5).0),
+            paired_text(&paired(ours, no_ebpf, 0.5)),
         ),
         Some(ratio(o50.0, b50)),
         &format!(
@@ -374,13 +431,24 @@ fn report(name: &str, k: &Kind<'_>, handler_text: &str) {
 }
 
 /// containerd's own NRI path, measured with an independent do-nothing plugin (NRI's Go stub,
-/// none of nri-resize's code), and what nri-resize adds over it: its own row.
+/// none of nri-resize's code), and what nri-resize adds over it, judged on per-round pairs: its
+/// own row.
 fn floor_row(name: &str, k: &Kind<'_>) {
     let (base, null, ours) = (k.base, k.null, k.ours);
     let (b50, b99) = (base.at(0.5).0, base.at(0.99).0);
     let (n50, n99) = (null.at(0.5).0, null.at(0.99).0);
     let (o50, o99) = (ours.at(0.5).0, ours.at(0.99).0);
     let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64().max(1e-9);
+    let paired = paired(ours, null, 0.5);
+    let target = FLOOR_TARGET.as_secs_f64();
+    // Judged on the median; the interval says how far a rerun's median may move.
+    let verdict = if paired.median > target {
+        "NOT met".to_string()
+    } else if paired.interval && paired.hi <= target {
+        "met, with the whole interval at or below it".to_string()
+    } else {
+        "met by the median; the interval reaches above it, so a rerun may not meet it".to_string()
+    };
     nri_resize::bench_table::row(
         &format!("CRI latency: {name}: nri-resize − containerd's NRI floor"),
         &format!(
@@ -392,16 +460,16 @@ fn floor_row(name: &str, k: &Kind<'_>) {
             k.cpu.1.text(),
         ),
         &format!(
-            "nri-resize − that floor: {} p50, {} p99 (ratio p99 {:.2}×)",
+            "nri-resize − that floor, p50 per round, median: {}; over all calls: {} p50, {} p99 (ratio p99 {:.2}×)",
+            paired_text(&paired),
             delta(o50, n50),
             delta(o99, n99),
             ratio(o99, n99),
         ),
         Some(ratio(o50, n50)),
         &format!(
-            "nri-resize − Go floor ≤ +{} ms p50 (issue 37): {}",
-            FLOOR_TARGET.as_secs_f64() * 1000.0,
-            nri_resize::bench_table::verdict(o50 <= n50 + FLOOR_TARGET)
+            "nri-resize − Go floor ≤ +{} ms p50 (issue 37), median of per-round differences: {verdict}",
+            target * 1000.0,
         ),
     );
 }
@@ -416,15 +484,15 @@ fn env_usize(name: &str, default: usize) -> usize {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
 async fn main() {
-    let iters = env_usize("NRI_RESIZE_BENCH_ITERS", 600);
-    let rounds = env_usize("NRI_RESIZE_BENCH_ROUNDS", 6);
+    let iters = env_usize("NRI_RESIZE_BENCH_ITERS", 1200);
+    let rounds = env_usize("NRI_RESIZE_BENCH_ROUNDS", 30);
     let per_round = iters.div_ceil(rounds);
     // Built (or found in the cache) before anything is timed.
     let _ = go_plugin_binary();
     println!(
         "CRI latency, {} calls of each kind per side in {rounds} alternating rounds \
-         (nri-resize, no plugin, Go do-nothing plugin, ...); percentiles over all calls, \
-         (lowest–highest round); target: nri-resize − no plugin ≤ 1 ms at p50 and ≤ 2 ms at p99",
+         (nri-resize and the Go do-nothing plugin side by side, no plugin, nri-resize --no-ebpf); \
+         percentiles over all calls (lowest–highest round); target: nri-resize − no plugin ≤ 1 ms at p50 and ≤ 2 ms at p99",
         per_round * rounds
     );
     for version in ContainerdVersion::all() {
@@ -442,9 +510,9 @@ async fn main() {
         );
         let mut handlers = HandlerTime::default();
         for round in 0..rounds {
-            // Each round starts with a different side, so no side always runs first.
-            let mut order = [Side::Ours, Side::Base, Side::Null, Side::NoEbpf];
-            order.rotate_left(round % 4);
+            // nri-resize next to the do-nothing plugin, each first in half the rounds, and
+            // every side in every position once in four rounds.
+            let order = ORDERS[round % ORDERS.len()];
             for side in order {
                 let tag = format!("{}{round}", side.label().replace(' ', "-"));
                 let out = match side {

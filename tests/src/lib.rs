@@ -52,6 +52,7 @@ mod plugin;
 mod pod;
 pub mod probe;
 mod seeded_root;
+mod stats;
 mod sys_kernel;
 mod systemd;
 mod util;
@@ -77,6 +78,7 @@ pub use kubelet::{
 };
 pub use plugin::{plugin_binary, resize_record, settled, PluginProcess};
 pub use pod::{ContainerSpec, Pod, PodSpec, Resources};
+pub use stats::MedianInterval;
 pub use sys_kernel::SysKernelWithoutBtf;
 pub use systemd::{CgroupDriver, CGROUP_DRIVER_ENV};
 pub use util::{handler_histograms, percentile, scrape_metrics, tail_lines, HandlerHistogram};

@@ -52,11 +52,12 @@ fn bound(native: Duration) -> Duration {
     }
 }
 
-/// The throttle strategy the eBPF instance must pick on this kernel: `tp_btf_sched_switch` where
-/// the kernel marks a throttled task before switching it out (6.18, these machines), else what
-/// the VM tier names in `NRI_RESIZE_EXPECT_THROTTLE` (`fentry` on Debian's 6.1 and 6.12).
+/// The throttle strategy the eBPF instance must pick on this kernel: `cpu_stat_polling` where
+/// trampolines are refused (6.18, these machines: `tp_btf_sched_switch` would run on every
+/// context switch and is never chosen by default), else what the VM tier names in
+/// `NRI_RESIZE_EXPECT_THROTTLE` (`fentry` on Debian's 6.1 and 6.12).
 fn expected_throttle() -> String {
-    std::env::var("NRI_RESIZE_EXPECT_THROTTLE").unwrap_or_else(|_| "tp_btf_sched_switch".into())
+    std::env::var("NRI_RESIZE_EXPECT_THROTTLE").unwrap_or_else(|_| "cpu_stat_polling".into())
 }
 
 /// Whether the kernel has the `memcg/count_memcg_events` tracepoint (6.18 has it; Debian's 6.1

@@ -17,6 +17,7 @@
 mod cross;
 mod disk;
 mod ebpf;
+mod guest_oops;
 mod image;
 mod manifests;
 mod push;

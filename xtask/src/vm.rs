@@ -2460,6 +2460,11 @@ fn run_vm(
                 );
             }
         }
+        if let Some(why) = crate::guest_oops::impossible_rflags(
+            &std::fs::read_to_string(&console).unwrap_or_default(),
+        ) {
+            eprintln!("!!! kernel {}: {why}", kernel.name);
+        }
         eprintln!("    run directory kept: {}", run.display());
     } else if std::env::var_os(KEEP_RUN_ENV).is_some() {
         // Passing suites' full logs (measured figures) stay for reading.

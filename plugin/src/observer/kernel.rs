@@ -847,7 +847,10 @@ fn attach_throttle(
             )
         });
         if let Err(reason) = attached {
-            throttle = ThrottleStrategy::TpBtfSchedSwitch;
+            // Not to `tp_btf/sched_switch` unless asked: that program runs on every context
+            // switch of the node (docs/observer.md, "Why `tp_btf_sched_switch` is not in the
+            // default chain").
+            throttle = ThrottleStrategy::CpuStatPolling;
             fallback(fallbacks, names::PROG_UNTHROTTLE, &reason, &throttle);
         }
     }

@@ -7,7 +7,7 @@
 //!
 //! | measurement | strategies, best first |
 //! |---|---|
-//! | throttling | `fentry/unthrottle_cfs_rq` → `tp_btf/sched_switch` (6.18+) → `cpu.stat` polling |
+//! | throttling | `fentry/unthrottle_cfs_rq` → `cpu.stat` polling; `tp_btf/sched_switch` (6.18+) only when forced: it runs on every context switch |
 //! | reclaim | `fexit/try_to_free_mem_cgroup_pages` → `memcg/count_memcg_events`, attached on demand ([`ReclaimWatch`]) → `memory.stat` polling; `vmscan/mm_vmscan_memcg_reclaim_{begin,end}` for direct-reclaim time |
 //! | OOM kills | `tp_btf/mark_victim` → `memory.events` / `memory.oom_control` polling |
 //! | CPU hotplug | `cpuhp/cpuhp_{enter,exit}` through a ring buffer → unavailable |
