@@ -109,12 +109,14 @@ fn require_root() {
     );
 }
 
-/// The observer with only the throttling program (`sched_switch`) attached, from `object`.
+/// The observer with only the throttling program (`sched_switch`) attached, from `object`:
+/// forced, as no kernel gets it by default (it runs on every context switch).
 fn throttle_observer(object: ObjectSource) -> Observer {
     require_root();
     let mut settings = ObserverSettings::host();
     settings.object = object;
     settings.hotplug = false;
+    settings.force_throttle = Some(ThrottleStrategy::TpBtfSchedSwitch);
     let observer = Observer::start(&settings).expect("start the observer");
     assert!(
         !observer.fallbacks().iter().any(|f| f.program == "object"),
