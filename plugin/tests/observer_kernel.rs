@@ -11,9 +11,9 @@
 //! The strategy each measurement must end up with depends on the kernel: throttling expects
 //! `$NRI_RESIZE_EXPECT_THROTTLE` (the VM tier sets `fentry`; default `cpu_stat_polling`, what
 //! 6.18 without trampolines gives by default; its eBPF counter there, `tp_btf_sched_switch`,
-//! runs only when forced, and the throttling test forces it), reclaim expects `$NRI_RESIZE_EXPECT_RECLAIM` (the VM tier
-//! sets `fexit`), else the memcg tracepoints where the kernel has `memcg/count_memcg_events` and
-//! `memory.stat` polling otherwise.
+//! runs only when forced, and the throttling test forces it), reclaim expects
+//! `$NRI_RESIZE_EXPECT_RECLAIM` (the VM tier sets `fexit`), else the memcg tracepoints where the
+//! kernel has `memcg/count_memcg_events` and `memory.stat` polling otherwise.
 //!
 //! Each test creates `nri-resize-obs-test-<pid>-<name>` in the hierarchies (v1: cpu and memory;
 //! v2: the unified one) and removes it in every outcome (a drop guard that first kills the

@@ -367,18 +367,17 @@ fn report(name: &str, k: &Kind<'_>, handler_text: &str) {
         null,
         base,
     );
+    let paired_line = |a: &Calls, b: &Calls| {
+        println!(
+            "  {:<38} p50 {}",
+            "  the same, median of per-round p50s",
+            paired_text(&paired(a, b, 0.5))
+        );
+    };
     line("nri-resize − Go do-nothing (ours)", ours, null);
-    println!(
-        "  {:<38} p50 {}",
-        "  the same, median of per-round p50s",
-        paired_text(&paired(ours, null, 0.5))
-    );
+    paired_line(ours, null);
     line("nri-resize − nri-resize --no-ebpf (eBPF)", ours, no_ebpf);
-    println!(
-        "  {:<38} p50 {}",
-        "  the same, median of per-round p50s",
-        paired_text(&paired(ours, no_ebpf, 0.5))
-    );
+    paired_line(ours, no_ebpf);
     println!(
         "  {:<38} {handler_text}",
         "nri-resize's handlers (its own work)"
