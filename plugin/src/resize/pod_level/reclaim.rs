@@ -9,7 +9,7 @@
 //! kubelet asks again, less is left.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
@@ -29,8 +29,8 @@ const CHUNK: u64 = 16 << 20;
 /// What [`reclaim_pod`] left.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Reclaimed {
-    /// The pod's memory after (`start` when the result is not known in time: the caller then
-    /// judges the request as if nothing went).
+    /// The pod's memory after: as the last finished pass read it (`start` when none finished
+    /// in time or the reclaim failed: the caller then judges the request as if nothing went).
     pub used: MemoryUse,
     /// The kernel has no `memory.reclaim` (before 5.19): nothing can be reclaimed inside the
     /// call, and the refusal says so.
@@ -53,6 +53,10 @@ pub(super) async fn reclaim_pod(
     };
     let stop = Arc::new(AtomicBool::new(false));
     let stopped = Arc::clone(&stop);
+    // The usage the last finished pass read: what a pass still running at the budget leaves to
+    // report (the passes before it did reclaim).
+    let last = Arc::new(Mutex::new(start));
+    let measured = Arc::clone(&last);
     let parent = cgroup_parent.clone();
     let work = tokio::task::spawn_blocking(move || {
         let path = pod_path(&parent)?;
@@ -66,6 +70,7 @@ pub(super) async fn reclaim_pod(
                 Err(e) => return Err(e),
             }
             let now = cgroups.memory_use(&path)?;
+            *measured.lock().unwrap_or_else(PoisonError::into_inner) = now;
             let progressed = now.usage < used.usage;
             used = now;
             if !progressed {
@@ -95,8 +100,13 @@ pub(super) async fn reclaim_pod(
         }
         Err(_) => {
             stop.store(true, Ordering::Relaxed);
-            warn!(%cgroup_parent, "pod page cache reclaim ran past its budget; stopped");
-            return unchanged(false);
+            let used = *last.lock().unwrap_or_else(PoisonError::into_inner);
+            warn!(
+                %cgroup_parent,
+                reclaimed = %bytes_text(start.usage.saturating_sub(used.usage)),
+                "pod page cache reclaim ran past its budget; stopped after its last finished pass"
+            );
+            used
         }
     };
     info!(
