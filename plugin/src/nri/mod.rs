@@ -6,8 +6,10 @@ mod deadline;
 mod decode;
 mod handler;
 pub mod mux;
+mod mux_conn;
 mod runtime;
 mod service;
+mod trunk_writer;
 mod update_window;
 mod version;
 
@@ -30,6 +32,7 @@ pub use handler::{
     DEFAULT_REQUEST_TIMEOUT,
 };
 pub use mux::{Mux, MuxError, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN};
+pub use mux_conn::MuxConn;
 pub use runtime::{LinkError, LinkStatus, RuntimeLink};
 pub use service::HandlerObserver;
 
@@ -101,7 +104,7 @@ pub fn validate_idx(idx: &str) -> Result<(), IdxError> {
 
 /// A ttrpc listener that yields one connection and then stays open: ttrpc-rust's
 /// `Server::shutdown` panics if its accept loop already ended, which a finite stream would cause.
-pub(crate) fn one_shot_listener(conn: tokio::io::DuplexStream) -> Listener {
+pub(crate) fn one_shot_listener(conn: MuxConn) -> Listener {
     use futures::StreamExt as _;
     Listener::new(
         futures::stream::iter([Ok::<_, std::io::Error>(conn)]).chain(futures::stream::pending()),

@@ -52,7 +52,7 @@ pub struct Connected {
     cancel: CancellationToken,
     session: tokio::task::JoinHandle<()>,
     server: ttrpc::r#async::Server,
-    _plugin_conn: tokio::io::DuplexStream,
+    _plugin_conn: crate::nri::MuxConn,
     _mux: Mux,
 }
 
