@@ -86,6 +86,16 @@ impl CgroupIo for Slow {
         self.inner.read_limits(cgroup)
     }
 
+    fn read_limits_of(
+        &self,
+        cgroup: &Path,
+        cpu: bool,
+        memory: bool,
+    ) -> Result<super::CgroupLimits, CgroupError> {
+        self.pause(cgroup);
+        self.inner.read_limits_of(cgroup, cpu, memory)
+    }
+
     fn set_cpu_limit(&self, cgroup: &Path, limit: CpuLimit) -> Result<(), CgroupError> {
         self.pause(cgroup);
         self.inner.set_cpu_limit(cgroup, limit)

@@ -105,6 +105,16 @@ impl CgroupIo for Gated {
         self.inner.read_limits(cgroup)
     }
 
+    fn read_limits_of(
+        &self,
+        cgroup: &Path,
+        cpu: bool,
+        memory: bool,
+    ) -> Result<super::CgroupLimits, CgroupError> {
+        self.gate.pass();
+        self.inner.read_limits_of(cgroup, cpu, memory)
+    }
+
     fn set_cpu_limit(&self, cgroup: &Path, limit: CpuLimit) -> Result<(), CgroupError> {
         self.inner.set_cpu_limit(cgroup, limit)
     }

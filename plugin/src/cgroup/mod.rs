@@ -172,6 +172,21 @@ pub trait CgroupIo: Send + Sync + fmt::Debug {
     /// Reads only the CPU bandwidth and memory limits of `cgroup` (what [`read_caps`] needs of
     /// each cgroup on a container's path).
     fn read_limits(&self, cgroup: &Path) -> Result<CgroupLimits, CgroupError>;
+    /// [`CgroupIo::read_limits`] of only the CPU bandwidth (`cpu`) and/or the memory limit
+    /// (`memory`): the files of the other are not read, and it is `None`.
+    fn read_limits_of(
+        &self,
+        cgroup: &Path,
+        cpu: bool,
+        memory: bool,
+    ) -> Result<CgroupLimits, CgroupError> {
+        let all = self.read_limits(cgroup)?;
+        Ok(CgroupLimits {
+            cpu_quota: all.cpu_quota.filter(|_| cpu),
+            cpu_period: all.cpu_period.filter(|_| cpu),
+            memory_limit: all.memory_limit.filter(|_| memory),
+        })
+    }
     /// Sets the CFS bandwidth limit of `cgroup` (a pod cgroup: the resize engine writes those).
     fn set_cpu_limit(&self, cgroup: &Path, limit: CpuLimit) -> Result<(), CgroupError>;
     /// Sets the memory limit of `cgroup` in bytes, `None` for unlimited.
@@ -491,14 +506,27 @@ impl CgroupIo for V1 {
     }
 
     fn read_limits(&self, cgroup: &Path) -> Result<CgroupLimits, CgroupError> {
+        self.read_limits_of(cgroup, true, true)
+    }
+
+    fn read_limits_of(
+        &self,
+        cgroup: &Path,
+        cpu: bool,
+        memory: bool,
+    ) -> Result<CgroupLimits, CgroupError> {
         // No `stat` up front: a missing cgroup is told by its first file's read.
-        let cpu = join_root(&self.cpu, cgroup)?;
-        let memory = join_root(&self.memory, cgroup)?;
-        Ok(CgroupLimits {
-            cpu_quota: read_i64(&cpu, "cpu.cfs_quota_us")?,
-            cpu_period: read_u64(&cpu, "cpu.cfs_period_us")?,
-            memory_limit: read_limit(&memory, "memory.limit_in_bytes")?,
-        })
+        let mut limits = CgroupLimits::default();
+        if cpu {
+            let dir = join_root(&self.cpu, cgroup)?;
+            limits.cpu_quota = read_i64(&dir, "cpu.cfs_quota_us")?;
+            limits.cpu_period = read_u64(&dir, "cpu.cfs_period_us")?;
+        }
+        if memory {
+            let dir = join_root(&self.memory, cgroup)?;
+            limits.memory_limit = read_limit(&dir, "memory.limit_in_bytes")?;
+        }
+        Ok(limits)
     }
 
     fn set_cpu_limit(&self, cgroup: &Path, limit: CpuLimit) -> Result<(), CgroupError> {
@@ -571,14 +599,25 @@ impl CgroupIo for V2 {
     }
 
     fn read_limits(&self, cgroup: &Path) -> Result<CgroupLimits, CgroupError> {
+        self.read_limits_of(cgroup, true, true)
+    }
+
+    fn read_limits_of(
+        &self,
+        cgroup: &Path,
+        cpu: bool,
+        memory: bool,
+    ) -> Result<CgroupLimits, CgroupError> {
         // No `stat` up front: a missing cgroup is told by its first file's read.
         let dir = join_root(&self.root, cgroup)?;
-        let (cpu_quota, cpu_period) = read_cpu_max(&dir)?;
-        Ok(CgroupLimits {
-            cpu_quota,
-            cpu_period,
-            memory_limit: read_limit(&dir, "memory.max")?,
-        })
+        let mut limits = CgroupLimits::default();
+        if cpu {
+            (limits.cpu_quota, limits.cpu_period) = read_cpu_max(&dir)?;
+        }
+        if memory {
+            limits.memory_limit = read_limit(&dir, "memory.max")?;
+        }
+        Ok(limits)
     }
 
     fn set_cpu_limit(&self, cgroup: &Path, limit: CpuLimit) -> Result<(), CgroupError> {
@@ -715,6 +754,15 @@ impl CgroupIo for Cgroups {
         self.io().read_limits(cgroup)
     }
 
+    fn read_limits_of(
+        &self,
+        cgroup: &Path,
+        cpu: bool,
+        memory: bool,
+    ) -> Result<CgroupLimits, CgroupError> {
+        self.io().read_limits_of(cgroup, cpu, memory)
+    }
+
     fn set_cpu_limit(&self, cgroup: &Path, limit: CpuLimit) -> Result<(), CgroupError> {
         self.io().set_cpu_limit(cgroup, limit)
     }
@@ -839,6 +887,48 @@ mod tests {
             }
         );
         assert_eq!(a.cpu_limit_millis(), Some(200));
+    }
+
+    #[test]
+    fn limits_of_one_resource_read_only_its_files() {
+        let (tmp, v1) = v1_fixture();
+        let ctr = Path::new("/pod1/ctr");
+        assert_eq!(
+            v1.read_limits(ctr).expect("both"),
+            CgroupLimits {
+                cpu_quota: Some(10_000),
+                cpu_period: Some(100_000),
+                memory_limit: Some(100 << 20),
+            }
+        );
+        // The memory hierarchy's directory gone: a CPU-only read does not go there.
+        std::fs::remove_dir_all(tmp.path().join("memory/pod1")).expect("rm");
+        assert_eq!(
+            v1.read_limits_of(ctr, true, false).expect("cpu only"),
+            CgroupLimits {
+                cpu_quota: Some(10_000),
+                cpu_period: Some(100_000),
+                memory_limit: None,
+            }
+        );
+        assert!(matches!(
+            v1.read_limits_of(ctr, false, true),
+            Err(CgroupError::Missing { .. })
+        ));
+        let (tmp2, v2) = v2_fixture();
+        std::fs::write(tmp2.path().join("pod1/ctr/cpu.max"), "garbage").expect("write");
+        assert_eq!(
+            v2.read_limits_of(ctr, false, true).expect("memory only"),
+            CgroupLimits {
+                cpu_quota: None,
+                cpu_period: None,
+                memory_limit: Some(-1),
+            }
+        );
+        assert!(
+            v2.read_limits_of(ctr, true, false).is_err(),
+            "cpu.max is read"
+        );
     }
 
     #[test]

@@ -71,6 +71,16 @@ impl CgroupIo for OffWorkerOnly {
         self.inner.read_limits(cgroup)
     }
 
+    fn read_limits_of(
+        &self,
+        cgroup: &Path,
+        cpu: bool,
+        memory: bool,
+    ) -> Result<super::CgroupLimits, CgroupError> {
+        self.check("read_limits_of", cgroup);
+        self.inner.read_limits_of(cgroup, cpu, memory)
+    }
+
     fn set_cpu_limit(&self, cgroup: &Path, limit: CpuLimit) -> Result<(), CgroupError> {
         self.check("set_cpu_limit", cgroup);
         self.inner.set_cpu_limit(cgroup, limit)

@@ -4,6 +4,7 @@
 mod convert;
 mod deadline;
 mod decode;
+mod frame;
 mod handler;
 pub mod mux;
 mod mux_conn;

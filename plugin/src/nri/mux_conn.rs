@@ -17,7 +17,7 @@ use tokio::io::{AsyncRead, AsyncWrite, DuplexStream, ReadBuf};
 use tokio::sync::mpsc;
 use tokio_util::codec::Encoder as _;
 
-use super::mux::{FrameCodec, MAX_PAYLOAD};
+use super::frame::{FrameCodec, MAX_PAYLOAD};
 use super::trunk_writer::TrunkWriter;
 
 /// Length of a ttrpc message header: payload length (u32 BE), stream id (u32), type, flags.

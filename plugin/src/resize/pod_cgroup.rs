@@ -66,6 +66,28 @@ impl Engine {
     /// The pod's current limits: the pod cgroup as cgroupfs says, containers as the model says.
     pub(super) fn current_pod(&self, pod: &Pod) -> Result<PodResources, PodCgroupError> {
         let pod_limits = self.pod_limits(pod)?;
+        Ok(self.with_containers(pod, pod_limits))
+    }
+
+    /// [`Self::current_pod`] for a single container's update: only the pod cgroup's files of
+    /// the resources that grow are read; the others, which no plan raises, are taken as
+    /// unlimited (`plan_single` passes over a resource that does not grow, whatever the pod's).
+    pub(super) fn current_pod_for(
+        &self,
+        pod: &Pod,
+        cpu_grows: bool,
+        memory_grows: bool,
+    ) -> Result<PodResources, PodCgroupError> {
+        let cg = self.cgroups.as_ref().ok_or(PodCgroupError::Off)?;
+        let pod_limits = pod_path(&pod.cgroup_parent)
+            .and_then(|path| cg.read_limits_of(&path, cpu_grows, memory_grows))
+            .map(|l| limits_of(&ActualResources::from(l)))
+            .map_err(|source| PodCgroupError::Pod { source })?;
+        Ok(self.with_containers(pod, pod_limits))
+    }
+
+    /// The pod cgroup's `pod_limits` with the pod's containers as the model says.
+    fn with_containers(&self, pod: &Pod, pod_limits: Limits) -> PodResources {
         let containers = self.state.read_model(|m| {
             m.containers()
                 .filter(|c| c.pod_id == pod.id)
@@ -81,10 +103,10 @@ impl Engine {
                 })
                 .collect()
         });
-        Ok(PodResources {
+        PodResources {
             pod: pod_limits,
             containers,
-        })
+        }
     }
 
     /// Reads back the actual limits of the pod and its containers from cgroupfs. A container

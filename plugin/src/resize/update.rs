@@ -127,9 +127,12 @@ impl Engine {
         }
         // The raise is harmless when late, but skipped once the runtime was answered. Only a
         // limit that grows can need a larger pod cgroup first: a decrease skips the pod read.
-        let grows = to.cpu.limit > from.cpu.limit || to.memory.limit > from.memory.limit;
-        if enforce && grows && self.cgroups.is_some() && !deadline.expired() {
-            self.raise_pod_first(pod, ctr, &desired, &subject)?;
+        let grows = (
+            to.cpu.limit > from.cpu.limit,
+            to.memory.limit > from.memory.limit,
+        );
+        if enforce && (grows.0 || grows.1) && self.cgroups.is_some() && !deadline.expired() {
+            self.raise_pod_first(pod, ctr, &desired, grows, &subject)?;
         }
         too_late(&subject, deadline)?;
         self.record(pod, ctr, Some(&desired), Some(ResizeState::InProgress), "");
@@ -141,15 +144,17 @@ impl Engine {
     /// KEP ordering on the kubelet path: when the container's new limit needs a larger pod
     /// cgroup first (cgroup v1 `EINVAL`, kubernetes/kubernetes#127356), the pod cgroup is raised
     /// before the runtime writes the container. A pod cgroup that cannot be read, or no plan,
-    /// leaves the runtime to write as asked; a failed raise refuses the update.
+    /// leaves the runtime to write as asked; a failed raise refuses the update. Only the pod
+    /// cgroup's files of the resources that grow are read.
     fn raise_pod_first(
         &self,
         pod: &Pod,
         ctr: &Container,
         desired: &LinuxResources,
+        (cpu_grows, memory_grows): (bool, bool),
         subject: &str,
     ) -> Result<(), Rejection> {
-        match self.current_pod(pod) {
+        match self.current_pod_for(pod, cpu_grows, memory_grows) {
             Ok(current) => match plan_single(
                 &current,
                 &ctr.name,
