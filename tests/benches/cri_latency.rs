@@ -30,6 +30,9 @@
 //! and is met when the median is at most +0.2 ms; it says whether the whole interval is, or
 //! reaches above it (then a rerun's median may fall on the other side).
 //!
+//! `NRI_RESIZE_BENCH_SECOND_ARGS` replaces the second nri-resize side's `--no-ebpf` (to bisect
+//! the eBPF share; empty: both sides the same daemon, an A/A run).
+//!
 //! Run: `cargo bench -p nri-resize-tests --bench cri_latency` (part of `cargo xtask bench`).
 
 use std::time::{Duration, Instant};
@@ -486,6 +489,14 @@ async fn main() {
     let iters = env_usize("NRI_RESIZE_BENCH_ITERS", 1200);
     let rounds = env_usize("NRI_RESIZE_BENCH_ROUNDS", 30);
     let per_round = iters.div_ceil(rounds);
+    // The second nri-resize side's arguments: `--no-ebpf` (the eBPF share). Another value is for
+    // bisecting that share (`--observer-force-reclaim`, ...); an empty one makes both sides the
+    // same daemon, an A/A run that shows what the order of the sides alone accounts for.
+    let second_args =
+        std::env::var("NRI_RESIZE_BENCH_SECOND_ARGS").unwrap_or_else(|_| "--no-ebpf".to_owned());
+    if second_args != "--no-ebpf" {
+        println!("the \"nri-resize --no-ebpf\" side runs with {second_args:?} instead (NRI_RESIZE_BENCH_SECOND_ARGS)");
+    }
     // Built (or found in the cache) before anything is timed.
     let _ = go_plugin_binary();
     println!(
@@ -529,15 +540,15 @@ async fn main() {
                         out
                     }
                     Side::Ours | Side::NoEbpf => {
-                        let extra: &[&str] = if side == Side::NoEbpf {
-                            &["--no-ebpf"]
+                        let extra: Vec<&str> = if side == Side::NoEbpf {
+                            second_args.split_whitespace().collect()
                         } else {
-                            &[]
+                            Vec::new()
                         };
                         let mut plugin = PluginProcess::start_as_deployed(
                             &ctrd,
                             &format!("nri-resize-bench{round}"),
-                            extra,
+                            &extra,
                         );
                         plugin.wait_ready(Duration::from_secs(15)).await;
                         let out = measure(&ctrd, &pod, per_round, &tag, plugin.pid()).await;
