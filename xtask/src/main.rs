@@ -492,7 +492,7 @@ fn bench() -> anyhow::Result<()> {
     let table = root().join("target/bench-table.jsonl");
     let _ = std::fs::remove_file(&table);
     let load_before = loadavg();
-    let benches: [(&str, &str, &str); 11] = [
+    let benches: [(&str, &str, &str); 12] = [
         (
             "nri-resize",
             "handler",
@@ -514,6 +514,11 @@ fn bench() -> anyhow::Result<()> {
             "nri-resize-tests",
             "cri_latency",
             "CRI latency with and without the plugin",
+        ),
+        (
+            "nri-resize-tests",
+            "cri_floor",
+            "nri-resize − containerd's NRI floor, paired call by call",
         ),
         (
             "nri-resize-tests",
