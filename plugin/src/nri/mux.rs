@@ -268,6 +268,40 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_message_larger_than_a_frame_streams_through_and_the_next_is_framed_whole() {
+        let (plugin_side, mut runtime_side) = tokio::io::duplex(1 << 16);
+        let mut mux = Mux::start(plugin_side, &[PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN]);
+        let mut c2 = mux.take(RUNTIME_SERVICE_CONN).unwrap();
+        let big = ttrpc_message(1, &vec![9u8; MAX_PAYLOAD + 100]);
+        let small = ttrpc_message(3, b"after");
+        let mut wire = big.clone();
+        wire.extend_from_slice(&small);
+        let writer = tokio::spawn(async move {
+            for piece in wire.chunks(100_000) {
+                c2.write_all(piece).await.unwrap();
+            }
+            c2
+        });
+        let mut buf = BytesMut::new();
+        let frames = frames_until(&mut runtime_side, &mut buf, big.len() + small.len()).await;
+        let got: Vec<u8> = frames.iter().flat_map(|f| f.payload.to_vec()).collect();
+        assert_eq!(got.len(), big.len() + small.len());
+        assert!(
+            got[..big.len()] == big[..],
+            "the large message arrives whole, in order"
+        );
+        // The large message's last bytes and the next message may share a frame; the next
+        // message is not split: the header after the large one was found where it is.
+        let last = frames.last().unwrap();
+        assert!(
+            last.payload.ends_with(&small) && frames.len() >= 2,
+            "the message after the large one ends the last frame whole ({} frames)",
+            frames.len()
+        );
+        drop(writer.await.unwrap());
+    }
+
+    #[tokio::test]
     async fn a_connection_dropped_by_its_local_end_closes_the_trunk() {
         let (plugin_side, _runtime_side) = tokio::io::duplex(1024);
         let mut mux = Mux::start(plugin_side, &[PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN]);

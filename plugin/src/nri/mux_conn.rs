@@ -29,6 +29,8 @@ pub struct MuxConn {
     incoming: DuplexStream,
     /// Bytes written but not yet a whole ttrpc message.
     partial: BytesMut,
+    /// Body bytes of a message larger than a frame still to come (see [`MuxConn::ready`]).
+    owed: usize,
     trunk: Arc<TrunkWriter>,
     closed: mpsc::UnboundedSender<u32>,
 }
@@ -53,27 +55,35 @@ impl MuxConn {
             conn,
             incoming,
             partial: BytesMut::new(),
+            owed: 0,
             trunk,
             closed,
         }
     }
 
-    /// How many leading bytes of `partial` are whole ttrpc messages (or, for a message larger
-    /// than a frame, a frame's worth of it: the Go side reassembles chunks all the same).
-    fn whole(&self) -> usize {
-        let mut at = 0;
+    /// How many leading bytes of `partial` can go now, and how many body bytes of a message
+    /// larger than a frame are still owed after them. Whole ttrpc messages go when complete; a
+    /// message larger than a frame (ttrpc-rust sends none: its limit is 4 MiB, which fits)
+    /// goes as its bytes come, the Go side reassembling chunks all the same, and the bytes owed
+    /// keep the next message's header where it is.
+    fn ready(&self) -> (usize, usize) {
+        let len = self.partial.len();
+        if self.owed >= len {
+            return (len, self.owed - len);
+        }
+        let mut at = self.owed;
         while let Some(header) = self.partial.get(at..at + TTRPC_HEADER_LEN) {
-            let len = u32::from_be_bytes([header[0], header[1], header[2], header[3]]) as usize;
-            let end = at + TTRPC_HEADER_LEN + len;
-            if end > self.partial.len() {
+            let body = u32::from_be_bytes([header[0], header[1], header[2], header[3]]) as usize;
+            let end = at + TTRPC_HEADER_LEN + body;
+            if end <= len {
+                at = end;
+            } else if end - at > MAX_PAYLOAD {
+                return (len, end - len);
+            } else {
                 break;
             }
-            at = end;
         }
-        if at == 0 && self.partial.len() >= MAX_PAYLOAD {
-            return MAX_PAYLOAD;
-        }
-        at
+        (at, 0)
     }
 }
 
@@ -100,9 +110,10 @@ impl AsyncWrite for MuxConn {
             .len()
             .min(MAX_PAYLOAD.saturating_sub(this.partial.len()).max(1));
         this.partial.put_slice(&buf[..n]);
-        let whole = this.whole();
-        if whole > 0 {
-            let data = this.partial.split_to(whole);
+        let (ready, owed) = this.ready();
+        this.owed = owed;
+        if ready > 0 {
+            let data = this.partial.split_to(ready);
             let mut frame = BytesMut::new();
             FrameCodec
                 .encode((this.conn, &data[..]), &mut frame)
