@@ -46,19 +46,22 @@ impl MedianInterval {
 
 /// The 1-based rank `k` of the lower end of a 95 % confidence interval for the median of `n`
 /// values (the upper end is rank `n + 1 − k`): the largest `k` with P(Binomial(n, ½) < k) ≤ 2.5 %,
-/// so that the interval misses the median with at most 5 %. `None` below 6 values.
+/// so that the interval misses the median with at most 5 %. `None` below 6 values. The
+/// probabilities are summed from their logarithms: ½ⁿ itself is below the smallest `f64` from
+/// n = 1075 on (then every term read 0 and the "interval" was the whole range, reversed).
 fn interval_rank(n: usize) -> Option<usize> {
-    let mut pmf = 0.5_f64.powi(i32::try_from(n).unwrap_or(i32::MAX));
+    #[expect(clippy::cast_precision_loss, reason = "counts far below 2^52")]
+    let mut ln_pmf = n as f64 * 0.5_f64.ln();
     let (mut cdf, mut k) = (0.0, 0);
     for j in 0..n {
-        cdf += pmf;
+        cdf += ln_pmf.exp();
         if cdf > 0.025 {
             break;
         }
         k = j + 1;
         #[expect(clippy::cast_precision_loss, reason = "counts far below 2^52")]
         {
-            pmf *= (n - j) as f64 / (j + 1) as f64;
+            ln_pmf += ((n - j) as f64 / (j + 1) as f64).ln();
         }
     }
     (k >= 1).then_some(k)
@@ -78,6 +81,19 @@ mod tests {
         assert_eq!(interval_rank(12), Some(3));
         assert_eq!(interval_rank(20), Some(6));
         assert_eq!(interval_rank(40), Some(14));
+    }
+
+    #[test]
+    fn thousands_of_values_give_the_normal_approximations_ranks() {
+        // n/2 − 1.96·√n/2: 712.0 for 1,500, 1446.3 for 3,000, 4902.0 for 10,000.
+        for (n, near) in [(1500, 712), (3000, 1446), (10_000, 4902)] {
+            let k = interval_rank(n).expect("an interval");
+            assert!(k.abs_diff(near) <= 1, "n {n}: rank {k}, about {near}");
+        }
+        let values: Vec<f64> = (0..3000).map(f64::from).collect();
+        let m = MedianInterval::of(&values);
+        assert!(m.interval && m.lo < m.median && m.median < m.hi, "{m:?}");
+        assert!(m.hi - m.lo < 120.0, "{m:?}");
     }
 
     #[test]
