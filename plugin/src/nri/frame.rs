@@ -93,10 +93,11 @@ impl Encoder<(u32, &[u8])> for FrameCodec {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn frame(conn: u32, payload: &[u8]) -> Vec<u8> {
+    /// A frame as the runtime writes it.
+    pub(in crate::nri) fn frame(conn: u32, payload: &[u8]) -> Vec<u8> {
         let mut v = Vec::new();
         v.extend_from_slice(&conn.to_be_bytes());
         v.extend_from_slice(&u32::try_from(payload.len()).unwrap().to_be_bytes());

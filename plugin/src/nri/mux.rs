@@ -122,18 +122,11 @@ where
 
 #[cfg(test)]
 mod tests {
+    use super::super::frame::tests::frame;
     use super::*;
     use bytes::BytesMut;
     use tokio::io::AsyncReadExt;
     use tokio_util::codec::Decoder as _;
-
-    fn frame(conn: u32, payload: &[u8]) -> Vec<u8> {
-        let mut v = Vec::new();
-        v.extend_from_slice(&conn.to_be_bytes());
-        v.extend_from_slice(&u32::try_from(payload.len()).unwrap().to_be_bytes());
-        v.extend_from_slice(payload);
-        v
-    }
 
     #[tokio::test]
     async fn routes_both_directions_and_reports_unknown_conn() {

@@ -54,19 +54,19 @@ pub(super) fn update_resources(u: &LimitsUpdate) -> LinuxResources {
 }
 
 impl Engine {
-    /// The pod cgroup's limits as cgroupfs says.
-    fn pod_limits(&self, pod: &Pod) -> Result<Limits, PodCgroupError> {
+    /// The pod cgroup's limits as cgroupfs says: of CPU (`cpu`) and/or memory (`memory`); the
+    /// resource not read is unlimited.
+    fn pod_limits(&self, pod: &Pod, cpu: bool, memory: bool) -> Result<Limits, PodCgroupError> {
         let cg = self.cgroups.as_ref().ok_or(PodCgroupError::Off)?;
         pod_path(&pod.cgroup_parent)
-            .and_then(|path| cg.read_limits(&path))
+            .and_then(|path| cg.read_limits_of(&path, cpu, memory))
             .map(|l| limits_of(&ActualResources::from(l)))
             .map_err(|source| PodCgroupError::Pod { source })
     }
 
     /// The pod's current limits: the pod cgroup as cgroupfs says, containers as the model says.
     pub(super) fn current_pod(&self, pod: &Pod) -> Result<PodResources, PodCgroupError> {
-        let pod_limits = self.pod_limits(pod)?;
-        Ok(self.with_containers(pod, pod_limits))
+        self.current_pod_for(pod, true, true)
     }
 
     /// [`Self::current_pod`] for a single container's update: only the pod cgroup's files of
@@ -78,11 +78,7 @@ impl Engine {
         cpu_grows: bool,
         memory_grows: bool,
     ) -> Result<PodResources, PodCgroupError> {
-        let cg = self.cgroups.as_ref().ok_or(PodCgroupError::Off)?;
-        let pod_limits = pod_path(&pod.cgroup_parent)
-            .and_then(|path| cg.read_limits_of(&path, cpu_grows, memory_grows))
-            .map(|l| limits_of(&ActualResources::from(l)))
-            .map_err(|source| PodCgroupError::Pod { source })?;
+        let pod_limits = self.pod_limits(pod, cpu_grows, memory_grows)?;
         Ok(self.with_containers(pod, pod_limits))
     }
 
@@ -114,7 +110,7 @@ impl Engine {
     /// exited and its stop is not seen yet) is left out; any other failure is an error: what a
     /// step left cannot be checked.
     pub(super) fn actual_pod(&self, pod: &Pod) -> Result<PodResources, PodCgroupError> {
-        let pod_limits = self.pod_limits(pod)?;
+        let pod_limits = self.pod_limits(pod, true, true)?;
         let cg = self.cgroups.as_ref().ok_or(PodCgroupError::Off)?;
         let containers = self.state.read_model(|m| {
             m.containers()
