@@ -539,13 +539,6 @@ async fn events_total(api: &ApiClient) -> BTreeMap<String, f64> {
         .collect()
 }
 
-/// A pod's whole life (run, create, start, update, stop, remove) reaches the handler event by
-/// event on every runtime: through the dedicated RPCs of NRI v0.10+ (containerd 2.2, 2.3, where
-/// v0.12 deprecates `StateChange`) or through `StateChange` (1.7, 2.0, 2.1). Every subscribed
-/// container and pod event is counted in `nri_resize_nri_events_total`; the pod-level
-/// `UpdatePodSandbox` / `PostUpdatePodSandbox` need CRI `UpdatePodSandboxResources` and are
-/// covered by the pod-resources suite. The handler budget follows the runtime's announced
-/// request timeout (NRI v0.8+, containerd 2.0+): 3/4 of it.
 /// The NRI version the plugin took for the runtimes whose version is known; others are shown.
 /// CRI-O 1.36 (NRI v0.11) does not announce it either (`NRI_RESIZE_CRIO_BIN`, by hand).
 fn assert_nri_version(ctrd: &Containerd, nri: &str) {
@@ -563,6 +556,13 @@ fn assert_nri_version(ctrd: &Containerd, nri: &str) {
     }
 }
 
+/// A pod's whole life (run, create, start, update, stop, remove) reaches the handler event by
+/// event on every runtime: through the dedicated RPCs of NRI v0.10+ (containerd 2.2, 2.3, where
+/// v0.12 deprecates `StateChange`) or through `StateChange` (1.7, 2.0, 2.1). Every subscribed
+/// container and pod event is counted in `nri_resize_nri_events_total`; the pod-level
+/// `UpdatePodSandbox` / `PostUpdatePodSandbox` need CRI `UpdatePodSandboxResources` and are
+/// covered by the pod-resources suite. The handler budget follows the runtime's announced
+/// request timeout (NRI v0.8+, containerd 2.0+): 3/4 of it.
 async fn every_event_of_a_pods_life(version: ContainerdVersion) {
     let opts = ContainerdOptions {
         nri_request_timeout: Duration::from_secs(4),
@@ -585,7 +585,8 @@ async fn every_event_of_a_pods_life(version: ContainerdVersion) {
     let nri = st.runtime.nri_version.clone().unwrap_or_default();
     assert_nri_version(&ctrd, &nri);
     // containerd 1.7 (NRI v0.6) announces no timeout: the plugin assumes NRI's default 2 s.
-    let (timeout, budget) = if version == ContainerdVersion::V1_7 {
+    // CRI-O standing in for it (`NRI_RESIZE_CRIO_BIN`) vendors NRI v0.10+ and announces its own.
+    let (timeout, budget) = if version == ContainerdVersion::V1_7 && !ctrd.is_crio() {
         (2000, 1500)
     } else {
         (4000, 3000)
